@@ -1,0 +1,275 @@
+"""The run configuration: each layer's typed config composed in one place, and the presets.
+
+``tiny`` runs the whole chain on a laptop CPU in minutes on the bundled sample; ``base`` and
+``large`` are the paper's shapes and schedule (not run here). Overrides are dotted paths
+(``pretrain.phases.0.steps=50``) applied to a preset; every value goes back through the
+dataclasses' own validation, so a bad override fails before any work starts and names the field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from model.config import BertConfig, PhaseConfig, PretrainConfig
+from pipeline.config import BeamConfig, CorpusConfig, ExamplesConfig, VocabConfig
+from tasks.config import FinetuneConfig
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+SAMPLE_DATA = REPO_ROOT / "data" / "sample"
+
+
+class ConfigError(ValueError):
+    """An invalid run configuration; the message names the field."""
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Where the raw inputs are: URLs (local paths or gs://) of the corpora and downstream sets."""
+
+    wiki: str = ""
+    """A MediaWiki export (.xml/.xml.bz2), a folder of dump parts, or a glob. Empty: bundled sample."""
+    books: str = ""
+    """A folder with one UTF-8 .txt file per book. Empty: bundled sample."""
+    downstream: str = ""
+    """A folder with glue/<TASK>/{train,dev}.tsv and squad/*.json. Empty: bundled sample."""
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    preset: str = "tiny"
+    data: DataConfig = field(default_factory=DataConfig)
+    corpus: CorpusConfig = field(default_factory=CorpusConfig)
+    vocab: VocabConfig = field(default_factory=VocabConfig)
+    examples: ExamplesConfig = field(default_factory=ExamplesConfig)
+    model: BertConfig = field(default_factory=BertConfig)
+    pretrain: PretrainConfig = field(default_factory=PretrainConfig)
+    finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
+    finetune_tasks: tuple[str, ...] = ("sst2",)
+    """Downstream tasks run after export, in parallel (see flows.downstream.TASKS)."""
+    model_name: str = "bert-tiny"
+    """Registered model name in MLflow."""
+
+    def __post_init__(self):
+        lengths = set(self.examples.max_seq_lengths)
+        for p in self.pretrain.phases:
+            if p.max_seq_length not in lengths:
+                raise ConfigError(
+                    f"pretrain.phases[{p.name}].max_seq_length: {p.max_seq_length} has no example "
+                    f"shards; examples.max_seq_lengths is {sorted(lengths)}"
+                )
+            if p.max_seq_length > self.model.max_position_embeddings:
+                raise ConfigError(
+                    f"pretrain.phases[{p.name}].max_seq_length: {p.max_seq_length} exceeds "
+                    f"model.max_position_embeddings={self.model.max_position_embeddings}"
+                )
+        if self.finetune.max_seq_length > self.model.max_position_embeddings:
+            raise ConfigError(
+                f"finetune.max_seq_length: {self.finetune.max_seq_length} exceeds "
+                f"model.max_position_embeddings={self.model.max_position_embeddings}"
+            )
+        from flows.downstream import TASKS  # noqa: PLC0415 - avoid an import cycle
+
+        for t in self.finetune_tasks:
+            if t not in TASKS:
+                raise ConfigError(f"finetune_tasks: unknown task {t!r}; known: {sorted(TASKS)}")
+
+
+def _tiny() -> RunConfig:
+    return RunConfig(
+        preset="tiny",
+        corpus=CorpusConfig(num_shards=2, beam=BeamConfig(num_workers=1)),
+        vocab=VocabConfig(vocab_size=4096, min_frequency=2),
+        examples=ExamplesConfig(
+            max_seq_lengths=(64, 128),
+            max_predictions_per_seq=(10, 20),
+            dupe_factor=5,
+            num_shards=2,
+        ),
+        model=BertConfig(
+            vocab_size=4096,
+            hidden_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            intermediate_size=512,
+            max_position_embeddings=128,
+        ),
+        pretrain=PretrainConfig(
+            phases=(PhaseConfig("phase1", 64, 400, 32), PhaseConfig("phase2", 128, 100, 32)),
+            learning_rate=1e-3,
+            warmup_steps=50,
+            log_every=20,
+            checkpoint_every=200,
+        ),
+        finetune=FinetuneConfig(learning_rate=1e-4, batch_size=32, epochs=3, max_seq_length=64),
+        finetune_tasks=("sst2",),
+        model_name="bert-tiny",
+    )
+
+
+def _paper(name: str, layers: int, hidden: int, heads: int) -> RunConfig:
+    return RunConfig(
+        preset=name,
+        corpus=CorpusConfig(num_shards=256),
+        vocab=VocabConfig(vocab_size=30522),
+        examples=ExamplesConfig(
+            max_seq_lengths=(128, 512), max_predictions_per_seq=(20, 80), dupe_factor=10, num_shards=1024
+        ),
+        model=BertConfig(
+            vocab_size=30522,
+            hidden_size=hidden,
+            num_hidden_layers=layers,
+            num_attention_heads=heads,
+            intermediate_size=4 * hidden,
+        ),
+        pretrain=PretrainConfig(
+            phases=(PhaseConfig("phase1", 128, 900_000, 256), PhaseConfig("phase2", 512, 100_000, 256)),
+            learning_rate=1e-4,
+            warmup_steps=10_000,
+            log_every=100,
+            checkpoint_every=10_000,
+        ),
+        finetune=FinetuneConfig(learning_rate=2e-5, batch_size=32, epochs=3, max_seq_length=128),
+        finetune_tasks=("sst2",),
+        model_name=f"bert-{name}",
+    )
+
+
+PRESETS = {
+    "tiny": _tiny,
+    "base": lambda: _paper("base", 12, 768, 12),
+    "large": lambda: _paper("large", 24, 1024, 16),
+}
+
+
+def load_config(preset: str, overrides: dict[str, Any] | None = None) -> RunConfig:
+    """A preset with dotted-path overrides applied and validated.
+
+    Overrides of one object are applied together (one ``replace``), so coupled fields such as
+    ``examples.max_seq_lengths`` and ``examples.max_predictions_per_seq`` can change at once.
+    """
+    if preset not in PRESETS:
+        raise ConfigError(f"preset: unknown preset {preset!r}; choose one of {sorted(PRESETS)}")
+    tree: dict[str, Any] = {}
+    for path, value in (overrides or {}).items():
+        node = tree
+        parts = path.split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+            if isinstance(node, _Leaf):
+                raise ConfigError(f"{path}: conflicts with an override of its parent")
+        node[parts[-1]] = _Leaf(value, path)
+    return _apply(PRESETS[preset](), tree, "")
+
+
+@dataclass(frozen=True)
+class _Leaf:
+    value: Any
+    path: str
+
+
+def parse_overrides(items: list[str]) -> dict[str, Any]:
+    """``["pretrain.learning_rate=5e-4", "data.wiki=gs://b/dump"]`` -> dict (values JSON when they parse)."""
+    out: dict[str, Any] = {}
+    for item in items:
+        if "=" not in item:
+            raise ConfigError(f"--set {item!r}: expected FIELD=VALUE, e.g. pretrain.learning_rate=5e-4")
+        key, raw = item.split("=", 1)
+        try:
+            out[key.strip()] = json.loads(raw)
+        except json.JSONDecodeError:
+            out[key.strip()] = raw
+    return out
+
+
+def _apply(obj: Any, tree: dict[str, Any], prefix: str) -> Any:
+    if isinstance(obj, tuple):
+        items = list(obj)
+        for head, sub in tree.items():
+            try:
+                index = int(head)
+                item = items[index]
+            except (ValueError, IndexError):
+                raise ConfigError(f"{prefix}{head}: not an index of a {len(items)}-entry list") from None
+            items[index] = _resolve(item, type(item), sub, f"{prefix}{head}")
+        return tuple(items)
+    if not dataclasses.is_dataclass(obj):
+        raise ConfigError(f"{prefix.rstrip('.')}: cannot descend into a {type(obj).__name__}")
+    fields = {f.name for f in dataclasses.fields(obj)}
+    hints = typing.get_type_hints(type(obj))
+    changes = {}
+    for head, sub in tree.items():
+        if head not in fields:
+            raise ConfigError(f"{prefix}{head}: {type(obj).__name__} has no field {head!r}; fields: {sorted(fields)}")
+        changes[head] = _resolve(getattr(obj, head), hints.get(head, object), sub, f"{prefix}{head}")
+    try:
+        return dataclasses.replace(obj, **changes)
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(str(exc)) from exc
+
+
+def _resolve(current: Any, hint: Any, sub: Any, path: str) -> Any:
+    if isinstance(sub, _Leaf):
+        return _coerce(sub.value, hint, sub.path)
+    return _apply(current, sub, path + ".")
+
+
+def _coerce(value: Any, hint: Any, full: str) -> Any:
+    origin = typing.get_origin(hint)
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)):
+            value = [value]
+        args = [a for a in typing.get_args(hint) if a is not Ellipsis]
+        inner = args[0] if args else object
+        if dataclasses.is_dataclass(inner):
+            return tuple(v if isinstance(v, inner) else inner(**v) for v in value)
+        return tuple(_coerce(v, inner, full) for v in value)
+    if dataclasses.is_dataclass(hint) and isinstance(value, dict):
+        return hint(**value)
+    for kind in (bool, int, float, str):
+        if hint is kind:
+            if kind is bool and isinstance(value, str):
+                if value.lower() not in ("true", "false", "1", "0"):
+                    raise ConfigError(f"{full}: expected true/false, got {value!r}")
+                return value.lower() in ("true", "1")
+            if kind is int and isinstance(value, float) and not value.is_integer():
+                raise ConfigError(f"{full}: expected an integer, got {value!r}")
+            try:
+                return kind(value)
+            except (TypeError, ValueError):
+                raise ConfigError(f"{full}: expected {kind.__name__}, got {value!r}") from None
+    return value
+
+
+def as_dict(cfg: Any) -> dict[str, Any]:
+    return dataclasses.asdict(cfg)
+
+
+def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested dict -> {"a.b.c": value}, for MLflow params."""
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(flatten(v, key + "."))
+        elif isinstance(v, (list, tuple)) and v and isinstance(v[0], dict):
+            for i, item in enumerate(v):
+                out.update(flatten(item, f"{key}.{i}."))
+        else:
+            out[key] = v
+    return out
+
+
+def resolve_data(cfg: DataConfig) -> DataConfig:
+    """Fill empty data URLs with the bundled sample (or $BERTFLOW_SAMPLE_DATA)."""
+    sample = Path(os.environ.get("BERTFLOW_SAMPLE_DATA", SAMPLE_DATA))
+    return DataConfig(
+        wiki=cfg.wiki or str(sample / "wiki"),
+        books=cfg.books or str(sample / "books"),
+        downstream=cfg.downstream or str(sample),
+    )

@@ -1,0 +1,199 @@
+"""The stages of the chain as plain calls: where each writes, what it reads, when it is skipped.
+
+A stage is skipped when its folder holds a manifest made from the same config and the same
+input fingerprints; a changed upstream stage changes its fingerprint, so everything after it
+reruns. ``force`` reruns a stage whatever its manifest says. Nothing here imports Prefect or
+MLflow: the Prefect tasks in ``flows.pretrain_flow`` wrap these calls, and tests call them
+directly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from flows.presets import RunConfig, resolve_data
+from pipeline.schema import (
+    Manifest,
+    ManifestError,
+    config_digest,
+    fingerprint_input,
+    has_manifest,
+    join_url,
+    read_manifest,
+)
+
+log = logging.getLogger("bertflow.flow")
+
+STAGES = ("corpus", "vocab", "examples", "pretrain", "export", "finetune")
+LogFn = Callable[[dict[str, float], int], None]
+
+
+@dataclass
+class StageResult:
+    stage: str
+    status: str  # "done" | "skipped"
+    seconds: float
+    url: str
+    counts: dict[str, float] = field(default_factory=dict)
+    manifest: Manifest | None = None
+
+
+def stage_url(root: str, stage: str) -> str:
+    """The folder a stage writes; ``finetune/<task>`` for a downstream task."""
+    folders = {
+        "corpus": "corpus",
+        "vocab": "vocab",
+        "examples": "examples",
+        "pretrain": "checkpoints",
+        "export": "model",
+    }
+    if stage.startswith("finetune/"):
+        return join_url(root, stage)
+    return join_url(root, folders[stage])
+
+
+def stage_inputs(stage: str, cfg: RunConfig, root: str) -> dict[str, str]:
+    """Input name -> URL of what a stage reads."""
+    data = resolve_data(cfg.data)
+    if stage == "corpus":
+        return {"wiki": data.wiki, "books": data.books}
+    if stage == "vocab":
+        return {"corpus": stage_url(root, "corpus")}
+    if stage == "examples":
+        return {"corpus": stage_url(root, "corpus"), "vocab": stage_url(root, "vocab")}
+    if stage == "pretrain":
+        return {"examples": stage_url(root, "examples")}
+    if stage == "export":
+        return {"checkpoint": stage_url(root, "pretrain"), "vocab": stage_url(root, "vocab")}
+    if stage.startswith("finetune/"):
+        from flows.downstream import TASKS
+
+        task = TASKS[stage.split("/", 1)[1]]
+        return {"model": stage_url(root, "export"), "data": join_url(data.downstream, task.data_subdir)}
+    raise KeyError(f"unknown stage {stage!r}; stages: {', '.join(STAGES)}")
+
+
+def model_config(cfg: RunConfig, root: str):
+    """The network's config with vocab_size taken from the trained vocabulary."""
+    vocab = read_manifest(stage_url(root, "vocab"))
+    return dataclasses.replace(cfg.model, vocab_size=int(vocab.counts["vocab_size"]))
+
+
+def stage_config(stage: str, cfg: RunConfig, root: str) -> dict[str, Any]:
+    """The config a stage records in its manifest (what decides whether it must rerun)."""
+    asdict = dataclasses.asdict
+    if stage == "corpus":
+        return asdict(cfg.corpus)
+    if stage == "vocab":
+        return asdict(cfg.vocab)
+    if stage == "examples":
+        return asdict(cfg.examples)
+    if stage == "pretrain":
+        return {"pretrain": asdict(cfg.pretrain), "model": asdict(model_config(cfg, root))}
+    if stage == "export":
+        return {}
+    if stage.startswith("finetune/"):
+        return {"task": stage.split("/", 1)[1], "finetune": asdict(cfg.finetune)}
+    raise KeyError(stage)
+
+
+def current_manifest(stage: str, cfg: RunConfig, root: str) -> Manifest | None:
+    """The stage's manifest if it is up to date with this config and these inputs, else None."""
+    url = stage_url(root, stage)
+    if not has_manifest(url):
+        return None
+    try:
+        manifest = read_manifest(url)
+        inputs = {k: fingerprint_input(u) for k, u in stage_inputs(stage, cfg, root).items()}
+        expected = stage_config(stage, cfg, root)
+    except (ManifestError, FileNotFoundError, KeyError):
+        return None
+    if manifest.inputs != inputs or config_digest(manifest.config) != config_digest(expected):
+        return None
+    return manifest
+
+
+def run_stage(
+    stage: str,
+    cfg: RunConfig,
+    root: str,
+    force: bool = False,
+    log_fn: LogFn | None = None,
+    env: dict[str, str] | None = None,
+) -> StageResult:
+    """Run one stage unless its manifest is current (or ``force``); return what it did."""
+    url = stage_url(root, stage)
+    start = time.time()
+    if not force:
+        manifest = current_manifest(stage, cfg, root)
+        if manifest is not None:
+            log.info("stage %s: up to date, skipped (%s)", stage, url)
+            return StageResult(stage, "skipped", time.time() - start, url, manifest.counts, manifest)
+    log.info("stage %s: running -> %s", stage, url)
+    manifest = _execute(stage, cfg, root, url, log_fn, env)
+    seconds = time.time() - start
+    log.info("stage %s: done in %.1f s", stage, seconds)
+    return StageResult(stage, "done", seconds, url, manifest.counts, manifest)
+
+
+def _execute(stage, cfg: RunConfig, root: str, url: str, log_fn, env) -> Manifest:
+    inputs = stage_inputs(stage, cfg, root)
+    if stage == "corpus":
+        from pipeline.corpus import run_corpus
+
+        return run_corpus(cfg.corpus, inputs, url)
+    if stage == "vocab":
+        from pipeline.wordpiece import run_vocab
+
+        return run_vocab(cfg.vocab, inputs["corpus"], url)
+    if stage == "examples":
+        from pipeline.examples import run_examples
+
+        return run_examples(cfg.examples, inputs["corpus"], inputs["vocab"], url)
+    if stage == "pretrain":
+        return run_pretrain_subprocess(cfg, root, url, env)
+    if stage == "export":
+        from model.export import run_export
+
+        return run_export(inputs["checkpoint"], inputs["vocab"], url)
+    if stage.startswith("finetune/"):
+        from flows.downstream import run_downstream
+
+        name = stage.split("/", 1)[1]
+        data_root = resolve_data(cfg.data).downstream
+        return run_downstream(name, cfg.finetune, data_root, inputs["model"], url, log_fn=log_fn)
+    raise KeyError(stage)
+
+
+def run_pretrain_subprocess(cfg: RunConfig, root: str, url: str, env: dict[str, str] | None) -> Manifest:
+    """Pretraining runs in a process of its own (a torchrun/XLA launcher at scale)."""
+    payload = json.dumps(
+        {
+            "pretrain": dataclasses.asdict(cfg.pretrain),
+            "model": dataclasses.asdict(model_config(cfg, root)),
+            "examples_url": stage_url(root, "examples"),
+            "output_url": url,
+        }
+    )
+    cmd = [sys.executable, "-m", "flows.train_entry", "--spec", payload]
+    proc_env = {**os.environ, **(env or {})}
+    result = subprocess.run(cmd, env=proc_env, check=False)
+    if result.returncode != 0:
+        raise RuntimeError(f"pretraining subprocess failed with exit code {result.returncode}: {' '.join(cmd[:3])}")
+    return read_manifest(url)
+
+
+def stages_after(stage: str) -> list[str]:
+    """``stage`` and every stage that follows it in the chain."""
+    base = stage.split("/", 1)[0]
+    if base not in STAGES:
+        raise KeyError(f"unknown stage {stage!r}; stages: {', '.join(STAGES)}")
+    return list(STAGES[STAGES.index(base) :])

@@ -1,0 +1,114 @@
+"""Typed configuration of the network and of pretraining.
+
+``BertConfig`` uses Hugging Face's field names, so ``config.json`` of an exported model is this
+dataclass as JSON (plus ``model_type`` and ``architectures``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+
+class ConfigError(ValueError):
+    """An invalid configuration value; the message names the field."""
+
+
+def check(ok: bool, name: str, message: str) -> None:
+    if not ok:
+        raise ConfigError(f"{name}: {message}")
+
+
+@dataclass(frozen=True)
+class BertConfig:
+    """The encoder's shape (Hugging Face names). Base: 12/768/12/3072; Large: 24/1024/16/4096."""
+
+    vocab_size: int = 30522
+    hidden_size: int = 768
+    num_hidden_layers: int = 12
+    num_attention_heads: int = 12
+    intermediate_size: int = 3072
+    hidden_act: str = "gelu"
+    hidden_dropout_prob: float = 0.1
+    attention_probs_dropout_prob: float = 0.1
+    max_position_embeddings: int = 512
+    type_vocab_size: int = 2
+    initializer_range: float = 0.02
+    layer_norm_eps: float = 1e-12
+    pad_token_id: int = 0
+
+    def __post_init__(self):
+        check(self.vocab_size > 0, "model.vocab_size", "must be > 0")
+        check(self.hidden_size > 0, "model.hidden_size", "must be > 0")
+        check(self.num_attention_heads > 0, "model.num_attention_heads", "must be > 0")
+        check(
+            self.hidden_size % self.num_attention_heads == 0,
+            "model.hidden_size",
+            f"{self.hidden_size} is not divisible by model.num_attention_heads="
+            f"{self.num_attention_heads}",
+        )
+        check(self.num_hidden_layers > 0, "model.num_hidden_layers", "must be > 0")
+        check(self.intermediate_size > 0, "model.intermediate_size", "must be > 0")
+        check(self.hidden_act in ("gelu", "relu", "gelu_new"), "model.hidden_act", "gelu|relu|gelu_new")
+        for name in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
+            v = getattr(self, name)
+            check(0.0 <= v < 1.0, f"model.{name}", f"must lie in [0, 1), got {v}")
+        check(self.type_vocab_size >= 2, "model.type_vocab_size", "must be >= 2 (segments A, B)")
+
+
+@dataclass(frozen=True)
+class PhaseConfig:
+    """One pretraining phase: a sequence length, a number of steps and a batch size."""
+
+    name: str = "phase1"
+    max_seq_length: int = 128
+    steps: int = 900_000
+    batch_size: int = 256
+
+    def __post_init__(self):
+        check(self.steps >= 0, f"pretrain.phases[{self.name}].steps", "must be >= 0")
+        check(self.batch_size >= 1, f"pretrain.phases[{self.name}].batch_size", "must be >= 1")
+        check(self.max_seq_length >= 16, f"pretrain.phases[{self.name}].max_seq_length", ">= 16")
+
+
+@dataclass(frozen=True)
+class PretrainConfig:
+    """MLM + NSP pretraining: phases, Adam(W) with warm-up then linear decay."""
+
+    phases: tuple[PhaseConfig, ...] = (
+        PhaseConfig("phase1", 128, 900_000, 256),
+        PhaseConfig("phase2", 512, 100_000, 256),
+    )
+    learning_rate: float = 1e-4
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-6
+    weight_decay: float = 0.01
+    """Not applied to biases and LayerNorm weights."""
+    warmup_steps: int = 10_000
+    """Linear warm-up over the first steps of the whole run, then linear decay to 0."""
+    max_grad_norm: float = 1.0
+    seed: int = 42
+    backend: str = "cpu"
+    """cpu | cuda | xla"""
+    log_every: int = 10
+    checkpoint_every: int = 1000
+    """Save resumable state every N steps (and at the end of each phase)."""
+    dynamic_masking: bool = False
+    """Re-mask at load time instead of using the static masks in the shards."""
+
+    def __post_init__(self):
+        check(len(self.phases) >= 1, "pretrain.phases", "needs at least one phase")
+        names = [p.name for p in self.phases]
+        check(len(set(names)) == len(names), "pretrain.phases", f"names must be unique: {names}")
+        check(self.learning_rate > 0, "pretrain.learning_rate", "must be > 0")
+        check(0 <= self.beta1 < 1 and 0 <= self.beta2 < 1, "pretrain.beta1/beta2", "in [0, 1)")
+        check(self.weight_decay >= 0, "pretrain.weight_decay", "must be >= 0")
+        check(self.warmup_steps >= 0, "pretrain.warmup_steps", "must be >= 0")
+        check(self.backend in ("cpu", "cuda", "xla"), "pretrain.backend", "cpu|cuda|xla")
+        check(self.log_every >= 1, "pretrain.log_every", "must be >= 1")
+        check(self.checkpoint_every >= 1, "pretrain.checkpoint_every", "must be >= 1")
+
+    @property
+    def total_steps(self) -> int:
+        return sum(p.steps for p in self.phases)

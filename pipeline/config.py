@@ -1,0 +1,129 @@
+"""Typed configuration of the data stages (corpus, vocab, examples).
+
+Each dataclass validates itself in ``__post_init__``; a bad value fails at load, before any work
+starts, with a message naming the field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+
+class ConfigError(ValueError):
+    """An invalid configuration value; the message names the field."""
+
+
+def check(ok: bool, name: str, message: str) -> None:
+    if not ok:
+        raise ConfigError(f"{name}: {message}")
+
+
+@dataclass(frozen=True)
+class BeamConfig:
+    """How a Beam job runs: the local runner by default, Dataflow/Flink/Spark with extra args."""
+
+    runner: str = "FnApiRunner"
+    """Beam runner. FnApiRunner runs offline; DataflowRunner, FlinkRunner, SparkRunner at scale."""
+    num_workers: int = 1
+    """Local worker processes (DirectRunner multi_processing when > 1)."""
+    extra_args: tuple[str, ...] = ()
+    """Further pipeline options, e.g. ("--project=p", "--region=r", "--temp_location=gs://...")."""
+
+    def __post_init__(self):
+        check(self.num_workers >= 1, "beam.num_workers", f"must be >= 1, got {self.num_workers}")
+
+
+@dataclass(frozen=True)
+class CorpusConfig:
+    """Cleaning, sentence splitting, filtering and dedup of raw corpora into documents."""
+
+    min_sentence_chars: int = 12
+    """Sentences shorter than this (after cleaning) are dropped as junk."""
+    max_sentence_chars: int = 2000
+    """Sentences longer than this are dropped as junk (tables flattened, runaway markup)."""
+    min_alpha_ratio: float = 0.5
+    """Minimum share of letters among a sentence's non-space characters."""
+    min_doc_sentences: int = 2
+    """Documents with fewer sentences are dropped (NSP needs a continuation)."""
+    dedup_sentences: bool = True
+    """Drop sentences repeated within a document, and documents whose text was seen before."""
+    num_shards: int = 2
+    """Parquet files per source."""
+    beam: BeamConfig = field(default_factory=BeamConfig)
+
+    def __post_init__(self):
+        check(self.min_sentence_chars >= 0, "corpus.min_sentence_chars", "must be >= 0")
+        check(
+            self.max_sentence_chars > self.min_sentence_chars,
+            "corpus.max_sentence_chars",
+            "must be greater than corpus.min_sentence_chars",
+        )
+        check(0.0 <= self.min_alpha_ratio <= 1.0, "corpus.min_alpha_ratio", "must lie in [0, 1]")
+        check(self.min_doc_sentences >= 1, "corpus.min_doc_sentences", "must be >= 1")
+        check(self.num_shards >= 1, "corpus.num_shards", "must be >= 1")
+
+
+@dataclass(frozen=True)
+class VocabConfig:
+    """WordPiece vocabulary in Google's vocab.txt layout."""
+
+    vocab_size: int = 30522
+    """Total entries including [PAD], [unused*], [UNK], [CLS], [SEP], [MASK]."""
+    min_frequency: int = 2
+    lowercase: bool = True
+    num_unused: int = 99
+    """[unused0..N-1] slots after [PAD], as in Google's released vocabularies."""
+    max_sentences: int = 0
+    """Train on at most this many sentences (0: all)."""
+
+    def __post_init__(self):
+        check(self.num_unused >= 0, "vocab.num_unused", "must be >= 0")
+        check(
+            self.vocab_size > self.num_unused + 5 + 100,
+            "vocab.vocab_size",
+            f"must exceed the {self.num_unused + 5} special entries by at least 100",
+        )
+        check(self.min_frequency >= 1, "vocab.min_frequency", "must be >= 1")
+
+
+@dataclass(frozen=True)
+class ExamplesConfig:
+    """MLM + NSP example creation, with the reference create_pretraining_data.py semantics."""
+
+    max_seq_lengths: tuple[int, ...] = (128, 512)
+    """One set of shards per length: {root}/examples/seq{N}/."""
+    max_predictions_per_seq: tuple[int, ...] = (20, 80)
+    """Cap on masked positions, one per entry of max_seq_lengths."""
+    masked_lm_prob: float = 0.15
+    short_seq_prob: float = 0.1
+    random_next_prob: float = 0.5
+    dupe_factor: int = 5
+    """Static copies of each document, each masked differently."""
+    whole_word_mask: bool = False
+    seed: int = 12345
+    num_shards: int = 4
+    """Parquet files per sequence length."""
+    beam: BeamConfig = field(default_factory=BeamConfig)
+
+    def __post_init__(self):
+        check(len(self.max_seq_lengths) >= 1, "examples.max_seq_lengths", "must not be empty")
+        check(
+            len(self.max_predictions_per_seq) == len(self.max_seq_lengths),
+            "examples.max_predictions_per_seq",
+            "needs one entry per examples.max_seq_lengths entry",
+        )
+        for n in self.max_seq_lengths:
+            check(n >= 16, "examples.max_seq_lengths", f"{n} is too short (min 16)")
+        for p, n in zip(self.max_predictions_per_seq, self.max_seq_lengths):
+            check(0 < p < n, "examples.max_predictions_per_seq", f"{p} must lie in (0, {n})")
+        for name in ("masked_lm_prob", "short_seq_prob", "random_next_prob"):
+            v = getattr(self, name)
+            check(0.0 <= v <= 1.0, f"examples.{name}", f"must lie in [0, 1], got {v}")
+        check(self.dupe_factor >= 1, "examples.dupe_factor", "must be >= 1")
+        check(self.num_shards >= 1, "examples.num_shards", "must be >= 1")
+
+
+def to_dict(cfg) -> dict:
+    """A plain dict of a config (tuples as lists), for manifests and MLflow params."""
+    return dataclasses.asdict(cfg)

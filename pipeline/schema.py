@@ -1,0 +1,243 @@
+"""The data contracts between stages, defined once: Parquet schemas and the stage manifest.
+
+Writers (Beam jobs in ``pipeline/``) and readers (``model/``, ``tasks/``) both import this
+module, so a column is named in exactly one place. It imports only the standard library,
+pyarrow and fsspec, so reading it never pulls in Beam or torch.
+
+A stage writes its files first and its ``_manifest.json`` last. A folder without a manifest is
+unfinished, whatever files it holds: readers call :func:`read_manifest`, which refuses it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import time
+from typing import Any, Iterable
+
+import fsspec
+import pyarrow as pa
+
+MANIFEST_NAME = "_manifest.json"
+MANIFEST_VERSION = 1
+
+# -- documents: {root}/corpus/{source}/part-*.parquet ------------------------------------------
+DOCUMENT_SCHEMA = pa.schema(
+    [
+        pa.field("doc_id", pa.string(), nullable=False),  # stable: "wiki:<page id>" or "books:<file>"
+        pa.field("source", pa.string(), nullable=False),  # "wiki" | "books"
+        pa.field("title", pa.string(), nullable=False),
+        pa.field("sentences", pa.list_(pa.string()), nullable=False),  # document order kept
+        pa.field("num_sentences", pa.int32(), nullable=False),
+        pa.field("num_chars", pa.int64(), nullable=False),
+    ]
+)
+
+# -- pretraining examples: {root}/examples/seq{N}/part-*.parquet -------------------------------
+# input_ids is "[CLS] A [SEP] B [SEP]" unpadded; segment ids derive from len_a (the number of
+# tokens of "[CLS] A [SEP]"). masked_ids hold the ORIGINAL tokens at masked_positions.
+def example_schema(vocab_size: int, max_seq_length: int) -> pa.Schema:
+    """The example schema with the narrowest integer types that fit this vocabulary and length."""
+    id_type = pa.uint16() if vocab_size <= 1 << 16 else pa.uint32()
+    pos_type = pa.uint16() if max_seq_length <= 1 << 16 else pa.uint32()
+    return pa.schema(
+        [
+            pa.field("input_ids", pa.list_(id_type), nullable=False),
+            pa.field("len_a", pos_type, nullable=False),
+            pa.field("masked_positions", pa.list_(pos_type), nullable=False),
+            pa.field("masked_ids", pa.list_(id_type), nullable=False),
+            pa.field("is_random_next", pa.bool_(), nullable=False),
+        ]
+    )
+
+
+EXAMPLE_COLUMNS = ("input_ids", "len_a", "masked_positions", "masked_ids", "is_random_next")
+
+
+# -- the stage manifest -----------------------------------------------------------------------
+class ManifestError(RuntimeError):
+    """A folder has no manifest (unfinished stage) or an unreadable one."""
+
+
+@dataclasses.dataclass
+class OutputFile:
+    path: str  # relative to the stage folder
+    size: int
+    sha256: str
+    rows: int | None = None
+
+
+@dataclasses.dataclass
+class Manifest:
+    """What a stage wrote: config, input fingerprints, counts and every output file."""
+
+    stage: str
+    url: str  # the stage folder
+    config: dict[str, Any]
+    inputs: dict[str, str]  # input name -> fingerprint of that input's manifest
+    counts: dict[str, float]
+    files: list[OutputFile]
+    created_at: float = dataclasses.field(default_factory=time.time)
+    seconds: float = 0.0
+    version: int = MANIFEST_VERSION
+
+    @property
+    def fingerprint(self) -> str:
+        """Digest of what determines this stage's output: stage, config, inputs, file checksums."""
+        body = {
+            "stage": self.stage,
+            "config": self.config,
+            "inputs": self.inputs,
+            "files": sorted((f.path, f.sha256) for f in self.files),
+        }
+        return _digest(body)
+
+    def to_json(self) -> str:
+        data = dataclasses.asdict(self)
+        data["fingerprint"] = self.fingerprint
+        return json.dumps(data, indent=2, sort_keys=True, default=str)
+
+    @classmethod
+    def from_json(cls, text: str, url: str | None = None) -> "Manifest":
+        data = json.loads(text)
+        data.pop("fingerprint", None)
+        data["files"] = [OutputFile(**f) for f in data.get("files", [])]
+        if url is not None:
+            data["url"] = url
+        return cls(**data)
+
+    def file_urls(self, suffix: str = "") -> list[str]:
+        return [join_url(self.url, f.path) for f in self.files if f.path.endswith(suffix)]
+
+    def matches(self, config: dict[str, Any], inputs: dict[str, str]) -> bool:
+        """True when this output was made from exactly this config and these inputs."""
+        return _digest(self.config) == _digest(config) and self.inputs == inputs
+
+
+def _digest(obj: Any) -> str:
+    text = json.dumps(obj, sort_keys=True, default=str, separators=(",", ":"))
+    return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
+
+
+def config_digest(obj: Any) -> str:
+    return _digest(obj)
+
+
+def join_url(base: str, *parts: str) -> str:
+    base = base.rstrip("/")
+    rest = "/".join(p.strip("/") for p in parts if p)
+    return f"{base}/{rest}" if rest else base
+
+
+def manifest_url(stage_url: str) -> str:
+    return join_url(stage_url, MANIFEST_NAME)
+
+
+def has_manifest(stage_url: str) -> bool:
+    fs, path = fsspec.core.url_to_fs(manifest_url(stage_url))
+    return fs.exists(path)
+
+
+def read_manifest(stage_url: str) -> Manifest:
+    """The manifest of a finished stage; raises ManifestError for an unfinished folder."""
+    url = manifest_url(stage_url)
+    fs, path = fsspec.core.url_to_fs(url)
+    if not fs.exists(path):
+        raise ManifestError(
+            f"{stage_url} has no {MANIFEST_NAME}: the stage that writes it did not finish "
+            "(rerun that stage)"
+        )
+    try:
+        with fs.open(path, "r") as f:
+            return Manifest.from_json(f.read(), url=stage_url.rstrip("/"))
+    except (ValueError, TypeError, KeyError) as exc:
+        raise ManifestError(f"{url} is not a valid manifest: {exc}") from exc
+
+
+def describe_file(stage_url: str, rel_path: str, rows: int | None = None) -> OutputFile:
+    """Size and sha256 of one written file, for the manifest."""
+    fs, path = fsspec.core.url_to_fs(join_url(stage_url, rel_path))
+    h = hashlib.sha256()
+    size = 0
+    with fs.open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+            size += len(chunk)
+    return OutputFile(path=rel_path, size=size, sha256=h.hexdigest(), rows=rows)
+
+
+def list_files(stage_url: str) -> list[str]:
+    """Every file under a stage folder, relative to it, sorted; the manifest itself excluded."""
+    fs, root = fsspec.core.url_to_fs(stage_url)
+    if not fs.exists(root):
+        return []
+    root = root.rstrip("/")
+    found = []
+    for p in fs.find(root):
+        rel = p[len(root) + 1 :] if p.startswith(root + "/") else p
+        if rel != MANIFEST_NAME:
+            found.append(rel)
+    return sorted(found)
+
+
+def write_manifest(
+    stage: str,
+    stage_url: str,
+    config: dict[str, Any],
+    inputs: dict[str, str],
+    counts: dict[str, float],
+    files: Iterable[OutputFile] | None = None,
+    seconds: float = 0.0,
+) -> Manifest:
+    """Describe every file under ``stage_url`` (unless given) and write the manifest last."""
+    if files is None:
+        rows = {}
+        files = [describe_file(stage_url, rel, rows.get(rel)) for rel in list_files(stage_url)]
+    manifest = Manifest(
+        stage=stage,
+        url=stage_url.rstrip("/"),
+        config=config,
+        inputs=dict(inputs),
+        counts=dict(counts),
+        files=list(files),
+        seconds=seconds,
+    )
+    fs, path = fsspec.core.url_to_fs(manifest_url(stage_url))
+    fs.makedirs(fs._parent(path), exist_ok=True)
+    tmp = path + ".tmp"
+    with fs.open(tmp, "w") as f:
+        f.write(manifest.to_json())
+    fs.mv(tmp, path)
+    return manifest
+
+
+def clear_stage(stage_url: str) -> None:
+    """Remove a stage folder (manifest first, so a crash mid-delete never looks finished)."""
+    fs, path = fsspec.core.url_to_fs(stage_url)
+    mpath = manifest_url(path)
+    if fs.exists(mpath):
+        fs.rm(mpath)
+    if fs.exists(path):
+        fs.rm(path, recursive=True)
+
+
+def fingerprint_input(url: str) -> str:
+    """A fingerprint of a stage input: its manifest's when it has one, else of its raw files.
+
+    Raw corpora (a dump file, a folder of books) have no manifest; their fingerprint is a digest
+    of each file's relative path and size, which changes when a file is added, removed or edited
+    (sizes), without reading gigabytes.
+    """
+    if has_manifest(url):
+        return read_manifest(url).fingerprint
+    fs, path = fsspec.core.url_to_fs(url)
+    if fs.isfile(path):
+        entries = [(path.rsplit("/", 1)[-1], fs.size(path))]
+    else:
+        found = fs.find(path, detail=True)
+        if not found:
+            raise FileNotFoundError(f"input {url} does not exist or is empty")
+        root = path.rstrip("/") + "/"
+        entries = sorted((p[len(root) :], int(info.get("size") or 0)) for p, info in found.items())
+    return _digest(entries)

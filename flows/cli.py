@@ -97,10 +97,14 @@ def main(argv: list[str] | None = None) -> int:
     from flows.pretrain_flow import pretrain
 
     kwargs = dict(preset=args.preset, root=args.root, overrides=overrides, mlflow_uri=args.mlflow_uri)
-    if args.command == "run":
-        summary = pretrain(force=args.force, **kwargs)
-    else:
-        summary = pretrain(stages=[args.name], **kwargs)
+    try:
+        if args.command == "run":
+            summary = pretrain(force=args.force, **kwargs)
+        else:
+            summary = pretrain(stages=[args.name], **kwargs)
+    except Exception as exc:  # noqa: BLE001 - Prefect has logged the traceback; end with one clear line
+        print(f"bertflow: {args.command} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
     print_summary(summary)
     return 0
 

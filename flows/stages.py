@@ -121,6 +121,23 @@ def current_manifest(stage: str, cfg: RunConfig, root: str) -> Manifest | None:
     return manifest
 
 
+UPSTREAM = {"corpus": "corpus", "vocab": "vocab", "examples": "examples", "checkpoint": "pretrain", "model": "export"}
+
+
+def check_inputs_ready(stage: str, cfg: RunConfig, root: str) -> None:
+    """Fail before any work when an input is missing: an upstream stage unfinished, a raw file absent."""
+    for name, url in stage_inputs(stage, cfg, root).items():
+        upstream = UPSTREAM.get(name)
+        if upstream is not None and stage != "corpus":
+            if not has_manifest(url):
+                raise ManifestError(
+                    f"stage {stage} needs {name} at {url}, which has no finished manifest: run "
+                    f"`bertflow stage {upstream}` (or `bertflow run`) first"
+                )
+        else:
+            fingerprint_input(url)  # raises FileNotFoundError naming the URL
+
+
 def run_stage(
     stage: str,
     cfg: RunConfig,
@@ -137,6 +154,7 @@ def run_stage(
         if manifest is not None:
             log.info("stage %s: up to date, skipped (%s)", stage, url)
             return StageResult(stage, "skipped", time.time() - start, url, manifest.counts, manifest)
+    check_inputs_ready(stage, cfg, root)
     log.info("stage %s: running -> %s", stage, url)
     manifest = _execute(stage, cfg, root, url, log_fn, env)
     seconds = time.time() - start

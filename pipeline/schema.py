@@ -229,6 +229,12 @@ def fingerprint_input(url: str) -> str:
     of each file's relative path and size, which changes when a file is added, removed or edited
     (sizes), without reading gigabytes.
     """
+    if any(ch in url for ch in "*?["):  # a glob: the files it matches
+        fs, pattern = fsspec.core.url_to_fs(url)
+        matched = sorted(fs.glob(pattern))
+        if not matched:
+            raise FileNotFoundError(f"input {url} matches no file")
+        return _digest([(p.rsplit("/", 1)[-1], fs.size(p)) for p in matched])
     if has_manifest(url):
         return read_manifest(url).fingerprint
     fs, path = fsspec.core.url_to_fs(url)

@@ -1,0 +1,137 @@
+"""Rule-based sentence splitting, and paragraphs of plain-text books.
+
+Design choice: a small deterministic rule set instead of a trained splitter (punkt, spaCy), so
+the corpus job has no model to download, runs the same on every worker and is fast. A candidate
+boundary is terminal punctuation (``.``, ``?``, ``!``, ``...``, ``…``), optionally followed by
+closing quotes or brackets, then whitespace, then something that can start a sentence (an
+upper-case letter, a digit, an opening quote or bracket). A period is no boundary after a known
+abbreviation (Mr., Dr., St., e.g., i.e., etc. before a lower-case word ...), a single-letter
+initial (J. R. R. Tolkien) or a dotted acronym (U.S., a.m.). Decimals (3.14) never qualify since
+no whitespace follows their point. The cost: "moved to the U.S. He ..." stays one sentence.
+"""
+
+from __future__ import annotations
+
+import re
+
+__all__ = ["split_sentences", "book_paragraphs", "ABBREVIATIONS"]
+
+# Lower-cased, without the final period. A period after these never ends a sentence.
+ABBREVIATIONS = frozenset(
+    {
+        "mr", "mrs", "ms", "dr", "prof", "st", "jr", "sr", "sen", "rep", "gov", "gen", "col",
+        "lt", "capt", "cmdr", "sgt", "rev", "hon", "pres", "mt", "ft", "vs", "v", "no", "nos",
+        "vol", "vols", "fig", "figs", "al", "approx", "ca", "cf", "ed", "eds", "pp", "p", "op",
+        "dept", "univ", "assn", "bros", "corp", "co", "jan", "feb", "mar", "apr", "jun", "jul",
+        "aug", "sep", "sept", "oct", "nov", "dec", "e.g", "i.e", "viz", "est", "b", "d", "c",
+        "messrs", "mme", "mlle", "rd", "ave", "blvd",
+    }
+)
+# Abbreviations that may also end a sentence: a boundary only when a capital follows, e.g.
+# "apples, pears etc. The ..." but "etc. and more" is not.
+_SOFT_ABBREVIATIONS = frozenset({"etc", "inc", "ltd"})
+
+_CANDIDATE = re.compile(r"(?:\.{3}|…|[.?!]+)[\"'”’»)\]]*(?=\s+(\S))")
+_STARTER = re.compile(r"[A-Z0-9\"'“‘«(\[À-ÖØ-Þ¿¡]")
+_ACRONYM = re.compile(r"^(?:[A-Za-z]\.)+[A-Za-z]$")  # "U.S" of "U.S.", "e.g" of "e.g."
+_INITIAL = re.compile(r"^[A-Z]$")
+
+
+def _is_boundary(text: str, m: re.Match) -> bool:
+    punct = m.group(0)
+    nxt = m.group(1)
+    if not _STARTER.match(nxt):
+        return False
+    if not punct.startswith(".") or punct.startswith("..."):
+        return True  # ? ! … ... (an ellipsis followed by a capital starts a new sentence)
+    if punct.rstrip("\"'”’»)]") != ".":
+        return True  # "?." or ".." and the like
+    # A single period: look at the word it ends.
+    start = text.rfind(" ", 0, m.start()) + 1
+    word = text[start : m.start()].lstrip("\"'“‘«([")
+    if not word:
+        return True
+    low = word.lower()
+    if _INITIAL.match(word) or _ACRONYM.match(word):
+        return False
+    if low in _SOFT_ABBREVIATIONS:
+        return nxt[0].isupper()
+    if low in ABBREVIATIONS:
+        # "No. 5", "p. 12": abbreviations before a number; before a capital, only the titles
+        return False
+    return True
+
+
+def split_sentences(paragraph: str) -> list[str]:
+    """Sentences of one paragraph, in order, whitespace-normalised; empty input gives []."""
+    text = " ".join(paragraph.split())
+    if not text:
+        return []
+    out: list[str] = []
+    start = 0
+    for m in _CANDIDATE.finditer(text):
+        if _is_boundary(text, m):
+            sentence = text[start : m.end()].strip()
+            if sentence:
+                out.append(sentence)
+            start = m.end()
+    tail = text[start:].strip()
+    if tail:
+        out.append(tail)
+    return out
+
+
+# -- books -------------------------------------------------------------------------------------
+_HEADING_LINE = re.compile(
+    r"^(?:(?:chapter|part|book|volume|section|canto)\b.{0,60}|prologue|epilogue|preface|"
+    r"introduction|contents|the end|[ivxlcdm]+\.?|\d+\.?)$",
+    re.I,
+)
+_TERMINAL = (".", "!", "?", "…", '"', "'", "”", "’", ":", ";", ",", ")", "]", "—", "-")
+
+
+def _is_heading(lines: list[str]) -> bool:
+    if len(lines) != 1:
+        return False
+    line = lines[0]
+    if not any(ch.isalpha() for ch in line):
+        return True  # "* * *", "----", page numbers
+    if _HEADING_LINE.match(line):
+        return True
+    letters = [ch for ch in line if ch.isalpha()]
+    if len(letters) >= 2 and all(ch.isupper() for ch in letters):
+        return True  # "THE RED HOUSE"
+    return len(line) <= 60 and not line.endswith(_TERMINAL)  # a title: short, unpunctuated
+
+
+def _join_lines(lines: list[str]) -> str:
+    text = lines[0]
+    for line in lines[1:]:
+        # "exam-\nple" was wrapped mid-word; "well-\nknown" loses its hyphen too (rare, accepted)
+        if text.endswith("-") and len(text) > 1 and text[-2].isalpha() and line[:1].islower():
+            text = text[:-1] + line
+        else:
+            text = text + " " + line
+    return text
+
+
+def book_paragraphs(text: str) -> list[str]:
+    """Paragraphs of a plain-text book: blank-line separated, wrapped lines joined.
+
+    Heading lines (the title, "Chapter 3", "CHAPTER IV. THE STORM", roman numerals, "* * *",
+    short unpunctuated lines standing alone) are dropped.
+    """
+    paragraphs: list[str] = []
+    block: list[str] = []
+    for raw in text.replace("\r\n", "\n").replace("\r", "\n").split("\n") + [""]:
+        line = " ".join(raw.split())
+        if line:
+            block.append(line)
+            continue
+        while len(block) > 1 and _HEADING_LINE.match(block[0]):
+            block = block[1:]  # "Chapter 2" directly above its first paragraph
+        if block:
+            if not _is_heading(block):
+                paragraphs.append(_join_lines(block))
+            block = []
+    return paragraphs

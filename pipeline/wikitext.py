@@ -1,0 +1,299 @@
+"""Wikitext to paragraphs of running prose: a pure, linear-time cleaner for MediaWiki markup.
+
+``clean_wikitext(text)`` keeps what a reader sees as article prose and drops everything else.
+
+Design choices:
+1. Nested constructs (templates ``{{..{{..}}..}}``, parameters ``{{{1}}}``, tables ``{| .. |}``)
+   are removed by one scanner that jumps between brace/table tokens found by a regex and keeps a
+   stack, so the cost is linear in the text. No backtracking regex ever spans nested markup.
+2. Links are resolved innermost first, a bounded number of passes (a ``[[File:..]]`` caption
+   holding ``[[links]]`` needs two), each pass one linear ``re.sub``.
+3. Every template becomes a space (a few argument-less ones their character: ``{{snd}}`` a
+   spaced dash, ``{{nbsp}}`` a space), including inline ones such as ``{{convert|5|km}}`` or
+   ``{{lang|fr|mot}}``: expanding them needs the template definitions, which a dump does not
+   carry in the page. A few words of prose are lost in exchange for never emitting template
+   syntax; the sentence filters downstream drop what becomes too short.
+4. Order matters and is fixed: comments, then tags whose content is dropped (refs, math,
+   gallery ...), then braces, then line structure (headings, non-prose sections, lists), then
+   links and inline markup, and HTML entities last, so that ``&lt;ref&gt;`` written as text in
+   an article is never mistaken for markup.
+"""
+
+from __future__ import annotations
+
+import html
+import re
+
+__all__ = ["clean_wikitext", "strip_braces", "NON_PROSE_SECTIONS"]
+
+# Sections that are lists of sources or links, not prose (compared lowercased).
+NON_PROSE_SECTIONS = frozenset(
+    {
+        "references", "see also", "external links", "further reading", "notes", "bibliography",
+        "footnotes", "sources", "citations", "works cited", "notes and references",
+        "references and notes", "external sources", "general references", "explanatory notes",
+    }
+)
+
+# Tags dropped together with their content (not prose, or not rendered as text).
+_DROP_TAGS = (
+    "ref", "references", "math", "chem", "ce", "gallery", "timeline", "imagemap", "graph",
+    "mapframe", "maplink", "score", "hiero", "syntaxhighlight", "source", "pre", "code",
+    "templatedata", "templatestyles", "includeonly", "inputbox", "categorytree", "charinsert",
+    "poem", "table", "style", "script",
+)
+# Tags removed but whose inner text is kept.
+_KEEP_TAGS = (
+    "b", "i", "u", "s", "em", "strong", "small", "big", "sub", "sup", "span", "font", "center",
+    "del", "ins", "strike", "abbr", "cite", "tt", "var", "kbd", "q", "dfn", "mark", "bdi", "bdo",
+    "blockquote", "p", "div", "nowiki", "noinclude", "onlyinclude", "section", "ruby", "rb", "rt",
+    "rp", "wbr", "br", "hr", "samp", "time", "data", "caption", "li", "ul", "ol", "dl", "dd", "dt",
+)
+
+# Argument-less templates that stand for a character; every other template becomes a space.
+_INLINE_TEMPLATES = {
+    "ndash": "–", "mdash": "—", "snd": " – ", "spnd": " – ", "spaced ndash": " – ",
+    "spaced en dash": " – ", "sndash": " – ", "nbsp": " ", "sp": " ", "-": "-", "née": "née",
+    "nee": "née", "!": "|", "=": "=", "'": "'", "apos": "'", "·": " · ", "dot": " · ",
+}
+
+_COMMENT = re.compile(r"<!--.*?(?:-->|\Z)", re.S)
+_DROP_NAMES = sorted({t.split()[0] for t in _DROP_TAGS}, key=len, reverse=True)
+# An opening drop-tag, self-closing or not. [^<>]* cannot backtrack across tags.
+# Attributes must have values (name="v", name='v', name=v), so "a<b and c>d" is no tag.
+_ATTRS = r"""(?:\s+[\w:-]+\s*=\s*(?:"[^"<>]*"|'[^'<>]*'|[^\s<>"'/]+))*\s*"""
+_DROP_OPEN = re.compile(r"<(" + "|".join(_DROP_NAMES) + r")\b" + _ATTRS + r"(/?)>", re.I)
+_KEEP_TAG = re.compile(
+    r"</?(?:" + "|".join(sorted(_KEEP_TAGS, key=len, reverse=True)) + r")\b" + _ATTRS + r"/?>",
+    re.I,
+)
+_STRAY_CLOSE = re.compile(r"</(?:" + "|".join(_DROP_NAMES) + r")\s*>", re.I)
+
+# Brace/table tokens: runs of 2+ braces, or a table opening/closing at the start of a line.
+_BRACE_TOKEN = re.compile(r"(\{\{+)|(\}\}+)|^[ \t:]*(\{\||\|\})", re.M)
+
+_HEADING = re.compile(r"^(={1,6})\s*(.*?)\s*\1\s*$")
+_INTERNAL_LINK = re.compile(r"\[\[([^\[\]]*(?:\[(?!\[)[^\[\]]*|\](?!\])[^\[\]]*)*)\]\]")
+_EXTERNAL_LINK = re.compile(r"\[(?:https?://|ftp://|//|mailto:)[^\s\]]*(?:[ \t]+([^\]\n]*))?\]", re.I)
+_BARE_URL = re.compile(r"\b(?:https?|ftp)://[^\s<>\[\]{}|]+", re.I)
+_MAGIC_WORD = re.compile(r"__[A-Z]+__")
+_QUOTES = re.compile(r"'{2,}")
+_LANG_CODE = re.compile(r"^[a-z]{2,3}(?:-[a-z]{2,8})*$|^simple$")
+_DROP_NAMESPACES = frozenset({"file", "image", "media", "category"})
+_EMPTY_PARENS = re.compile(r"\(\s*(?:[,;:]\s*)*\)")
+_PAREN_LEAD = re.compile(r"\(\s*[,;:]\s*")
+_SPACE_BEFORE_PUNCT = re.compile(r"\s+([,.;:!?)\]])")
+_SPACE_AFTER_OPEN = re.compile(r"([(\[])\s+")
+_WS = re.compile(r"\s+")
+_LEFTOVER = re.compile(r"\[\[|\]\]|\{\{|\}\}")
+
+
+# -- 1. comments and tags ----------------------------------------------------------------------
+def _drop_tags(text: str) -> str:
+    """Remove drop-tags with their content; linear (one search for each tag's closing)."""
+    lower = text.lower()
+    out: list[str] = []
+    pos = 0
+    no_close_after: dict[str, int] = {}  # tag -> position after which no closing tag exists
+    while True:
+        m = _DROP_OPEN.search(text, pos)
+        if not m:
+            break
+        out.append(text[pos : m.start()])
+        name = m.group(1).lower()
+        if m.group(2):  # <ref name="x" />
+            pos = m.end()
+            continue
+        close = -1
+        if m.end() < no_close_after.get(name, len(text) + 1):
+            close = lower.find("</" + name, m.end())
+            if close < 0:
+                no_close_after[name] = m.end()
+        if close < 0:  # unclosed: drop only the opening tag, as MediaWiki shows the rest
+            pos = m.end()
+            continue
+        end = lower.find(">", close)
+        pos = len(text) if end < 0 else end + 1
+    out.append(text[pos:])
+    return _STRAY_CLOSE.sub("", "".join(out))
+
+
+# -- 2. templates and tables -------------------------------------------------------------------
+def strip_braces(text: str) -> str:
+    """Remove templates, template parameters and tables, however nested, in linear time.
+
+    A brace run counts each brace (``{{{`` opens 3, ``}}}}`` closes up to 4), so parameters and
+    templates nest freely; ``{|`` and ``|}`` count only at a line start, and ``|}`` closes a table
+    only when a table is the innermost open construct (``|}}`` ending a template stays braces).
+    An unclosed template is treated as literal text from its opening braces (which are dropped),
+    as MediaWiki does; an unclosed table runs to the end of the page.
+    """
+    pieces: list[str] = []
+    while True:
+        kept, rest = _strip_braces_once(text)
+        pieces.append(kept)
+        if rest is None:
+            return "".join(pieces)
+        text = rest
+
+
+def _strip_braces_once(text: str) -> tuple[str, str | None]:
+    """(text kept, None) or, after an unclosed template, (text kept before it, text to rescan)."""
+    out: list[str] = []
+    start = 0  # start of the text not yet copied
+    pos = 0
+    stack: list[list] = []  # entries: ["B", open brace count, start pos] or ["T", 0, start pos]
+    n = len(text)
+    while pos < n:
+        m = _BRACE_TOKEN.search(text, pos)
+        if m is None:
+            break
+        opening, closing, table = m.group(1), m.group(2), m.group(3)
+        if opening:
+            if not stack:
+                out.append(text[start : m.start()])
+            if stack and stack[-1][0] == "B":
+                stack[-1][1] += len(opening)
+            else:
+                stack.append(["B", len(opening), m.start()])
+            pos = m.end()
+        elif closing:
+            if stack and stack[-1][0] == "B":
+                used = min(len(closing), stack[-1][1])
+                stack[-1][1] -= used
+                pos = m.start() + used
+                if stack[-1][1] == 0:
+                    opened = stack.pop()[2]
+                    if not stack:
+                        name = text[opened:pos].strip("{} \n").lower()
+                        out.append(_INLINE_TEMPLATES.get(name, " "))
+                        start = pos
+            else:
+                pos = m.end()
+        elif table == "{|":
+            if not stack:
+                out.append(text[start : m.start()])
+            stack.append(["T", 0, m.start()])
+            pos = m.end()
+        else:  # "|}"
+            if stack and stack[-1][0] == "T":
+                stack.pop()
+                pos = m.end()
+                if not stack:
+                    start = pos
+            else:
+                pos = m.start(3) + 1  # rescan from the brace: "|}}" may close a template
+    if not stack:
+        out.append(text[start:])
+        return "".join(out), None
+    kind, _, opened = stack[0]
+    if kind == "T":
+        return "".join(out), None
+    # An unclosed template: its braces were literal. Drop them, keep and rescan what follows.
+    skip = opened
+    while skip < n and text[skip] == "{":
+        skip += 1
+    return "".join(out), text[skip:]
+
+
+# -- 3. links ----------------------------------------------------------------------------------
+def _link_text(m: re.Match) -> str:
+    inner = m.group(1)
+    target, pipe, label = inner.partition("|")
+    target = target.strip()
+    bare = target.lstrip(":")
+    prefix, colon, _ = bare.partition(":")
+    prefix = prefix.strip().lower()
+    if colon and not target.startswith(":"):
+        if prefix in _DROP_NAMESPACES:
+            return ""
+        if not pipe and _LANG_CODE.match(prefix):  # interlanguage link [[de:Foo]]
+            return ""
+    if pipe:
+        label = label.strip()
+        if label:
+            return label
+        # pipe trick: [[Foo (bar)|]] shows "Foo", [[Help:Foo|]] shows "Foo"
+        shown = bare.split(":", 1)[-1] if colon else bare
+        return re.sub(r"\s*\([^()]*\)\s*$", "", shown)
+    return bare
+
+
+def _resolve_links(text: str) -> str:
+    for _ in range(6):  # nesting depth; captions rarely nest more than twice
+        new = _INTERNAL_LINK.sub(_link_text, text)
+        if new == text:
+            break
+        text = new
+    text = _EXTERNAL_LINK.sub(lambda m: m.group(1) or "", text)
+    return _BARE_URL.sub("", text)
+
+
+# -- 4. lines: headings, sections, lists -------------------------------------------------------
+def _prose_lines(text: str) -> list[str | None]:
+    """Lines of prose; None marks a paragraph break (blank line, heading, list, dropped block)."""
+    lines: list[str | None] = []
+    skip_level = 0  # > 0 while inside a non-prose section of that heading level
+    for raw in text.split("\n"):
+        line = raw.strip()
+        heading = _HEADING.match(line)
+        if heading:
+            level = len(heading.group(1))
+            title = _WS.sub(" ", _QUOTES.sub("", heading.group(2))).strip().lower()
+            if skip_level and level > skip_level:
+                continue
+            skip_level = level if title in NON_PROSE_SECTIONS else 0
+            lines.append(None)
+            continue
+        if skip_level:
+            continue
+        if not line or line[0] in "*#:;|!" or line.startswith("----"):
+            lines.append(None)
+            continue
+        lines.append(line)
+    return lines
+
+
+# -- 5. inline cleanup -------------------------------------------------------------------------
+def _tidy(paragraph: str) -> str:
+    text = html.unescape(paragraph)
+    text = _WS.sub(" ", text)  # also folds &nbsp; (U+00A0) and other Unicode spaces
+    text = _LEFTOVER.sub("", text)
+    text = _PAREN_LEAD.sub("(", text)
+    text = _EMPTY_PARENS.sub("", text)
+    text = _SPACE_AFTER_OPEN.sub(r"\1", text)
+    text = _SPACE_BEFORE_PUNCT.sub(r"\1", text)
+    return _WS.sub(" ", text).strip()
+
+
+def clean_wikitext(text: str) -> list[str]:
+    """Paragraphs of running prose from one page's wikitext, in page order.
+
+    Drops templates, infoboxes, tables, references, comments, non-text tags with their content,
+    headings, lists, files, categories, interlanguage links, magic words, bold/italic quotes and
+    the sections References, See also, External links, Further reading, Notes, Bibliography
+    (and similar); keeps link labels and the text of harmless tags; unescapes HTML entities.
+    """
+    if not text:
+        return []
+    text = text.replace("\r\n", "\n").replace("\r", "\n")
+    text = _COMMENT.sub("", text)
+    text = _drop_tags(text)
+    text = strip_braces(text)
+    text = _resolve_links(text)  # before line splitting: [[File:..]] captions may span lines
+    text = _KEEP_TAG.sub(lambda m: " " if m.group(0)[1:3].lower() in ("br", "hr") else "", text)
+    text = _MAGIC_WORD.sub("", text)
+    text = _QUOTES.sub("", text)
+
+    paragraphs: list[str] = []
+    current: list[str] = []
+    for line in _prose_lines(text) + [None]:
+        if line is None:
+            if current:
+                para = _tidy(" ".join(current))
+                if para:
+                    paragraphs.append(para)
+                current = []
+        else:
+            current.append(line)
+    return paragraphs

@@ -1,0 +1,280 @@
+"""The fine-tuning loop shared by every downstream task: batches, AdamW, schedule, eval, best-keeping.
+
+A task (``tasks/glue.py``, ``tasks/squad.py``) turns its data into *features*: one dict per model
+input row, holding ``input_ids`` and ``token_type_ids`` (unpadded lists) plus the label fields its
+head's ``forward`` takes (``labels``, or ``start_positions``/``end_positions``). It passes them with
+an ``evaluate(model) -> metrics`` callback and the name of the metric to maximise to :func:`train`.
+
+Design choices:
+1. Dynamic padding: each batch is padded to its own longest row and the attention mask derives
+   from the lengths, so short GLUE sentences don't pay for ``max_seq_length`` on a CPU.
+2. Determinism from ``config.seed`` alone: torch's global RNG (head init, dropout) is seeded once,
+   and each epoch's shuffle order comes from a generator seeded with a blake2b digest of
+   (seed, epoch), not from whatever state the RNG reached. Bitwise on the CPU; on CUDA some
+   kernels (attention backward, scatter) are not deterministic, so expect tiny differences.
+3. Best-keeping in memory: the best epoch's weights are cloned to the CPU when the score improves
+   and restored at the end (one extra copy of a BERT-base is ~440 MB; no checkpoint round trip).
+   Fractional ``epochs`` (e.g. 2.5) stop mid-epoch and evaluate there too.
+4. The loop never imports tracking: ``log_fn(metrics, step)`` is the caller's callback.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import math
+import random
+import time
+from typing import Any, Callable, Sequence
+
+import fsspec
+import torch
+from safetensors.torch import save as safetensors_save
+from tokenizers import Tokenizer
+
+from model.config import BertConfig
+from model.export import copy_tokenizer
+from model.contract import clear_stage
+from model.optim import build_optimizer, warmup_linear_schedule
+
+logger = logging.getLogger("bertflow.finetune")
+
+Feature = dict[str, Any]
+LogFn = Callable[[dict[str, float], int], None]
+SEQUENCE_KEYS = ("input_ids", "token_type_ids")
+MAX_GRAD_NORM = 1.0  # as in the reference run_classifier.py / run_squad.py
+
+
+# -- setup ----------------------------------------------------------------------------------------
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def stable_seed(*parts: Any) -> int:
+    digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & ((1 << 63) - 1)
+
+
+def pick_device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def load_tokenizer(model_url: str) -> Tokenizer:
+    """The exported model's ``tokenizer.json`` (local or gs://), with padding and truncation off."""
+    url = model_url.rstrip("/") + "/tokenizer.json"
+    with fsspec.open(url, "r", encoding="utf-8") as f:
+        tokenizer = Tokenizer.from_str(f.read())
+    tokenizer.no_padding()
+    tokenizer.no_truncation()
+    return tokenizer
+
+
+def special_id(tokenizer: Tokenizer, token: str) -> int:
+    token_id = tokenizer.token_to_id(token)
+    if token_id is None:
+        raise ValueError(f"the tokenizer has no {token} token")
+    return token_id
+
+
+# -- batches --------------------------------------------------------------------------------------
+def collate(rows: Sequence[Feature], pad_id: int = 0) -> dict[str, torch.Tensor]:
+    """Pad ``input_ids``/``token_type_ids`` to the batch's longest row; other fields to tensors."""
+    width = max(len(r["input_ids"]) for r in rows)
+    batch: dict[str, torch.Tensor] = {}
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    types = torch.zeros((len(rows), width), dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, r in enumerate(rows):
+        n = len(r["input_ids"])
+        ids[i, :n] = torch.tensor(r["input_ids"], dtype=torch.long)
+        types[i, :n] = torch.tensor(r["token_type_ids"], dtype=torch.long)
+        mask[i, :n] = 1
+    batch.update(input_ids=ids, token_type_ids=types, attention_mask=mask)
+    for key in rows[0]:
+        if key in SEQUENCE_KEYS:
+            continue
+        values = [r[key] for r in rows]
+        dtype = torch.float if isinstance(values[0], float) else torch.long
+        batch[key] = torch.tensor(values, dtype=dtype)
+    return batch
+
+
+def batches(
+    features: Sequence[Feature], batch_size: int, order: Sequence[int] | None = None
+) -> list[list[Feature]]:
+    order = range(len(features)) if order is None else order
+    order = list(order)
+    return [[features[i] for i in order[s : s + batch_size]] for s in range(0, len(order), batch_size)]
+
+
+def epoch_order(n: int, seed: int, epoch: int) -> list[int]:
+    gen = torch.Generator().manual_seed(stable_seed(seed, "shuffle", epoch))
+    return torch.randperm(n, generator=gen).tolist()
+
+
+@torch.no_grad()
+def predict(
+    model: torch.nn.Module,
+    features: Sequence[Feature],
+    batch_size: int,
+    outputs: Sequence[str],
+    device: torch.device | None = None,
+) -> dict[str, list]:
+    """Run the model over features in order; the named output fields, row by row, as lists."""
+    device = device or next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    collected: dict[str, list] = {name: [] for name in outputs}
+    for rows in batches(features, batch_size):
+        batch = collate(rows)
+        inputs = {k: batch[k].to(device) for k in ("input_ids", "token_type_ids", "attention_mask")}
+        out = model(**inputs)
+        for name in outputs:
+            collected[name].extend(getattr(out, name).float().cpu().tolist())
+    model.train(was_training)
+    return collected
+
+
+# -- the loop -------------------------------------------------------------------------------------
+@dataclasses.dataclass
+class TrainResult:
+    best_metrics: dict[str, float]
+    best_epoch: int
+    history: list[dict[str, float]]
+    steps: int
+    seconds: float
+
+
+def train(
+    model: torch.nn.Module,
+    train_features: Sequence[Feature],
+    config,  # tasks.config.FinetuneConfig
+    evaluate: Callable[[torch.nn.Module], dict[str, float]],
+    score_key: str,
+    log_fn: LogFn | None = None,
+    device: torch.device | None = None,
+    log_every: int = 10,
+) -> TrainResult:
+    """Fine-tune ``model`` in place; evaluate each epoch; leave the best epoch's weights loaded.
+
+    ``model(**batch)`` must return an object with ``.loss``. ``evaluate(model)`` returns metrics
+    (names as they should be logged, e.g. ``eval_accuracy``) that include ``score_key``.
+    """
+    if not train_features:
+        raise ValueError("no training features")
+    started = time.time()
+    device = device or pick_device()
+    model.to(device)
+    steps_per_epoch = math.ceil(len(train_features) / config.batch_size)
+    total_steps = max(1, math.ceil(config.epochs * steps_per_epoch))
+    warmup_steps = int(total_steps * config.warmup_proportion)
+    optimizer = build_optimizer(model, config.learning_rate, config.weight_decay)
+    scheduler = warmup_linear_schedule(optimizer, warmup_steps, total_steps)
+    logger.info(
+        "fine-tuning on %d features: %d steps (%d/epoch, warm-up %d), batch %d, lr %g, device %s",
+        len(train_features), total_steps, steps_per_epoch, warmup_steps, config.batch_size,
+        config.learning_rate, device,
+    )
+
+    best_score, best_state, best_metrics, best_epoch = -math.inf, None, {}, 0
+    history: list[dict[str, float]] = []
+    step, epoch = 0, 0
+    running, running_n = 0.0, 0
+    model.train()
+    while step < total_steps:
+        epoch += 1
+        epoch_loss, epoch_n = 0.0, 0
+        order = epoch_order(len(train_features), config.seed, epoch)
+        for rows in batches(train_features, config.batch_size, order):
+            batch = {k: v.to(device) for k, v in collate(rows).items()}
+            loss = model(**batch).loss
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_GRAD_NORM)
+            optimizer.step()
+            scheduler.step()
+            step += 1
+            value = loss.item()
+            running, running_n = running + value, running_n + 1
+            epoch_loss, epoch_n = epoch_loss + value, epoch_n + 1
+            if step % log_every == 0 or step == total_steps:
+                lr = scheduler.get_last_lr()[0]
+                train_metrics = {"train_loss": running / running_n, "learning_rate": lr,
+                                 "epoch": step / steps_per_epoch}
+                logger.info("step %d/%d loss %.4f lr %.3g", step, total_steps, running / running_n, lr)
+                if log_fn:
+                    log_fn(train_metrics, step)
+                running, running_n = 0.0, 0
+            if step >= total_steps:
+                break
+
+        metrics = dict(evaluate(model))
+        if score_key not in metrics:
+            raise KeyError(f"evaluate() returned no {score_key!r}: {sorted(metrics)}")
+        metrics["epoch"] = float(epoch)
+        record = {"epoch": float(epoch), "step": float(step), "train_loss": epoch_loss / max(epoch_n, 1)}
+        record.update(metrics)
+        history.append(record)
+        logger.info("epoch %d (step %d): %s", epoch, step,
+                    ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
+        if log_fn:
+            log_fn(metrics, step)
+        if metrics[score_key] > best_score:
+            best_score, best_epoch, best_metrics = metrics[score_key], epoch, metrics
+            best_state = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+
+    if best_state is not None:
+        model.load_state_dict(best_state)
+    logger.info("best epoch %d: %s %.4f", best_epoch, score_key, best_score)
+    return TrainResult(best_metrics, best_epoch, history, step, time.time() - started)
+
+
+# -- outputs --------------------------------------------------------------------------------------
+def prepare_output(output_url: str, *input_urls: str) -> None:
+    """Empty the stage folder (so no stale file enters the manifest), refusing one that holds an input."""
+    out = output_url.rstrip("/")
+    for url in input_urls:
+        url = url.rstrip("/")
+        if url == out or url.startswith(out + "/"):
+            raise ValueError(f"output {output_url} would overwrite the input {url}")
+    clear_stage(output_url)
+
+
+def write_text(url: str, text: str) -> None:
+    fs, path = fsspec.core.url_to_fs(url)
+    fs.makedirs(fs._parent(path), exist_ok=True)
+    with fs.open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+
+
+def write_json(url: str, obj: Any) -> None:
+    write_text(url, json.dumps(obj, indent=2, sort_keys=True) + "\n")
+
+
+def save_finetuned(
+    model: torch.nn.Module,
+    bert_config: BertConfig,
+    output_url: str,
+    architecture: str,
+    extra_config: dict[str, Any] | None = None,
+    model_url: str | None = None,
+) -> None:
+    """Write ``model.safetensors`` (the head model's own key names, bert.* and the head's) and a
+    Hugging Face ``config.json``; copy the tokenizer files from ``model_url`` when it has them."""
+    fs, root = fsspec.core.url_to_fs(output_url)
+    fs.makedirs(root, exist_ok=True)
+    state = {k: v.detach().to("cpu").contiguous().clone() for k, v in model.state_dict().items()}
+    with fs.open(f"{root}/model.safetensors", "wb") as f:
+        f.write(safetensors_save(state, metadata={"format": "pt"}))
+    cfg = dataclasses.asdict(bert_config)
+    cfg.update(model_type="bert", architectures=[architecture], position_embedding_type="absolute",
+               torch_dtype="float32")
+    cfg.update(extra_config or {})
+    write_json(f"{output_url.rstrip('/')}/config.json", cfg)
+    if model_url:
+        src_fs, src_root = fsspec.core.url_to_fs(model_url)
+        if src_fs.exists(f"{src_root.rstrip('/')}/vocab.txt"):
+            copy_tokenizer(model_url, output_url, bert_config.max_position_embeddings)

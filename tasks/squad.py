@@ -1,0 +1,342 @@
+"""SQuAD v1.1 / v2.0: JSON reader, doc-stride windows, span decoding, and ``run_squad``.
+
+Follows the reference ``run_squad.py`` semantics with character offsets instead of its
+whitespace-token bookkeeping:
+
+1. Windows: the question (at most ``max_query_length`` tokens) and a slice of the context make
+   ``[CLS] question [SEP] context-slice [SEP]``; slices start every ``doc_stride`` tokens until the
+   context is covered. Each context token keeps its character span in the original context
+   (the tokenizer's offsets survive lower-casing and accent stripping), so an answer is always
+   cut from the original text: ``context[start_char:end_char]``.
+2. Training: a window that does not hold the whole answer, and every window of a v2.0
+   unanswerable question, points start and end at [CLS] (position 0). An answer whose
+   ``answer_start`` does not match its text in the context is skipped, counted
+   (``train_skipped``) and logged with its question id.
+3. Decoding: the ``n_best_size`` best start and end logits of each window, spans of context
+   tokens only, end >= start, at most ``max_answer_length`` tokens, the start token in the window
+   where it has the most context (the reference's ``_check_is_max_context``); best start+end
+   score over windows. v2.0 predicts "" when the best [CLS] score beats it by more than
+   ``null_score_diff_threshold``.
+4. Scoring is the official evaluation (``tasks/metrics.py``); the best epoch is the highest F1.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import time
+
+import fsspec
+
+from model.export import load_pretrained
+from model.contract import Manifest, fingerprint_input, join_url, write_manifest
+from tasks.config import FinetuneConfig
+from tasks.finetune import (
+    Feature, LogFn, load_tokenizer, pick_device, predict, prepare_output, save_finetuned, seed_everything,
+    special_id, train, write_json,
+)
+from tasks.heads import BertForQuestionAnswering
+from tasks.metrics import squad_evaluate
+
+logger = logging.getLogger("bertflow.finetune")
+
+FILES = {"1.1": ("train-v1.1.json", "dev-v1.1.json"), "2.0": ("train-v2.0.json", "dev-v2.0.json")}
+
+
+class SquadDataError(ValueError):
+    """A malformed SQuAD file; the message names the file and the question id."""
+
+
+@dataclasses.dataclass
+class SquadExample:
+    qid: str
+    question: str
+    context: str
+    answers: list[tuple[str, int]]  # (text, answer_start) in context characters
+    is_impossible: bool = False
+
+
+def read_squad(url: str, version: str = "1.1") -> list[SquadExample]:
+    """Every question of a SQuAD JSON file, in file order."""
+    if version not in FILES:
+        raise ValueError(f"SQuAD version must be '1.1' or '2.0', got {version!r}")
+    with fsspec.open(url, "r", encoding="utf-8") as f:
+        try:
+            data = json.load(f)
+        except json.JSONDecodeError as exc:
+            raise SquadDataError(f"{url}: not valid JSON ({exc})") from exc
+    if not isinstance(data, dict) or not isinstance(data.get("data"), list):
+        raise SquadDataError(f"{url}: expected an object with a 'data' list")
+    examples = []
+    seen: set[str] = set()
+    for a, article in enumerate(data["data"]):
+        for p, paragraph in enumerate(article.get("paragraphs") or []):
+            context = paragraph.get("context")
+            where = f"{url}: data[{a}].paragraphs[{p}]"
+            if not isinstance(context, str):
+                raise SquadDataError(f"{where}: 'context' missing or not a string")
+            for qa in paragraph.get("qas") or []:
+                examples.append(_read_question(qa, context, version, where, seen))
+    return examples
+
+
+def _read_question(qa: dict, context: str, version: str, where: str, seen: set[str]) -> SquadExample:
+    qid = qa.get("id")
+    if not isinstance(qid, str) or not qid:
+        raise SquadDataError(f"{where}: a question without an 'id'")
+    where = f"{where} question {qid}"
+    if qid in seen:
+        raise SquadDataError(f"{where}: duplicate question id")
+    seen.add(qid)
+    question = qa.get("question")
+    if not isinstance(question, str):
+        raise SquadDataError(f"{where}: 'question' missing or not a string")
+    impossible = bool(qa.get("is_impossible", False)) if version == "2.0" else False
+    answers = []
+    for i, ans in enumerate(qa.get("answers") or []):
+        text, start = (ans.get("text"), ans.get("answer_start")) if isinstance(ans, dict) else (None, None)
+        if not isinstance(text, str) or not isinstance(start, int) or isinstance(start, bool):
+            raise SquadDataError(f"{where}: answers[{i}] needs a string 'text' and an int 'answer_start'")
+        if not 0 <= start <= len(context):
+            raise SquadDataError(
+                f"{where}: answers[{i}].answer_start {start} outside the context ({len(context)} chars)"
+            )
+        answers.append((text, start))
+    if not answers and not impossible:
+        raise SquadDataError(f"{where}: no answers (and not marked is_impossible)")
+    if impossible:
+        answers = []
+    return SquadExample(qid, question, context, answers, impossible)
+
+
+# -- windows --------------------------------------------------------------------------------------
+@dataclasses.dataclass
+class Window:
+    """One model input of one example: where its context tokens come from in the text."""
+
+    example_index: int
+    offsets: list[tuple[int, int] | None]  # per input position: (start_char, end_char) or None
+    max_context: list[bool]  # per input position: this window gives the token its most context
+
+
+def _spans(num_tokens: int, max_tokens: int, doc_stride: int) -> list[tuple[int, int]]:
+    spans, start = [], 0
+    while True:
+        length = min(num_tokens - start, max_tokens)
+        spans.append((start, length))
+        if start + length >= num_tokens:
+            return spans
+        start += min(length, doc_stride)
+
+
+def _max_context_score(span: tuple[int, int], position: int) -> float:
+    start, length = span
+    end = start + length - 1
+    if not start <= position <= end:
+        return -1.0
+    return min(position - start, end - position) + 0.01 * length
+
+
+def _answer_tokens(offsets: list[tuple[int, int]], start_char: int, end_char: int) -> tuple[int, int] | None:
+    """First and last context token overlapping [start_char, end_char)."""
+    hits = [i for i, (s, e) in enumerate(offsets) if s < end_char and e > start_char]
+    return (hits[0], hits[-1]) if hits else None
+
+
+def make_features(
+    tokenizer,
+    examples: list[SquadExample],
+    max_seq_length: int,
+    doc_stride: int = 128,
+    max_query_length: int = 64,
+    training: bool = False,
+) -> tuple[list[Feature], list[Window], int]:
+    """Model features and their windows (aligned lists), and the number of skipped answers."""
+    cls_id, sep_id = special_id(tokenizer, "[CLS]"), special_id(tokenizer, "[SEP]")
+    questions = tokenizer.encode_batch([e.question for e in examples], add_special_tokens=False)
+    contexts = sorted({e.context for e in examples})
+    context_enc = dict(zip(contexts, tokenizer.encode_batch(contexts, add_special_tokens=False)))
+    features: list[Feature] = []
+    windows: list[Window] = []
+    skipped = 0
+    for index, (ex, q) in enumerate(zip(examples, questions)):
+        q_ids = q.ids[:max_query_length]
+        enc = context_enc[ex.context]
+        c_ids, c_offsets = enc.ids, [tuple(o) for o in enc.offsets]
+        max_tokens = max_seq_length - len(q_ids) - 3
+        if max_tokens < 1:
+            raise ValueError(f"max_seq_length {max_seq_length} leaves no room for the context")
+        answer = None
+        if training and not ex.is_impossible:
+            text, start_char = ex.answers[0]
+            answer = _answer_tokens(c_offsets, start_char, start_char + len(text))
+            if ex.context[start_char : start_char + len(text)] != text or answer is None:
+                skipped += 1
+                logger.warning("question %s: answer %r not found at answer_start %d; skipped",
+                               ex.qid, text, start_char)
+                continue
+        spans = _spans(len(c_ids), max_tokens, doc_stride)
+        # The window where each context token has the most context (the first one, on ties).
+        home = [max(range(len(spans)), key=lambda k: (_max_context_score(spans[k], pos), -k))
+                for pos in range(len(c_ids))]
+        first = len(q_ids) + 2  # position of the first context token
+        for k, (start, length) in enumerate(spans):
+            ids = [cls_id, *q_ids, sep_id, *c_ids[start : start + length], sep_id]
+            types = [0] * first + [1] * (length + 1)
+            offsets = [None] * first + c_offsets[start : start + length] + [None]
+            max_context = [False] * first + [home[start + i] == k for i in range(length)] + [False]
+            feature: Feature = {"input_ids": ids, "token_type_ids": types}
+            if training:
+                s_pos = e_pos = 0
+                if answer is not None and start <= answer[0] and answer[1] < start + length:
+                    s_pos, e_pos = answer[0] - start + first, answer[1] - start + first
+                feature.update(start_positions=s_pos, end_positions=e_pos)
+            features.append(feature)
+            windows.append(Window(index, offsets, max_context))
+    return features, windows, skipped
+
+
+# -- decoding -------------------------------------------------------------------------------------
+def _top(values: list[float], n: int) -> list[int]:
+    return sorted(range(len(values)), key=lambda i: -values[i])[:n]
+
+
+def decode_predictions(
+    examples: list[SquadExample],
+    windows: list[Window],
+    start_logits: list[list[float]],
+    end_logits: list[list[float]],
+    version: str = "1.1",
+    n_best_size: int = 20,
+    max_answer_length: int = 30,
+    null_score_diff_threshold: float = 0.0,
+) -> tuple[dict[str, str], dict[str, float]]:
+    """Answer text per question id, and (v2.0) the null-score difference per question id."""
+    best: dict[int, tuple[float, str]] = {}
+    null: dict[int, float] = {}
+    for window, starts, ends in zip(windows, start_logits, end_logits):
+        n = len(window.offsets)
+        idx = window.example_index
+        null[idx] = min(null.get(idx, float("inf")), starts[0] + ends[0])
+        for s in _top(starts[:n], n_best_size):
+            if window.offsets[s] is None or not window.max_context[s]:
+                continue
+            for e in _top(ends[:n], n_best_size):
+                if window.offsets[e] is None or e < s or e - s + 1 > max_answer_length:
+                    continue
+                score = starts[s] + ends[e]
+                if idx not in best or score > best[idx][0]:
+                    text = examples[idx].context[window.offsets[s][0] : window.offsets[e][1]]
+                    best[idx] = (score, text)
+    predictions: dict[str, str] = {}
+    null_odds: dict[str, float] = {}
+    for idx, ex in enumerate(examples):
+        score, text = best.get(idx, (float("-inf"), ""))
+        if version == "2.0" and idx in null:
+            diff = null[idx] - score if score != float("-inf") else float("inf")
+            null_odds[ex.qid] = diff if diff != float("inf") else 1e9
+            if diff > null_score_diff_threshold:
+                text = ""
+        predictions[ex.qid] = text
+    return predictions, null_odds
+
+
+def gold_answers(examples: list[SquadExample]) -> dict[str, list[str]]:
+    return {ex.qid: [text for text, _ in ex.answers] for ex in examples}
+
+
+# -- the stage ------------------------------------------------------------------------------------
+def run_squad(
+    config: FinetuneConfig,
+    data_url: str,
+    model_url: str,
+    output_url: str,
+    version: str = "1.1",
+    log_fn: LogFn | None = None,
+    doc_stride: int = 128,
+    max_query_length: int = 64,
+    n_best_size: int = 20,
+    max_answer_length: int = 30,
+    null_score_diff_threshold: float = 0.0,
+) -> Manifest:
+    """Fine-tune the exported model at ``model_url`` on SQuAD; write predictions and scores."""
+    started = time.time()
+    if version not in FILES:
+        raise ValueError(f"SQuAD version must be '1.1' or '2.0', got {version!r}")
+    train_name, dev_name = FILES[version]
+    inputs = {"model": fingerprint_input(model_url), "data": fingerprint_input(data_url)}
+    prepare_output(output_url, model_url, data_url)
+    seed_everything(config.seed)
+    tokenizer = load_tokenizer(model_url)
+    train_examples = read_squad(join_url(data_url, train_name), version)
+    dev_examples = read_squad(join_url(data_url, dev_name), version)
+    window_args = dict(max_seq_length=config.max_seq_length, doc_stride=doc_stride,
+                       max_query_length=max_query_length)
+    train_features, _, skipped = make_features(tokenizer, train_examples, training=True, **window_args)
+    dev_features, dev_windows, _ = make_features(tokenizer, dev_examples, **window_args)
+    logger.info("SQuAD v%s: %d train questions -> %d features (%d skipped), %d dev -> %d",
+                version, len(train_examples), len(train_features), skipped, len(dev_examples),
+                len(dev_features))
+    gold = gold_answers(dev_examples)
+
+    model = BertForQuestionAnswering(load_pretrained(model_url))
+    device = pick_device()
+    model.to(device)
+    eval_batch = max(config.batch_size, 32)
+
+    def dev_predictions(m):
+        out = predict(m, dev_features, eval_batch, ["start_logits", "end_logits"], device)
+        return decode_predictions(dev_examples, dev_windows, out["start_logits"], out["end_logits"],
+                                  version, n_best_size, max_answer_length, null_score_diff_threshold)
+
+    def evaluate(m) -> dict[str, float]:
+        predictions, _ = dev_predictions(m)
+        scores = squad_evaluate(gold, predictions, version)
+        return {f"eval_{k}": v for k, v in scores.items() if not k.endswith("total")}
+
+    result = train(model, train_features, config, evaluate, "eval_f1", log_fn, device)
+
+    predictions, null_odds = dev_predictions(model)
+    write_json(join_url(output_url, "predictions.json"), predictions)
+    if version == "2.0":
+        write_json(join_url(output_url, "null_odds.json"), null_odds)
+    scores = squad_evaluate(gold, predictions, version)
+    save_finetuned(model, model.config, output_url, "BertForQuestionAnswering",
+                   {"finetuning_task": f"squad-v{version}"}, model_url)
+
+    seconds = time.time() - started
+    counts = {f"eval_{k}": float(v) for k, v in scores.items() if not k.endswith("total")}
+    counts.update(
+        train_examples=float(len(train_examples)), train_features=float(len(train_features)),
+        train_skipped=float(skipped), dev_examples=float(len(dev_examples)),
+        dev_features=float(len(dev_features)), best_epoch=float(result.best_epoch),
+        steps=float(result.steps), seconds=seconds,
+    )
+    write_json(join_url(output_url, "metrics.json"), {
+        "version": version, **scores, **counts, "history": result.history,
+    })
+    logger.info("SQuAD v%s done in %.1f s: EM %.2f F1 %.2f", version, seconds,
+                scores["exact_match"], scores["f1"])
+    stage_config = manifest_config(
+        config, version, doc_stride, max_query_length, n_best_size, max_answer_length, null_score_diff_threshold
+    )
+    return write_manifest(f"finetune-squad-v{version}", output_url, stage_config, inputs, counts,
+                          seconds=seconds)
+
+
+def manifest_config(
+    config: FinetuneConfig,
+    version: str = "1.1",
+    doc_stride: int = 128,
+    max_query_length: int = 64,
+    n_best_size: int = 20,
+    max_answer_length: int = 30,
+    null_score_diff_threshold: float = 0.0,
+) -> dict:
+    """The config run_squad records in its manifest (the flow compares it to skip a finished run)."""
+    return {
+        **dataclasses.asdict(config), "version": version, "doc_stride": doc_stride,
+        "max_query_length": max_query_length, "n_best_size": n_best_size,
+        "max_answer_length": max_answer_length, "null_score_diff_threshold": null_score_diff_threshold,
+    }

@@ -1,0 +1,170 @@
+"""The examples Beam job end to end: counts, contents, and byte-identical output whatever the
+worker count, the corpus file layout or the run."""
+
+from __future__ import annotations
+
+import random
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from pipeline.config import BeamConfig, ExamplesConfig, VocabConfig
+from pipeline.examples import example_key, num_buckets_for, run_examples
+from pipeline.schema import (
+    DOCUMENT_SCHEMA,
+    ManifestError,
+    example_schema,
+    read_manifest,
+    write_manifest,
+)
+from pipeline.wordpiece import read_vocab, run_vocab
+
+WORDS = (
+    "river town guild salt ship heron mountain north south poet merchant weaving copper "
+    "harbour bridge lantern the a of in and was is by its from to near beside founded old "
+    "new great small grey silver painted wrote sailed built crossed"
+).split()
+NUM_DOCS = 300
+CONFIG = ExamplesConfig(
+    max_seq_lengths=(32, 64), max_predictions_per_seq=(5, 10), dupe_factor=2, num_shards=3, seed=7
+)
+
+
+def make_docs(num_docs: int) -> list[dict]:
+    rng = random.Random(11)
+    docs = []
+    for i in range(num_docs):
+        sentences = [
+            " ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 12))).capitalize() + "."
+            for _ in range(rng.randint(1, 12))
+        ]
+        docs.append(
+            {
+                "doc_id": f"synth:{i:05d}",
+                "source": "books",
+                "title": f"Doc {i}",
+                "sentences": sentences,
+                "num_sentences": len(sentences),
+                "num_chars": sum(map(len, sentences)),
+            }
+        )
+    # Two documents that tokenize to nothing, and a doc_id seen twice.
+    for i, text in enumerate(["   ", "\u200b"]):
+        docs.append(
+            {
+                "doc_id": f"empty:{i}",
+                "source": "books",
+                "title": "",
+                "sentences": [text],
+                "num_sentences": 1,
+                "num_chars": len(text),
+            }
+        )
+    docs.append(dict(docs[0], sentences=["A duplicate of the first id."]))
+    return docs
+
+
+def write_corpus(path, docs, shards: int) -> str:
+    path.mkdir(parents=True)
+    for k in range(shards):
+        table = pa.Table.from_pylist(docs[k::shards], schema=DOCUMENT_SCHEMA)
+        pq.write_table(table, path / f"part-{k:05d}-of-{shards:05d}.parquet")
+    write_manifest("corpus", str(path), {}, {}, {"documents": len(docs)})
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def stages(tmp_path_factory):
+    root = tmp_path_factory.mktemp("run")
+    docs = make_docs(NUM_DOCS)
+    corpus = write_corpus(root / "corpus", docs, shards=2)
+    vocab = str(root / "vocab")
+    run_vocab(VocabConfig(vocab_size=300, min_frequency=2), corpus, vocab)
+    out = str(root / "examples")
+    manifest = run_examples(CONFIG, corpus, vocab, out)
+    return root, docs, corpus, vocab, manifest
+
+
+def read_rows(manifest, length):
+    return [
+        row
+        for url in manifest.file_urls(".parquet")
+        if f"/seq{length}/" in url
+        for row in pq.read_table(url).to_pylist()
+    ]
+
+
+def test_manifest_counts_match_the_files(stages):
+    root, docs, _, vocab, manifest = stages
+    assert read_manifest(manifest.url).fingerprint == manifest.fingerprint
+    assert sorted(f.path for f in manifest.files) == sorted(
+        f"seq{n}/part-{k:05d}-of-00003.parquet" for n in (32, 64) for k in range(3)
+    )
+    for n in (32, 64):
+        rows = read_rows(manifest, n)
+        assert manifest.counts[f"seq{n}.examples"] == len(rows) > NUM_DOCS
+        assert sum(f.rows for f in manifest.files if f.path.startswith(f"seq{n}/")) == len(rows)
+        assert all(f.rows > 0 for f in manifest.files)  # the digest key spreads rows over shards
+        assert manifest.counts[f"seq{n}.tokens"] == sum(len(r["input_ids"]) for r in rows)
+        assert manifest.counts[f"seq{n}.masked_tokens"] == sum(len(r["masked_ids"]) for r in rows)
+        assert manifest.counts[f"seq{n}.random_next"] == sum(r["is_random_next"] for r in rows)
+        assert 0.45 < manifest.counts[f"seq{n}.random_next_share"] < 0.7
+        assert manifest.counts[f"seq{n}.masked_share"] == pytest.approx(0.15, abs=0.02)
+    assert manifest.counts["documents"] == len(docs)
+    assert manifest.counts["docs_skipped_too_short"] == 2
+    assert manifest.counts["duplicate_doc_ids_dropped"] == 1
+    assert manifest.counts["num_buckets"] == num_buckets_for(len(docs)) == 2
+    assert manifest.inputs == {
+        "corpus": read_manifest(stages[2]).fingerprint,
+        "vocab": read_manifest(vocab).fingerprint,
+    }
+    assert manifest.config["dupe_factor"] == 2
+
+
+def test_example_contents(stages):
+    _, _, _, vocab_url, manifest = stages
+    vocab = read_vocab(vocab_url + "/vocab.txt")
+    cls, sep, mask = (vocab.index(t) for t in ("[CLS]", "[SEP]", "[MASK]"))
+    for n, cap in ((32, 5), (64, 10)):
+        table = pq.read_table(manifest.file_urls(".parquet")[0 if n == 32 else 3])
+        assert table.schema.equals(example_schema(len(vocab), n))  # the transient key is gone
+        for row in table.to_pylist():
+            ids = row["input_ids"]
+            assert len(ids) <= n and ids[0] == cls and ids[-1] == sep
+            assert ids[row["len_a"] - 1] == sep and ids.count(sep) == 2
+            assert 1 <= len(row["masked_positions"]) <= cap
+            assert row["masked_positions"] == sorted(row["masked_positions"])
+            assert all(ids[p] != cls and ids[p] != sep for p in row["masked_positions"])
+            assert all(t not in (cls, sep, mask) for t in row["masked_ids"])
+            assert max(ids) < len(vocab)
+
+
+def test_byte_identical_across_workers_layouts_and_runs(stages, tmp_path):
+    root, docs, corpus, vocab, manifest = stages
+    # Another file layout of the same documents, two worker processes.
+    other_corpus = write_corpus(tmp_path / "corpus3", list(reversed(docs)), shards=3)
+    two = run_examples(
+        ExamplesConfig(**{**CONFIG.__dict__, "beam": BeamConfig(num_workers=2)}),
+        other_corpus,
+        vocab,
+        str(tmp_path / "examples2"),
+    )
+    checksums = lambda m: sorted((f.path, f.sha256) for f in m.files)  # noqa: E731
+    assert checksums(two) == checksums(manifest)
+    again = run_examples(CONFIG, corpus, vocab, manifest.url)  # rerun in place: clears first
+    assert again.fingerprint == manifest.fingerprint
+
+
+def test_refuses_unfinished_inputs(stages, tmp_path):
+    _, _, corpus, _, _ = stages
+    (tmp_path / "vocab").mkdir()
+    with pytest.raises(ManifestError):
+        run_examples(CONFIG, corpus, str(tmp_path / "vocab"), str(tmp_path / "out"))
+
+
+def test_example_key_is_unique_and_stable():
+    keys = {example_key(d, c, i) for d in ("a", "a|1", "b") for c in range(3) for i in range(12)}
+    assert len(keys) == 3 * 3 * 12
+    assert example_key("wiki:1", 2, 3) == example_key("wiki:1", 2, 3)
+    assert example_key("wiki:1", 2, 3).endswith("|wiki:1|0002|000003")

@@ -1,0 +1,79 @@
+"""Rule-based sentence splitting and book paragraphs."""
+
+import pytest
+
+from pipeline.sentences import book_paragraphs, split_sentences
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("The cat sat. The dog ran.", ["The cat sat.", "The dog ran."]),
+        ("Is it? Yes! It is.", ["Is it?", "Yes!", "It is."]),
+        ("Mr. Smith met Dr. Jones at St. Paul's. They spoke.",
+         ["Mr. Smith met Dr. Jones at St. Paul's.", "They spoke."]),
+        ("Fruits, e.g. Apples, and i.e. Pears are sold. Done here.",
+         ["Fruits, e.g. Apples, and i.e. Pears are sold.", "Done here."]),
+        ("J. R. R. Tolkien wrote it. He was English.", ["J. R. R. Tolkien wrote it.", "He was English."]),
+        ("Pi is 3.14 or so. The U.S. Army came.", ["Pi is 3.14 or so.", "The U.S. Army came."]),
+        ("Wait... What happened? Nothing… Really.", ["Wait...", "What happened?", "Nothing…", "Really."]),
+        ("He paused... and went on.", ["He paused... and went on."]),
+        ('"Go home." She left.', ['"Go home."', "She left."]),
+        ("She left (it was late.) Then she slept.", ["She left (it was late.)", "Then she slept."]),
+        ("“Run!” he said. “Now?” (Yes.) [Done.] Ok.", ["“Run!” he said.", "“Now?”", "(Yes.)", "[Done.]", "Ok."]),
+        ("It sold No. 5 and fig. 3 well. Next one.", ["It sold No. 5 and fig. 3 well.", "Next one."]),
+        ("Apples, pears etc. The end.", ["Apples, pears etc.", "The end."]),
+        ("Apples, pears etc. and more.", ["Apples, pears etc. and more."]),
+        ("Born c. 1900 in Rome. Died 1990.", ["Born c. 1900 in Rome.", "Died 1990."]),
+        ("ends with lowercase. next starts lower.", ["ends with lowercase. next starts lower."]),
+        ("In 1990. 1991 was better.", ["In 1990.", "1991 was better."]),
+        ("  Spaces   inside\n and newlines.  ", ["Spaces inside and newlines."]),
+        ("No terminal punctuation", ["No terminal punctuation"]),
+        ("", []),
+    ],
+)
+def test_split_sentences(text, expected):
+    assert split_sentences(text) == expected
+
+
+def test_split_sentences_keeps_every_character():
+    text = "Dr. A. Smith (b. 1950) said: \"Yes.\" Then e.g. this! And 2.5 km... Fine?"
+    assert " ".join(split_sentences(text)) == text
+
+
+BOOK = """THE RED HOUSE
+
+by A. Writer
+
+Chapter 1
+
+It was a dark and
+stormy night. The wind was wild-
+ly blowing through the trees.
+
+"Who is there?" she asked,
+stepping forward.
+
+* * *
+
+CHAPTER II. THE STORM
+The storm broke at dawn.
+
+IV
+
+The End
+"""
+
+
+def test_book_paragraphs_join_wrapped_lines_and_drop_headings():
+    assert book_paragraphs(BOOK) == [
+        "It was a dark and stormy night. The wind was wildly blowing through the trees.",
+        '"Who is there?" she asked, stepping forward.',
+        "The storm broke at dawn.",
+    ]
+
+
+def test_book_paragraphs_windows_newlines_and_empty():
+    assert book_paragraphs("One line,\r\nnext line.\r\n\r\nTwo.\r\n") == ["One line, next line.", "Two."]
+    assert book_paragraphs("") == []
+    assert book_paragraphs("\n\n  \n") == []

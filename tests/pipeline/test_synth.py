@@ -1,0 +1,222 @@
+"""The synthetic data generator: determinism, sizes, dump and book formats, downstream formats,
+and that the committed sample under data/sample/ is exactly what the code regenerates."""
+
+from __future__ import annotations
+
+import bz2
+import json
+import re
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import fsspec
+import pytest
+
+from pipeline.synth import SAMPLE_DIR, parse_size, write_corpus, write_downstream, write_sample
+from pipeline.synth_world import PHRASES, World
+
+NS = "{http://www.mediawiki.org/xml/export-0.10/}"
+SIZE = 300_000
+
+
+def _files(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def _pages(dump: Path) -> list[dict]:
+    pages = []
+    with bz2.open(dump) as f:
+        for _, el in ET.iterparse(f):
+            if el.tag == NS + "page":
+                text = el.find(f"{NS}revision/{NS}text")
+                redirect = el.find(NS + "redirect")
+                pages.append({"title": el.findtext(NS + "title"), "ns": int(el.findtext(NS + "ns")),
+                              "id": int(el.findtext(NS + "id")), "text": text.text,
+                              "bytes": int(text.get("bytes")),
+                              "redirect": None if redirect is None else redirect.get("title")})
+                el.clear()
+    return pages
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    out = tmp_path_factory.mktemp("corpus")
+    counts = write_corpus(str(out), SIZE, seed=3)
+    return out, counts
+
+
+@pytest.fixture(scope="module")
+def downstream(tmp_path_factory):
+    out = tmp_path_factory.mktemp("downstream")
+    return out, write_downstream(str(out), seed=3)
+
+
+def test_parse_size():
+    assert parse_size("123") == 123
+    assert parse_size("200KB") == 200_000
+    assert parse_size("50MB") == 50_000_000
+    assert parse_size("1.5GB") == 1_500_000_000
+    assert parse_size(" 2 mb ") == 2_000_000
+    assert parse_size("1MiB") == 1 << 20
+    for bad in ("", "MB", "12 parsecs", "-5MB", "0"):
+        with pytest.raises(ValueError, match="size"):
+            parse_size(bad)
+
+
+def test_same_seed_and_size_give_identical_bytes(corpus, tmp_path):
+    out, counts = corpus
+    again = write_corpus(str(tmp_path), SIZE, seed=3)
+    assert again == counts
+    assert _files(tmp_path) == _files(out)
+    other = tmp_path / "other"
+    write_corpus(str(other), SIZE, seed=4)
+    assert _files(other) != _files(out)
+
+
+def test_sizes_follow_the_request(corpus):
+    out, counts = corpus
+    assert abs(counts["bytes"] - SIZE) <= 0.1 * SIZE
+    assert abs(counts["wiki_text_bytes"] - 0.75 * SIZE) <= 0.1 * 0.75 * SIZE
+    assert abs(counts["book_bytes"] - 0.25 * SIZE) <= 0.1 * 0.25 * SIZE
+    books = sorted((out / "books").glob("*.txt"))
+    assert len(books) == counts["books"] >= 1
+    assert sum(p.stat().st_size for p in books) == counts["book_bytes"]
+    pages = _pages(out / "wiki" / "synthwiki-3-pages-articles.xml.bz2")
+    assert len(pages) == counts["pages"]
+    assert sum(len(p["text"].encode()) for p in pages) == counts["wiki_text_bytes"]
+
+
+def test_tiny_request_still_writes_a_page_and_a_book(tmp_path):
+    counts = write_corpus(str(tmp_path), 4000, seed=1)
+    assert counts["pages"] >= 1 and counts["books"] == 1
+    assert abs(counts["bytes"] - 4000) < 3000
+
+
+def test_writes_to_any_fsspec_url(tmp_path):
+    url = "memory://synth-test/out"
+    assert write_corpus(url, 20_000, seed=5) == write_corpus(str(tmp_path), 20_000, seed=5)
+    fs = fsspec.filesystem("memory")
+    try:
+        remote = {p.split("/out/", 1)[1]: fs.cat_file(p) for p in fs.find("/synth-test/out")}
+        assert remote == _files(tmp_path)
+    finally:
+        fs.rm("/synth-test", recursive=True)
+
+
+def test_dump_is_a_mediawiki_export_with_real_markup(corpus):
+    out, counts = corpus
+    dump = out / "wiki" / "synthwiki-3-pages-articles.xml.bz2"
+    head = bz2.open(dump).read(2000).decode()
+    assert 'xmlns="http://www.mediawiki.org/xml/export-0.10/"' in head and "<namespaces>" in head
+    pages = _pages(dump)
+    assert len({p["id"] for p in pages}) == len(pages)
+    assert all(p["bytes"] == len(p["text"].encode()) for p in pages)
+    redirects = [p for p in pages if p["redirect"]]
+    articles = [p for p in pages if p["ns"] == 0 and not p["redirect"]]
+    assert counts["redirects"] == len(redirects) and counts["articles"] == len(articles)
+    assert len(redirects) * 20 >= len(articles)
+    titles = {p["title"] for p in pages}
+    assert all(p["text"].startswith(f"#REDIRECT [[{p['redirect']}]]") and p["redirect"] in titles
+               for p in redirects)
+    assert {1, 4, 10, 14} <= {p["ns"] for p in pages}
+    assert all(p["title"].split(":")[0] in ("Talk", "Wikipedia", "Template", "Category")
+               for p in pages if p["ns"] != 0)
+    text = "\n".join(p["text"] for p in articles)
+    for marker in ("{{Infobox settlement", "{{formatnum:", "{{convert|", "<ref name=\"r1\">{{cite web |",
+                   "<ref name=\"r1\" />", "{{reflist}}", "{| class=\"wikitable", "\n|}", "\n* [[",
+                   "\n# ", "\n== See also ==", "\n== References ==", "\n== External links ==",
+                   "\n=== ", "[[File:", "|thumb|", "[[Category:", "[http://example.org/", "'''",
+                   "''", "<!--", "&nbsp;", "{{Short description|"):
+        assert marker in text, marker
+    assert re.search(r"\[\[[^\]|]+\|[^\]]+\]\]", text)  # [[Target|label]]
+    assert re.search(r"\[\[File:[^\n]*\[\[[^\]]+\]\][^\n]*\]\]", text)  # a link inside a caption
+    assert re.search(r"\{\{Infobox settlement\n(?:\|[^\n]*\n)*\| population_total = \{\{formatnum:\d+\}\}", text)
+
+
+def test_books_have_a_title_chapters_and_wrapped_paragraphs(corpus):
+    out, _ = corpus
+    for path in sorted((out / "books").glob("*.txt")):
+        text = path.read_text(encoding="utf-8")
+        lines = text.split("\n")
+        assert lines[0] and not lines[0].startswith("Chapter") and lines[1] == ""
+        chapters = [int(m) for m in re.findall(r"^Chapter (\d+)$", text, flags=re.M)]
+        assert chapters == list(range(1, len(chapters) + 1)) and chapters
+        assert max(len(line) for line in lines) <= 70
+        assert "\n\n" in text and '"' in text  # paragraphs and dialogue
+
+
+def test_facts_recur_in_varied_phrasings_across_documents(corpus):
+    out, _ = corpus
+    pages = [p["text"] for p in _pages(out / "wiki" / "synthwiki-3-pages-articles.xml.bz2")]
+    books = [" ".join(p.read_text(encoding="utf-8").split()) for p in (out / "books").glob("*.txt")]
+    templates, recurring = set(), 0
+    for town in World(3).block(0).towns:
+        docs = set()
+        for template in PHRASES["town.river"]:  # with the wiki's links or the books' plain names
+            pattern = re.escape(template).replace(
+                re.escape("{s}"), r"(?:\[\[)?%s(?:\]\])?" % re.escape(town.name)).replace(
+                re.escape("{o}"), r"(?:\[\[[^|\]]*\|)?%s(?:\]\])?" % re.escape(town["river"].name))
+            hits = {i for i, doc in enumerate(pages + books) if re.search(pattern, doc)}
+            templates |= {template} if hits else set()
+            docs |= hits
+        recurring += len(docs) >= 2
+    assert len(templates) >= 3, templates
+    assert recurring >= 4
+
+
+def test_downstream_formats(downstream):
+    out, counts = downstream
+    sst = out / "glue" / "SST-2"
+    sentences = set()
+    for name, n in (("train.tsv", 2000), ("dev.tsv", 400)):
+        lines = (sst / name).read_text(encoding="utf-8").splitlines()
+        assert lines[0] == "sentence\tlabel" and len(lines) == n + 1
+        rows = [line.split("\t") for line in lines[1:]]
+        assert all(len(r) == 2 and r[1] in ("0", "1") and r[0] == r[0].lower() for r in rows)
+        assert sum(r[1] == "1" for r in rows) == n // 2
+        sentences |= {r[0] for r in rows}
+        assert any(" not " in r[0] or " never " in r[0] for r in rows if r[1] == "1")  # negation
+    test = (sst / "test.tsv").read_text(encoding="utf-8").splitlines()
+    assert test[0] == "index\tsentence" and len(test) == 401
+    assert [line.split("\t")[0] for line in test[1:]] == [str(i) for i in range(400)]
+    assert not sentences & {line.split("\t")[1] for line in test[1:]}
+    assert len(sentences) == 2400  # no sentence in two splits
+
+    ids = set()
+    for name, lo, hi in (("train-v1.1.json", 900, 1000), ("dev-v1.1.json", 180, 200)):
+        data = json.loads((out / "squad" / name).read_text(encoding="utf-8"))
+        assert data["version"] == "1.1" and set(data) == {"version", "data"}
+        n = 0
+        for article in data["data"]:
+            assert set(article) == {"title", "paragraphs"} and " " not in article["title"]
+            for para in article["paragraphs"]:
+                assert set(para) == {"context", "qas"}
+                for qa in para["qas"]:
+                    assert set(qa) == {"id", "question", "answers"} and qa["question"].endswith("?")
+                    assert len(qa["answers"]) == (3 if name.startswith("dev") else 1)
+                    for ans in qa["answers"]:
+                        start = ans["answer_start"]
+                        assert para["context"][start:start + len(ans["text"])] == ans["text"]
+                    ids.add(qa["id"])
+                    n += 1
+        assert lo <= n <= hi
+    assert len(ids) == counts["squad_train_questions"] + counts["squad_dev_questions"]
+
+
+def test_committed_sample_is_reproducible(tmp_path):
+    counts = write_sample(str(tmp_path))
+    assert counts["sst2_train"] == 2000 and counts["squad_train_questions"] == 1000
+    regenerated, committed = _files(tmp_path), _files(SAMPLE_DIR)
+    assert sorted(regenerated) == sorted(committed), "run: python -m pipeline.synth"
+    for name in regenerated:
+        assert regenerated[name] == committed[name], f"{name} differs; run: python -m pipeline.synth"
+    assert sum(len(b) for b in committed.values()) < 2_000_000
+
+
+def test_downstream_entities_are_described_by_the_sample_corpus():
+    pages = _pages(SAMPLE_DIR / "wiki" / "synthwiki-0-pages-articles.xml.bz2")
+    titles = {p["title"] for p in pages if p["ns"] == 0}
+    for name in ("train-v1.1.json", "dev-v1.1.json"):
+        data = json.loads((SAMPLE_DIR / "squad" / name).read_text(encoding="utf-8"))
+        for article in data["data"]:
+            assert article["title"].replace("_", " ") in titles

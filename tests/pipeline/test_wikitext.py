@@ -1,0 +1,162 @@
+"""Wikitext cleaning: each construct on tricky hand-written markup, and linear time."""
+
+import re
+import time
+
+import pytest
+
+from pipeline.wikitext import clean_wikitext, strip_braces
+
+
+def clean(text: str) -> str:
+    return "\n".join(clean_wikitext(text))
+
+
+def braces(text: str) -> str:
+    """strip_braces with whitespace collapsed (a template leaves a space behind)."""
+    return re.sub(" +", " ", strip_braces(text))
+
+
+def test_nested_templates_and_parameters():
+    assert braces("a {{b|{{c|{{d}}}}}} e") == "a e"
+    assert braces("x {{{1|{{y}}}}} z") == "x z"
+    assert braces("x {{t|a{b}c}} z") == "x z"  # single braces inside do not count
+    assert braces("{{t\n|a = 1\n|}}\nProse.") == " \nProse."  # "|}}" is no table close
+    assert clean("Before {{cite|a={{nowrap|b}}|c=d}} after.") == "Before after."
+
+
+def test_templates_leave_a_space_or_their_character():
+    assert clean("Born 1815{{snd}}1852, a{{nbsp}}poet{{efn|x}}.") == "Born 1815 – 1852, a poet."
+    assert clean("({{née}} Byron; 1815{{ndash}}1852)") == "(née Byron; 1815–1852)"
+
+
+def test_infobox_multiline():
+    text = "{{Infobox person\n| name = {{nowrap|Ada {{small|L}}}}\n| born = 1815\n}}\n'''Ada''' was a mathematician."
+    assert clean_wikitext(text) == ["Ada was a mathematician."]
+
+
+def test_tables_nested_and_inside_templates():
+    text = (
+        "Intro text here.\n"
+        '{| class="wikitable"\n|-\n! Head\n|-\n| cell {{flag|X}}\n|-\n|\n'
+        "{|\n| inner || table\n|}\n|}\n"
+        "Outro text here.\n"
+        "{{quote|\n{|\n| quoted table\n|}\n}}\n"
+        ":{| indented\n| cell\n|}\n"
+        "Last line."
+    )
+    assert clean_wikitext(text) == ["Intro text here.", "Outro text here.", "Last line."]
+
+
+def test_unclosed_template_is_literal_and_unclosed_table_runs_to_end():
+    assert braces("a {{ b {{c}} d") == "a b d"
+    assert clean("Prose stays.\n{|\n| cell\nmore") == "Prose stays."
+
+
+def test_refs_comments_and_drop_tags():
+    text = (
+        'Cats purr.<ref name="a">{{cite web|url=http://x|title=T}}</ref> Dogs bark.<ref name=b/>'
+        '<ref group="n">Note with [[link]].</ref> Cows moo<!-- hidden\n== Fake ==\n --> loudly. '
+        "Area is <math>\\pi r^2</math> units.<gallery>\nA.jpg|cap\n</gallery> End.\n"
+        "<timeline>\nImageSize = width:100\n</timeline>"
+    )
+    assert clean(text) == "Cats purr. Dogs bark. Cows moo loudly. Area is units. End."
+
+
+def test_keep_tags_keep_their_text():
+    text = "She is <b>bold</b>, <span style='x'>styled</span> and H<sub>2</sub>O.<br/>Next <small>bit</small>."
+    assert clean(text) == "She is bold, styled and H2O. Next bit."
+    assert clean("if a<b and c>d then") == "if a<b and c>d then"  # not a tag
+
+
+def test_headings_lists_and_magic_words():
+    text = (
+        "__TOC__\nLead paragraph.\n"
+        "== History ==\nHistory prose.\n"
+        "* list item\n# numbered\n: indented\n; term\n"
+        "----\n=== Sub ===\nSub prose.\n__NOEDITSECTION__"
+    )
+    assert clean_wikitext(text) == ["Lead paragraph.", "History prose.", "Sub prose."]
+
+
+def test_non_prose_sections_dropped_until_next_heading_of_same_level():
+    text = (
+        "Body.\n== Notes ==\nA note.\n=== Sub-note ===\nMore.\n"
+        "== Legacy ==\nLegacy prose.\n"
+        "=== Further reading ===\nA book.\n=== Influence ===\nInfluence prose.\n"
+        "== See also ==\n* [[X]]\n== References ==\n{{reflist}}\n"
+        "== External links ==\n* [http://x.org Site]\n== Bibliography ==\nSmith, J. (1990).\n"
+    )
+    assert clean_wikitext(text) == ["Body.", "Legacy prose.", "Influence prose."]
+
+
+def test_links_labels_files_categories_interlanguage():
+    text = (
+        "A [[United States|American]] [[writer]]s of [[Paris (France)|]] and [[#History|history]].\n"
+        "[[File:Ada.jpg|thumb|upright|Ada at the [[Royal Society|society]] in [[1840]]]]\n"
+        "Text [[Image:X.png|left|A [[b|c]] d]] continues [[wikt:cat|cat]] and [[:Category:Y|Ys]].\n"
+        "[[Category:Writers|Lovelace]]\n[[de:Ada Lovelace]]\n[[zh-min-nan:Ada]]"
+    )
+    assert clean_wikitext(text) == [
+        "A American writers of Paris and history.",
+        "Text continues cat and Ys.",
+    ]
+
+
+def test_external_links_and_bare_urls():
+    text = "See [https://example.org the site] and [http://x.org] or https://bare.example.com/p?q=1 now."
+    assert clean(text) == "See the site and or now."
+
+
+def test_entities_quotes_and_spacing():
+    text = "'''Bold''' and ''italic'' and '''''both'''''&nbsp;here: R&amp;D, 5&nbsp;km, &lt;tag&gt;, caf&eacute;."
+    assert clean(text) == "Bold and italic and both here: R&D, 5 km, <tag>, café."
+    # an escaped ref written as text is shown as text, never stripped as markup
+    assert clean("Use &lt;ref&gt; for notes.") == "Use <ref> for notes."
+
+
+def test_template_leftovers_do_not_leave_empty_parens():
+    text = "'''Ada''' ({{IPA|x}}; born {{birth date|1815|12|10}}) was a writer {{citation needed}}."
+    assert clean(text) == "Ada (born) was a writer."
+
+
+def test_paragraphs_join_wrapped_lines():
+    assert clean_wikitext("One line\ncontinues here.\n\nSecond paragraph.") == [
+        "One line continues here.",
+        "Second paragraph.",
+    ]
+
+
+def test_empty_and_redirect_like_text():
+    assert clean_wikitext("") == []
+    assert clean_wikitext("{{Infobox only}}\n[[Category:X]]") == []
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "{{" * 20000 + "x",  # unclosed openers
+        "[[" * 20000 + "x",
+        "<ref>" * 20000,
+        "{|\n" * 5000,
+        "''" * 50000,
+    ],
+)
+def test_adversarial_input_is_fast(text):
+    start = time.perf_counter()
+    clean_wikitext(text)
+    assert time.perf_counter() - start < 2.0
+
+
+def test_throughput_is_linear():
+    page = (
+        "{{Infobox x|a={{b|c}}}}\n'''Word''' is a [[thing|things]] in [[Place]].<ref>{{cite|x}}</ref> "
+        "More prose &amp; text here.\n\n{|\n| a || b\n|}\n== Section ==\nSome more prose. "
+    )
+    small, big = page * 200, page * 2000
+    t0 = time.perf_counter()
+    clean_wikitext(small)
+    t1 = time.perf_counter()
+    clean_wikitext(big)
+    t2 = time.perf_counter()
+    assert (t2 - t1) < 30 * max(t1 - t0, 1e-3)  # 10x the text, not 100x the time

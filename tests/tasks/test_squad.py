@@ -1,0 +1,180 @@
+"""SQuAD: reader errors, doc-stride windows that map back to the exact answers, span decoding,
+and run_squad end to end (v1.1 and v2.0) on a tiny random model."""
+
+import json
+import random
+
+import pytest
+
+from pipeline.schema import read_manifest
+from tasks.config import FinetuneConfig
+from tasks.metrics import squad_evaluate
+from tasks.squad import (
+    SquadDataError, decode_predictions, gold_answers, make_features, read_squad, run_squad,
+)
+
+PAIRS = [("france", "paris"), ("italy", "rome"), ("germany", "berlin"), ("spain", "madrid"),
+         ("portugal", "lisbon")]
+FILLER = "the movie was long and the music was very dark , the story was quite short .".split()
+
+
+def make_article(rng: random.Random, index: int, impossible: bool) -> dict:
+    """A long paragraph (several windows at max_seq_length 32) with one fact per country."""
+    parts, qas = [], []
+    text = ""
+    for country, city in rng.sample(PAIRS, 3):
+        text += " ".join(rng.sample(FILLER, 8)) + " "
+        sentence = f"the capital of {country} is {city} . "
+        start = len(text) + sentence.index(city)
+        text += sentence
+        qas.append({"id": f"q{index}-{country}", "question": f"what is the capital of {country} ?",
+                    "answers": [{"text": city, "answer_start": start}]})
+    text += "a naïve café in Oslo ; "
+    qas.append({"id": f"q{index}-cafe", "question": "what is in oslo ?",
+                "answers": [{"text": "naïve café", "answer_start": text.index("naïve café")},
+                            {"text": "café", "answer_start": text.index("café")}]})
+    if impossible:
+        qas.append({"id": f"q{index}-norway", "question": "what is the capital of norway ?",
+                    "answers": [], "is_impossible": True,
+                    "plausible_answers": [{"text": "oslo", "answer_start": text.index("Oslo")}]})
+    parts.append({"context": text.strip(), "qas": qas})
+    return {"title": f"t{index}", "paragraphs": parts}
+
+
+def write_squad(folder, version: str, n_train: int = 6, n_dev: int = 3, seed: int = 0):
+    rng = random.Random(seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    impossible = version == "2.0"
+    for split, n, offset in (("train", n_train, 0), ("dev", n_dev, 100)):
+        data = {"version": f"v{version}",
+                "data": [make_article(rng, offset + i, impossible) for i in range(n)]}
+        (folder / f"{split}-v{version}.json").write_text(json.dumps(data, ensure_ascii=False))
+    return folder
+
+
+def test_reader_v1_and_v2(tmp_path):
+    write_squad(tmp_path / "v1", "1.1")
+    examples = read_squad(str(tmp_path / "v1" / "train-v1.1.json"), "1.1")
+    assert len(examples) == 6 * 4 and not any(e.is_impossible for e in examples)
+    cafe = next(e for e in examples if e.qid.endswith("cafe"))
+    assert [t for t, _ in cafe.answers] == ["naïve café", "café"]
+    write_squad(tmp_path / "v2", "2.0")
+    examples = read_squad(str(tmp_path / "v2" / "dev-v2.0.json"), "2.0")
+    norway = [e for e in examples if e.qid.endswith("norway")]
+    assert len(norway) == 3 and all(e.is_impossible and e.answers == [] for e in norway)
+    assert gold_answers(norway)[norway[0].qid] == []
+
+
+@pytest.mark.parametrize("qa,message", [
+    ({"question": "q?", "answers": [{"text": "a", "answer_start": 0}]}, "a question without an 'id'"),
+    ({"id": "x1", "answers": [{"text": "a", "answer_start": 0}]}, "question x1: 'question' missing"),
+    ({"id": "x2", "question": "q?", "answers": []}, "question x2: no answers"),
+    ({"id": "x3", "question": "q?", "answers": [{"text": "a", "answer_start": 99}]},
+     "question x3: answers\\[0\\].answer_start 99 outside the context"),
+    ({"id": "x4", "question": "q?", "answers": [{"text": "a"}]}, "question x4: answers\\[0\\] needs"),
+])
+def test_reader_errors_name_the_question(tmp_path, qa, message):
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps({"data": [{"paragraphs": [{"context": "a b c", "qas": [qa]}]}]}))
+    with pytest.raises(SquadDataError, match=message):
+        read_squad(str(path), "1.1")
+
+
+def test_reader_rejects_duplicate_ids_and_bad_json(tmp_path):
+    path = tmp_path / "bad.json"
+    qa = {"id": "dup", "question": "q?", "answers": [{"text": "a", "answer_start": 0}]}
+    path.write_text(json.dumps({"data": [{"paragraphs": [{"context": "a b", "qas": [qa, qa]}]}]}))
+    with pytest.raises(SquadDataError, match="question dup: duplicate question id"):
+        read_squad(str(path))
+    path.write_text("{not json")
+    with pytest.raises(SquadDataError, match="bad.json: not valid JSON"):
+        read_squad(str(path))
+
+
+WINDOW_ARGS = dict(max_seq_length=32, doc_stride=6, max_query_length=8)
+
+
+@pytest.mark.parametrize("version", ["1.1", "2.0"])
+def test_windows_map_back_to_the_exact_answer_text(tmp_path, tiny_tokenizer, version):
+    write_squad(tmp_path, version)
+    examples = read_squad(str(tmp_path / f"train-v{version}.json"), version)
+    features, windows, skipped = make_features(tiny_tokenizer, examples, training=True, **WINDOW_ARGS)
+    assert skipped == 0 and len(features) == len(windows)
+    per_example = {}
+    for f, w in zip(features, windows):
+        assert len(f["input_ids"]) <= 32 and len(w.offsets) == len(f["input_ids"])
+        per_example.setdefault(w.example_index, []).append((f, w))
+    assert max(len(v) for v in per_example.values()) > 3  # long contexts really are split
+    for index, ex in enumerate(examples):
+        found = []
+        for f, w in per_example[index]:
+            s, e = f["start_positions"], f["end_positions"]
+            if s == 0:
+                assert e == 0
+                continue
+            found.append(ex.context[w.offsets[s][0] : w.offsets[e][1]])
+        if ex.is_impossible:
+            assert found == []  # every window points at [CLS]
+        else:
+            assert found and set(found) == {ex.answers[0][0]}, ex.qid  # exact, accents included
+        # every context token is "max context" in exactly one window
+        homes = {}
+        for f, w in per_example[index]:
+            for pos, (off, home) in enumerate(zip(w.offsets, w.max_context)):
+                if off is not None:
+                    homes[off] = homes.get(off, 0) + int(home)
+        assert set(homes.values()) == {1}
+
+
+@pytest.mark.parametrize("version", ["1.1", "2.0"])
+def test_decoding_recovers_answers_from_ideal_logits(tmp_path, tiny_tokenizer, version):
+    write_squad(tmp_path, version)
+    examples = read_squad(str(tmp_path / f"dev-v{version}.json"), version)
+    labelled, _, _ = make_features(tiny_tokenizer, examples, training=True, **WINDOW_ARGS)
+    features, windows, _ = make_features(tiny_tokenizer, examples, **WINDOW_ARGS)
+    starts, ends = [], []
+    for f, lab in zip(features, labelled):
+        s, e = [0.0] * len(f["input_ids"]), [0.0] * len(f["input_ids"])
+        s[lab["start_positions"]] += 10.0  # the answer span, or [CLS] where there is none
+        e[lab["end_positions"]] += 10.0
+        starts.append(s)
+        ends.append(e)
+    predictions, null_odds = decode_predictions(examples, windows, starts, ends, version)
+    assert set(predictions) == {e.qid for e in examples}
+    for ex in examples:
+        assert predictions[ex.qid] == (ex.answers[0][0] if ex.answers else "")
+    scores = squad_evaluate(gold_answers(examples), predictions, version)
+    assert scores["exact_match"] == 100.0 and scores["f1"] == 100.0
+    assert bool(null_odds) == (version == "2.0")
+    # a span longer than max_answer_length is never chosen
+    short, _ = decode_predictions(examples, windows, starts, ends, version, max_answer_length=1)
+    cafe = next(e for e in examples if e.qid.endswith("cafe"))
+    assert short[cafe.qid] != "naïve café"
+
+
+@pytest.mark.parametrize("version", ["1.1", "2.0"])
+def test_run_squad_end_to_end(tmp_path, tiny_model_url, version):
+    data = write_squad(tmp_path / "squad", version)
+    out = tmp_path / "out"
+    logged = []
+    config = FinetuneConfig(learning_rate=1e-3, batch_size=8, epochs=2, max_seq_length=32)
+    manifest = run_squad(config, str(data), tiny_model_url, str(out), version=version,
+                         log_fn=lambda m, s: logged.append(m), doc_stride=6, max_query_length=8)
+    assert manifest.stage == f"finetune-squad-v{version}"
+    assert read_manifest(str(out)).fingerprint == manifest.fingerprint
+    assert manifest.config["doc_stride"] == 6 and manifest.config["version"] == version
+    predictions = json.loads((out / "predictions.json").read_text())
+    dev = read_squad(str(data / f"dev-v{version}.json"), version)
+    assert set(predictions) == {e.qid for e in dev} and all(isinstance(v, str) for v in predictions.values())
+    for ex in dev:  # every answer is a slice of its context (or "" for no answer)
+        assert predictions[ex.qid] in ex.context
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert {"exact_match", "f1", "history", "best_epoch"} <= set(metrics)
+    assert metrics == {**metrics, **squad_evaluate(gold_answers(dev), predictions, version)}
+    assert manifest.counts["eval_f1"] == metrics["f1"]
+    assert manifest.counts["train_features"] > manifest.counts["train_examples"]
+    if version == "2.0":
+        assert "NoAns_exact_match" in metrics and (out / "null_odds.json").exists()
+    assert any("eval_f1" in m for m in logged) and any("train_loss" in m for m in logged)
+    config_json = json.loads((out / "config.json").read_text())
+    assert config_json["architectures"] == ["BertForQuestionAnswering"]

@@ -106,7 +106,7 @@ def _tiny() -> RunConfig:
             log_every=20,
             checkpoint_every=200,
         ),
-        finetune=FinetuneConfig(learning_rate=1e-4, batch_size=32, epochs=3, max_seq_length=64),
+        finetune=FinetuneConfig(learning_rate=5e-4, batch_size=32, epochs=3, max_seq_length=64),
         finetune_tasks=("sst2",),
         model_name="bert-tiny",
     )

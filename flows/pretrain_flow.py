@@ -10,6 +10,7 @@ Downstream tasks fan out on a thread pool; at scale each becomes a deployment ru
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 import os
 import time
 from typing import Any
@@ -30,7 +31,7 @@ EXPERIMENT = "bertflow"
 KEY_FIGURES = {
     "corpus": ("documents", "sentences", "duplicate_document"),
     "vocab": ("vocab_size",),
-    "examples": ("examples", "examples_seq128", "examples_seq512"),
+    "examples": ("*.examples",),
     "pretrain": ("steps", "first_mlm_loss", "last_mlm_loss"),
     "export": ("parameters",),
     "finetune": ("eval_accuracy", "exact_match", "f1"),
@@ -43,7 +44,7 @@ def default_root(preset: str) -> str:
 
 def key_figures(stage: str, counts: dict[str, float]) -> dict[str, float]:
     wanted = KEY_FIGURES.get(stage.split("/", 1)[0], ())
-    picked = {k: counts[k] for k in wanted if k in counts}
+    picked = {k: v for k, v in counts.items() if any(fnmatch.fnmatchcase(k, w) for w in wanted)}
     if not picked:
         picked = dict(list(counts.items())[:3])
     return picked

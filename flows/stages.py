@@ -72,7 +72,7 @@ def stage_inputs(stage: str, cfg: RunConfig, root: str) -> dict[str, str]:
     if stage == "pretrain":
         return {"examples": stage_url(root, "examples")}
     if stage == "export":
-        return {"checkpoint": stage_url(root, "pretrain"), "vocab": stage_url(root, "vocab")}
+        return {"pretrain": stage_url(root, "pretrain"), "vocab": stage_url(root, "vocab")}
     if stage.startswith("finetune/"):
         from flows.downstream import TASKS
 
@@ -97,11 +97,22 @@ def stage_config(stage: str, cfg: RunConfig, root: str) -> dict[str, Any]:
     if stage == "examples":
         return asdict(cfg.examples)
     if stage == "pretrain":
-        return {"pretrain": asdict(cfg.pretrain), "model": asdict(model_config(cfg, root))}
+        from model.train import manifest_config
+
+        return manifest_config(cfg.pretrain, model_config(cfg, root))
     if stage == "export":
-        return {}
+        return asdict(model_config(cfg, root))
     if stage.startswith("finetune/"):
-        return {"task": stage.split("/", 1)[1], "finetune": asdict(cfg.finetune)}
+        from flows.downstream import TASKS
+
+        task = TASKS[stage.split("/", 1)[1]]
+        if task.kind == "glue":
+            from tasks.glue import manifest_config as glue_config
+
+            return glue_config(cfg.finetune, task.glue_task)
+        from tasks.squad import manifest_config as squad_config
+
+        return squad_config(cfg.finetune, task.squad_version)
     raise KeyError(stage)
 
 
@@ -121,7 +132,7 @@ def current_manifest(stage: str, cfg: RunConfig, root: str) -> Manifest | None:
     return manifest
 
 
-UPSTREAM = {"corpus": "corpus", "vocab": "vocab", "examples": "examples", "checkpoint": "pretrain", "model": "export"}
+UPSTREAM = {"corpus": "corpus", "vocab": "vocab", "examples": "examples", "pretrain": "pretrain", "model": "export"}
 
 
 def check_inputs_ready(stage: str, cfg: RunConfig, root: str) -> None:
@@ -181,7 +192,7 @@ def _execute(stage, cfg: RunConfig, root: str, url: str, log_fn, env) -> Manifes
     if stage == "export":
         from model.export import run_export
 
-        return run_export(inputs["checkpoint"], inputs["vocab"], url)
+        return run_export(inputs["pretrain"], inputs["vocab"], url)
     if stage.startswith("finetune/"):
         from flows.downstream import run_downstream
 

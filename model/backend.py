@@ -1,0 +1,150 @@
+"""Where the training loop runs: CPU, CUDA (optionally DDP under torchrun) or XLA (TPU).
+
+The loop in ``model/train.py`` stays backend-neutral; everything that differs between backends
+goes through one :class:`Backend` object: the device, a step-synchronisation hook (XLA builds
+a lazy graph per step and runs it at ``torch_xla.sync()``), a timing barrier, mixed precision,
+device RNG state for exact resume, and the data-parallel seam (rank / world size from the
+environment ``torchrun`` sets; rank 0 alone logs and saves).
+
+Design choices: ``torch_xla`` is imported lazily, only for ``"xla"``, so CPU and CUDA runs never
+need it (it pins torch 2.9; see pyproject's ``xla`` extra). XLA runs single-process here
+(one device, or SPMD sharding added later); multi-replica XLA and FSDP are not wired in yet.
+CUDA and XLA use bfloat16 autocast (the loss is computed in float32); CPU runs in float32.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+BACKENDS = ("cpu", "cuda", "xla")
+
+
+def _torch_xla():
+    try:
+        import torch_xla  # noqa: F401
+        import torch_xla.core.xla_model as xm
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise RuntimeError(
+            "pretrain.backend='xla' needs torch-xla, which is not installed here. It only works "
+            "with torch 2.9.x: install it in its own environment with "
+            "`pip install torch==2.9.0 torch-xla==2.9.0` (add [tpu] on a TPU VM)"
+        ) from exc
+    return torch_xla, xm
+
+
+def select_device(backend: str) -> torch.device:
+    """The torch device for ``backend`` ("cpu" | "cuda" | "xla"); a clear error if unavailable."""
+    if backend == "cpu":
+        return torch.device("cpu")
+    if backend == "cuda":
+        if not torch.cuda.is_available():
+            raise RuntimeError("pretrain.backend='cuda' but torch sees no CUDA device")
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    if backend == "xla":
+        torch_xla, _ = _torch_xla()
+        return torch_xla.device()
+    raise ValueError(f"pretrain.backend: unknown backend {backend!r}, expected one of {BACKENDS}")
+
+
+@dataclass
+class Backend:
+    name: str
+    device: torch.device
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0: the only process that logs, checkpoints and writes outputs."""
+        return self.rank == 0
+
+    def step_done(self) -> None:
+        """Call after each optimizer step: on XLA this cuts and runs the step's graph."""
+        if self.name == "xla":
+            torch_xla, _ = _torch_xla()
+            torch_xla.sync()
+
+    def wait(self) -> None:
+        """Block until queued device work is done (for honest timings)."""
+        if self.name == "cuda":
+            torch.cuda.synchronize(self.device)
+        elif self.name == "xla":
+            _, xm = _torch_xla()
+            xm.wait_device_ops()
+
+    def autocast(self):
+        if self.name == "cuda":
+            return torch.autocast("cuda", dtype=torch.bfloat16)
+        if self.name == "xla":
+            return torch.autocast("xla", dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def rng_state(self) -> dict:
+        """Device RNG state (dropout on the accelerator); the CPU generator is saved separately."""
+        if self.name == "cuda":
+            return {"cuda": torch.cuda.get_rng_state(self.device)}
+        if self.name == "xla":
+            _, xm = _torch_xla()
+            return {"xla": int(xm.get_rng_state())}
+        return {}
+
+    def set_rng_state(self, state: dict) -> None:
+        if self.name == "cuda" and "cuda" in state:
+            torch.cuda.set_rng_state(state["cuda"], self.device)
+        elif self.name == "xla" and "xla" in state:
+            _, xm = _torch_xla()
+            xm.set_rng_state(int(state["xla"]))
+
+    def wrap(self, model: nn.Module) -> nn.Module:
+        """DistributedDataParallel when running under torchrun with more than one process."""
+        if self.world_size > 1 and self.name in ("cpu", "cuda"):
+            from torch.nn.parallel import DistributedDataParallel
+
+            ids = [self.device.index] if self.name == "cuda" else None
+            return DistributedDataParallel(model, device_ids=ids)
+        return model
+
+    def barrier(self) -> None:
+        if self.world_size > 1 and torch.distributed.is_initialized():
+            torch.distributed.barrier()
+
+    def all_reduce_sum(self, t: torch.Tensor) -> torch.Tensor:
+        """Sum a metric tensor over ranks (identity on one process)."""
+        if self.world_size > 1 and torch.distributed.is_initialized():
+            t = t.clone()
+            torch.distributed.all_reduce(t)
+        return t
+
+
+def setup_backend(name: str) -> Backend:
+    """The backend for this process; joins the process group when torchrun started several.
+
+    ``RANK`` / ``WORLD_SIZE`` / ``LOCAL_RANK`` are read from the environment (torchrun sets them);
+    with none set this is a single process of rank 0.
+    """
+    rank = int(os.environ.get("RANK", "0"))
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if name == "xla" and world_size > 1:
+        raise NotImplementedError(
+            "multi-process XLA is not wired in: run one process per host with SPMD sharding"
+        )
+    device = select_device(name)
+    if name == "cuda":
+        torch.cuda.set_device(device)
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    if world_size > 1 and not torch.distributed.is_initialized():
+        torch.distributed.init_process_group("nccl" if name == "cuda" else "gloo")
+    return Backend(name, device, rank, world_size, local_rank)
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The module inside a DDP wrapper (for saving and for attributes like ``sparse_prediction``)."""
+    return model.module if hasattr(model, "module") else model

@@ -1,0 +1,361 @@
+"""The BERT network in one file, bottom-up: embeddings -> attention -> layer -> encoder -> model -> heads.
+
+Module names are Hugging Face's (which are google-research/bert's), so ``state_dict()`` keys match
+``transformers.BertModel`` / ``BertForPreTraining`` and checkpoint conversion is a key copy
+(see ``model/export.py``). Shapes: B batch, T sequence length, H hidden size, nh heads,
+hs head size (H / nh), V vocabulary size, N number of masked positions in a batch.
+
+How this differs from google-research/bert ``modeling.py`` and HF ``modeling_bert.py``:
+
+1. Attention is ``torch.nn.functional.scaled_dot_product_attention`` (fused kernels where the
+   backend has them) with a boolean padding mask ``[B, 1, 1, T]``, instead of adding -10000 to
+   the scores of padded keys. Padded positions never change the outputs at real positions.
+2. Sparse MLM prediction: when ``labels`` are given (training), the vocabulary projection runs
+   only on the N positions whose label is not -100, and ``prediction_logits`` is ``[N, V]``
+   (rows in ``labels != -100`` row-major order), not ``[B, T, V]``. With ~15% of tokens masked
+   this skips ~85% of the largest matmul. The reference does the same with a fixed-size gather
+   of ``masked_lm_positions``; a boolean mask gives a data-dependent N, which XLA would
+   recompile for, so ``BertForPreTraining.sparse_prediction = False`` (set by the training loop
+   on XLA) keeps the dense, static-shape path. Without labels, logits are always ``[B, T, V]``.
+3. The MLM loss is the mean cross-entropy over all masked positions of the batch (HF). The
+   reference weights per position and divides by the sum of weights + 1e-5: the same value.
+4. ``hidden_act="gelu"`` is the exact (erf) GELU, as in HF; the reference used the tanh
+   approximation, available here as ``"gelu_new"``.
+5. ``word_embeddings`` has ``padding_idx=pad_token_id`` (HF): the [PAD] row starts at zero and
+   gets no gradient through the embedding lookup (it still does through the tied decoder).
+6. None of HF's decoder / cross-attention / KV-cache / head-mask / pruning /
+   relative-position options: this is an encoder with absolute positions only. Outputs are
+   typed dataclasses; hidden states of every layer and attention maps are not returned.
+7. NSP label convention as HF and the reference: 0 = B is the actual next segment, 1 = random.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from model.config import BertConfig
+
+IGNORE_INDEX = -100
+
+
+def activation(name: str):
+    if name == "gelu":
+        return F.gelu
+    if name == "gelu_new":
+        return lambda x: F.gelu(x, approximate="tanh")
+    if name == "relu":
+        return F.relu
+    raise ValueError(f"model.hidden_act: unknown activation {name!r}")
+
+
+# -- parts ------------------------------------------------------------------------------------
+class BertEmbeddings(nn.Module):
+    """word + position + segment embeddings, then LayerNorm and dropout."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.word_embeddings = nn.Embedding(
+            config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id
+        )
+        self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
+        self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor) -> torch.Tensor:
+        T = input_ids.size(1)
+        positions = torch.arange(T, device=input_ids.device)  # (T,), broadcast over B
+        x = (
+            self.word_embeddings(input_ids)
+            + self.position_embeddings(positions)
+            + self.token_type_embeddings(token_type_ids)
+        )  # (B, T, H)
+        return self.dropout(self.LayerNorm(x))
+
+
+class BertSelfAttention(nn.Module):
+    """Multi-head scaled dot-product attention over the whole sequence (no causal mask)."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.head_size = config.hidden_size // config.num_attention_heads
+        self.query = nn.Linear(config.hidden_size, config.hidden_size)
+        self.key = nn.Linear(config.hidden_size, config.hidden_size)
+        self.value = nn.Linear(config.hidden_size, config.hidden_size)
+        self.dropout_p = config.attention_probs_dropout_prob
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        B, T, H = x.shape
+
+        def heads(t: torch.Tensor) -> torch.Tensor:
+            return t.view(B, T, self.num_heads, self.head_size).transpose(1, 2)  # (B, nh, T, hs)
+
+        q, k, v = heads(self.query(x)), heads(self.key(x)), heads(self.value(x))
+        y = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, dropout_p=self.dropout_p if self.training else 0.0
+        )  # (B, nh, T, hs); mask (B, 1, 1, T) True = attend
+        return y.transpose(1, 2).reshape(B, T, H)  # (B, T, H)
+
+
+class BertSelfOutput(nn.Module):
+    """Attention output projection, dropout, residual, LayerNorm (post-LN)."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, y: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        return self.LayerNorm(self.dropout(self.dense(y)) + residual)
+
+
+class BertAttention(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.self = BertSelfAttention(config)  # HF's name: encoder.layer.N.attention.self.*
+        self.output = BertSelfOutput(config)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        return self.output(self.self(x, mask), x)
+
+
+class BertIntermediate(nn.Module):
+    """Feed-forward expansion H -> intermediate_size with the activation."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.intermediate_size)
+        self.act = activation(config.hidden_act)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.act(self.dense(x))  # (B, T, I)
+
+
+class BertLayerOutput(nn.Module):
+    """Feed-forward contraction back to H, dropout, residual, LayerNorm.
+
+    HF calls this class BertOutput; here that name is the model's output dataclass. Only the
+    attribute name (``encoder.layer.N.output``) reaches the state_dict keys.
+    """
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.intermediate_size, config.hidden_size)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, h: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        return self.LayerNorm(self.dropout(self.dense(h)) + residual)  # (B, T, H)
+
+
+# -- block and stack --------------------------------------------------------------------------
+class BertLayer(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.attention = BertAttention(config)
+        self.intermediate = BertIntermediate(config)
+        self.output = BertLayerOutput(config)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        a = self.attention(x, mask)
+        return self.output(self.intermediate(a), a)
+
+
+class BertEncoder(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.layer = nn.ModuleList(BertLayer(config) for _ in range(config.num_hidden_layers))
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        for layer in self.layer:
+            x = layer(x, mask)
+        return x
+
+
+class BertPooler(nn.Module):
+    """tanh(dense(hidden state of [CLS])): the sentence vector NSP and classifiers read."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.dense(hidden[:, 0]))  # (B, H)
+
+
+def init_bert_weights(module: nn.Module, std: float) -> None:
+    """BERT's init: normal(0, std) weights, zero biases, LayerNorm 1/0, zero [PAD] embedding."""
+    if isinstance(module, nn.Linear):
+        nn.init.normal_(module.weight, mean=0.0, std=std)
+        if module.bias is not None:
+            nn.init.zeros_(module.bias)
+    elif isinstance(module, nn.Embedding):
+        nn.init.normal_(module.weight, mean=0.0, std=std)
+        if module.padding_idx is not None:
+            with torch.no_grad():
+                module.weight[module.padding_idx].zero_()
+    elif isinstance(module, nn.LayerNorm):
+        nn.init.ones_(module.weight)
+        nn.init.zeros_(module.bias)
+
+
+# -- the backbone -----------------------------------------------------------------------------
+@dataclass
+class BertOutput:
+    last_hidden_state: torch.Tensor  # (B, T, H)
+    pooler_output: torch.Tensor  # (B, H)
+
+
+class BertModel(nn.Module):
+    """The encoder: embeddings -> L transformer layers -> pooler. Keys match HF's BertModel."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.config = config
+        self.embeddings = BertEmbeddings(config)
+        self.encoder = BertEncoder(config)
+        self.pooler = BertPooler(config)
+        self.apply(lambda m: init_bert_weights(m, config.initializer_range))
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+    ) -> BertOutput:
+        if token_type_ids is None:
+            token_type_ids = torch.zeros_like(input_ids)
+        mask = None
+        if attention_mask is not None:
+            mask = attention_mask.bool()[:, None, None, :]  # (B, 1, 1, T): True = real key
+        x = self.embeddings(input_ids, token_type_ids)  # (B, T, H)
+        x = self.encoder(x, mask)
+        return BertOutput(last_hidden_state=x, pooler_output=self.pooler(x))
+
+
+# -- pretraining heads ------------------------------------------------------------------------
+class BertPredictionHeadTransform(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.act = activation(config.hidden_act)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.LayerNorm(self.act(self.dense(x)))
+
+
+class BertLMPredictionHead(nn.Module):
+    """transform -> decoder (tied to the word embeddings) + an output-only bias."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.transform = BertPredictionHeadTransform(config)
+        self.decoder = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.bias = nn.Parameter(torch.zeros(config.vocab_size))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.decoder(self.transform(x)) + self.bias  # (..., V)
+
+
+class BertPreTrainingHeads(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.predictions = BertLMPredictionHead(config)
+        self.seq_relationship = nn.Linear(config.hidden_size, 2)  # 0 = actual next, 1 = random
+
+
+@dataclass
+class PreTrainingOutput:
+    loss: torch.Tensor | None  # mlm_loss + nsp_loss, when both labels are given
+    mlm_loss: torch.Tensor | None
+    nsp_loss: torch.Tensor | None
+    prediction_logits: torch.Tensor  # (N, V) with labels and sparse_prediction, else (B, T, V)
+    seq_relationship_logits: torch.Tensor  # (B, 2)
+
+
+class BertForPreTraining(nn.Module):
+    """BERT with the masked-LM and next-sentence heads. Keys match HF's BertForPreTraining."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.config = config
+        self.bert = BertModel(config)
+        self.cls = BertPreTrainingHeads(config)
+        self.cls.apply(lambda m: init_bert_weights(m, config.initializer_range))
+        self.tie_weights()
+        self.sparse_prediction = True
+        """Project only masked positions when labels are given (see point 2 of the docstring)."""
+
+    def tie_weights(self) -> None:
+        """The MLM decoder IS the word-embedding matrix (one Parameter, V x H).
+
+        Called again after moving to a device: some backends (XLA) copy parameters on ``.to()``.
+        """
+        self.cls.predictions.decoder.weight = self.bert.embeddings.word_embeddings.weight
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        next_sentence_label: torch.Tensor | None = None,
+    ) -> PreTrainingOutput:
+        out = self.bert(input_ids, token_type_ids, attention_mask)
+        seq_logits = self.cls.seq_relationship(out.pooler_output)  # (B, 2)
+
+        mlm_loss = None
+        if labels is not None and self.sparse_prediction:
+            selected = labels != IGNORE_INDEX  # (B, T)
+            hidden = out.last_hidden_state[selected]  # (N, H), row-major order
+            logits = self.cls.predictions(hidden)  # (N, V)
+            mlm_loss = F.cross_entropy(logits.float(), labels[selected])
+        else:
+            logits = self.cls.predictions(out.last_hidden_state)  # (B, T, V)
+            if labels is not None:
+                mlm_loss = F.cross_entropy(
+                    logits.float().view(-1, logits.size(-1)),
+                    labels.view(-1),
+                    ignore_index=IGNORE_INDEX,
+                )
+
+        nsp_loss = None
+        if next_sentence_label is not None:
+            nsp_loss = F.cross_entropy(seq_logits.float(), next_sentence_label.view(-1))
+
+        parts = [x for x in (mlm_loss, nsp_loss) if x is not None]
+        loss = sum(parts[1:], parts[0]) if parts else None
+        return PreTrainingOutput(loss, mlm_loss, nsp_loss, logits, seq_logits)
+
+
+def count_parameters(model: nn.Module) -> int:
+    """Distinct parameters (the tied decoder weight counted once)."""
+    return sum(p.numel() for p in model.parameters())
+
+
+def mlm_correct(prediction_logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(correct, total) masked-token predictions, for either logits layout; stays on device."""
+    selected = labels != IGNORE_INDEX
+    if prediction_logits.dim() == 2:  # sparse: (N, V) rows in selected order
+        correct = (prediction_logits.argmax(-1) == labels[selected]).sum()
+    else:  # dense: (B, T, V); static shapes for XLA
+        correct = ((prediction_logits.argmax(-1) == labels) & selected).sum()
+    return correct, selected.sum()
+
+
+__all__ = [
+    "BertModel",
+    "BertOutput",
+    "BertForPreTraining",
+    "PreTrainingOutput",
+    "count_parameters",
+    "mlm_correct",
+    "IGNORE_INDEX",
+]

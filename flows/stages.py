@@ -101,7 +101,9 @@ def stage_config(stage: str, cfg: RunConfig, root: str) -> dict[str, Any]:
 
         return manifest_config(cfg.pretrain, model_config(cfg, root))
     if stage == "export":
-        return asdict(model_config(cfg, root))
+        from model.export import manifest_config
+
+        return manifest_config(model_config(cfg, root))
     if stage.startswith("finetune/"):
         from flows.downstream import TASKS
 

@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import sys
+from typing import Callable
 
 from flows.tracking import ENV_RUN_ID, ENV_TRACKING_URI
 
@@ -33,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s | %(message)s", datefmt="%H:%M:%S")
     pretrain_cfg, model_cfg = build_configs(spec)
 
-    log_fn = None
+    log_fn: Callable[[dict[str, float], int], None] | None = None
     run_id = os.environ.get(ENV_RUN_ID)
     rank = int(os.environ.get("RANK", "0"))
     if run_id and rank == 0:
@@ -41,8 +42,10 @@ def main(argv: list[str] | None = None) -> int:
 
         tracker = Tracker(os.environ[ENV_TRACKING_URI])
 
-        def log_fn(metrics: dict[str, float], step: int) -> None:
+        def log_to_mlflow(metrics: dict[str, float], step: int) -> None:
             tracker.log_metrics(run_id, metrics, step)
+
+        log_fn = log_to_mlflow
 
     from model.train import run_pretrain
 

@@ -6,8 +6,7 @@ dataclass as JSON (plus ``model_type`` and ``architectures``).
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 
 class ConfigError(ValueError):

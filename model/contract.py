@@ -5,7 +5,7 @@ Defined once in ``pipeline/schema.py``; re-exported here so that ``tasks/`` reac
 ``tasks -> model -> pipeline.schema``.
 """
 
-from pipeline.schema import (  # noqa: F401 - re-exports
+from pipeline.schema import (
     EXAMPLE_COLUMNS,
     Manifest,
     ManifestError,
@@ -17,3 +17,8 @@ from pipeline.schema import (  # noqa: F401 - re-exports
     read_manifest,
     write_manifest,
 )
+
+__all__ = [
+    "EXAMPLE_COLUMNS", "Manifest", "ManifestError", "clear_stage", "describe_file",
+    "fingerprint_input", "join_url", "list_files", "read_manifest", "write_manifest",
+]

@@ -195,13 +195,16 @@ def run_export(checkpoint_url: str, vocab_url: str, output_url: str) -> Manifest
     model = load_pretrained(join_url(checkpoint_url, "final"), BertForPreTraining)
     clear_stage(output_url)
     save_pretrained(model, output_url, vocab_url)
-    config = dataclasses.asdict(model.config)
-    config["architectures"] = [_architecture(model)]
     return write_manifest(
         "export",
         output_url,
-        config=config,
+        config=manifest_config(model.config, _architecture(model)),
         inputs={"pretrain": fingerprint_input(checkpoint_url), "vocab": fingerprint_input(vocab_url)},
         counts={"parameters": count_parameters(model)},
         seconds=time.time() - t0,
     )
+
+
+def manifest_config(config: BertConfig, architecture: str = "BertForPreTraining") -> dict:
+    """The config run_export records in its manifest (the flow compares it to skip a finished run)."""
+    return {**dataclasses.asdict(config), "architectures": [architecture]}

@@ -9,7 +9,6 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
@@ -41,7 +40,9 @@ def chain(tmp_path_factory):
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-6000:]
     second = _run(["run", "--preset", "tiny"], root, env)
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-6000:]
-    return root, first, second, env
+    third = _run(["stage", "export", "--preset", "tiny"], root, env)
+    assert third.returncode == 0, third.stdout[-3000:] + third.stderr[-6000:]
+    return root, first, second, third
 
 
 def test_every_stage_wrote_its_outputs_and_manifest(chain):
@@ -81,15 +82,17 @@ def test_mlflow_holds_runs_and_a_registered_model(chain):
     exp = client.get_experiment_by_name("bertflow")
     runs = client.search_runs([exp.experiment_id])
     parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
-    assert len(parents) == 2  # one per `bertflow run`
+    assert len(parents) == 3  # one per command
     first_parent = min(parents, key=lambda r: r.info.start_time)
     children = {r.info.run_name: r for r in runs if r.data.tags.get("mlflow.parentRunId") == first_parent.info.run_id}
     assert set(children) == {"corpus", "vocab", "examples", "pretrain", "export", "finetune/sst2"}
     assert client.get_metric_history(children["pretrain"].info.run_id, "mlm_loss")
     assert "vocab_size" in children["vocab"].data.params
-    versions = client.search_model_versions("name='bert-tiny'")
-    assert len(versions) == 1  # the second run skipped export, so no new version
+    versions = sorted(client.search_model_versions("name='bert-tiny'"), key=lambda v: int(v.version))
+    # the second run skipped export (no new version); `bertflow stage export` reran it (version 2)
+    assert [v.version for v in versions] == ["1", "2"]
     assert "sst2.eval_accuracy" in versions[0].tags
+    assert versions[0].run_id == first_parent.info.run_id
 
 
 def test_second_run_skips_every_stage(chain):
@@ -97,3 +100,11 @@ def test_second_run_skips_every_stage(chain):
     assert "skipped" in second.stdout
     for stage in ("corpus", "vocab", "examples", "pretrain", "export", "finetune/sst2"):
         assert f"stage {stage}: up to date, skipped" in second.stderr, stage
+
+
+def test_stage_command_reruns_one_stage_alone(chain):
+    root, _, _, third = chain
+    assert "stage export: running" in third.stderr
+    for other in ("corpus", "vocab", "examples", "pretrain", "finetune/sst2"):
+        assert f"stage {other}:" not in third.stderr, other
+    assert read_manifest(str(root / "model")).files

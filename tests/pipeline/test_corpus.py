@@ -23,7 +23,7 @@ from pipeline.corpus import (
     sentence_reject,
 )
 from pipeline.readers import Page
-from pipeline.schema import MANIFEST_NAME, read_manifest
+from pipeline.schema import read_manifest
 
 CFG = CorpusConfig(min_sentence_chars=12, min_doc_sentences=2, num_shards=2)
 

@@ -100,9 +100,9 @@ def _tiny() -> RunConfig:
             max_position_embeddings=128,
         ),
         pretrain=PretrainConfig(
-            phases=(PhaseConfig("phase1", 64, 400, 32), PhaseConfig("phase2", 128, 100, 32)),
+            phases=(PhaseConfig("phase1", 64, 800, 32), PhaseConfig("phase2", 128, 100, 32)),
             learning_rate=1e-3,
-            warmup_steps=50,
+            warmup_steps=80,
             log_every=20,
             checkpoint_every=200,
         ),

@@ -90,7 +90,7 @@ def test_mlflow_holds_runs_and_a_registered_model(chain):
     assert "vocab_size" in children["vocab"].data.params
     versions = sorted(client.search_model_versions("name='bert-tiny'"), key=lambda v: int(v.version))
     # the second run skipped export (no new version); `bertflow stage export` reran it (version 2)
-    assert [v.version for v in versions] == ["1", "2"]
+    assert [str(v.version) for v in versions] == ["1", "2"]
     assert "sst2.eval_accuracy" in versions[0].tags
     assert versions[0].run_id == first_parent.info.run_id
 

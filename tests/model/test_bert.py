@@ -11,15 +11,6 @@ from model.config import BertConfig
 B, T, V, H, NH, FFN, L = 3, 17, 99, 32, 4, 37, 2
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models run faster on one thread, and a loaded 2-core box makes OpenMP spin badly."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def tiny_config(**kw) -> BertConfig:
     base = dict(vocab_size=V, hidden_size=H, num_hidden_layers=L, num_attention_heads=NH,
                 intermediate_size=FFN, max_position_embeddings=40)

@@ -15,15 +15,6 @@ CFG = BertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attenti
                  intermediate_size=37, max_position_embeddings=40)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models run faster on one thread, and a loaded 2-core box makes OpenMP spin badly."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def inputs():
     g = torch.Generator().manual_seed(1)
     ids = torch.randint(5, 99, (3, 19), generator=g)

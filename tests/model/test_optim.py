@@ -8,15 +8,6 @@ from model.config import BertConfig
 from model.optim import build_optimizer, warmup_linear_schedule
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models run faster on one thread, and a loaded 2-core box makes OpenMP spin badly."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def tiny():
     return BertForPreTraining(BertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=2,
                                          num_attention_heads=4, intermediate_size=37,

@@ -29,15 +29,6 @@ MODEL = BertConfig(vocab_size=V, hidden_size=32, num_hidden_layers=2, num_attent
                    intermediate_size=37, max_position_embeddings=64)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models run faster on one thread, and a loaded 2-core box makes OpenMP spin badly."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def make_example(rng: random.Random, max_len: int) -> dict:
     n = max_len if rng.random() > 0.1 else rng.randint(8, max_len)  # some shorter, like short_seq_prob
     body = n - 3

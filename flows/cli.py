@@ -124,13 +124,13 @@ def print_summary(summary: dict) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from flows.pretrain_flow import _fmt
+    from flows.pretrain_flow import format_figure
 
     table = Table(title=f"bertflow {summary['preset']}: {summary['seconds']:.0f} s")
     for col in ("stage", "status", "time (s)", "key figures", "output"):
         table.add_column(col, overflow="fold")
     for s in summary["stages"]:
-        figs = "\n".join(f"{k}={_fmt(v)}" for k, v in s["figures"].items())
+        figs = "\n".join(f"{k}={format_figure(v)}" for k, v in s["figures"].items())
         table.add_row(s["stage"], s["status"], f"{s['seconds']:.1f}", figs, s["url"])
     console = Console(width=max(120, Console().width))
     console.print(table)

@@ -9,8 +9,8 @@ Downstream tasks fan out on a thread pool; at scale each becomes a deployment ru
 
 from __future__ import annotations
 
-import dataclasses
 import fnmatch
+import logging
 import os
 import time
 from typing import Any
@@ -23,7 +23,9 @@ from prefect.task_runners import ThreadPoolTaskRunner
 from flows.presets import RunConfig, as_dict, load_config
 from flows.stages import STAGES, StageResult, run_stage, stage_config, stages_after
 from flows.tracking import ENV_RUN_ID, ENV_TRACKING_URI, Tracker, default_tracking_uri
-from pipeline.schema import join_url
+from pipeline.schema import ManifestError, join_url
+
+log = logging.getLogger("bertflow.flow")
 
 EXPERIMENT = "bertflow"
 
@@ -53,14 +55,14 @@ def key_figures(stage: str, counts: dict[str, float]) -> dict[str, float]:
 def _markdown(result: StageResult) -> str:
     lines = [f"### {result.stage}: {result.status} in {result.seconds:.1f} s", "", f"`{result.url}`", ""]
     lines += ["| figure | value |", "|---|---|"]
-    lines += [f"| {k} | {_fmt(v)} |" for k, v in sorted(result.counts.items())]
+    lines += [f"| {k} | {format_figure(v)} |" for k, v in sorted(result.counts.items())]
     if result.manifest is not None:
         lines += ["", "| file | bytes | rows |", "|---|---|---|"]
         lines += [f"| {f.path} | {f.size} | {f.rows if f.rows is not None else ''} |" for f in result.manifest.files]
     return "\n".join(lines)
 
 
-def _fmt(v: Any) -> str:
+def format_figure(v: Any) -> str:
     if isinstance(v, float) and not v.is_integer():
         return f"{v:.4g}"
     return str(int(v)) if isinstance(v, float) else str(v)
@@ -76,11 +78,10 @@ def stage_task(
     run_id = tracker.start_run(stage, parent_id=parent_run_id, tags={"bertflow.stage": stage})
     ok = False
     try:
-        if stage not in ("export",):
-            try:
-                tracker.log_params(run_id, stage_config(stage, cfg, root))
-            except Exception:  # noqa: BLE001 - params need upstream manifests; the stage reports why
-                pass
+        try:
+            tracker.log_params(run_id, stage_config(stage, cfg, root))
+        except (ManifestError, FileNotFoundError, KeyError) as exc:  # upstream unfinished: the stage says why
+            log.warning("stage %s: params not logged (%s)", stage, exc)
 
         def log_fn(metrics: dict[str, float], step: int) -> None:
             tracker.log_metrics(run_id, metrics, step)
@@ -113,13 +114,12 @@ def register_model_task(
     tags = {"preset": cfg.preset, "bertflow.model_url": export.url}
     for r in downstream:
         for k, v in key_figures(r.stage, r.counts).items():
-            tags[f"{r.stage.split('/', 1)[1]}.{k}"] = _fmt(v)
+            tags[f"{r.stage.split('/', 1)[1]}.{k}"] = format_figure(v)
     if "://" in export.url and not export.url.startswith("file://"):
-        source_run = parent_run_id
-        version = tracker.client.create_model_version(cfg.model_name, export.url, run_id=source_run, tags=tags)
-        return str(version.version)
+        # a remote root (gs://): register the folder where it is rather than copying it
+        return tracker.register_model(parent_run_id, cfg.model_name, source=export.url, tags=tags)
     tracker.log_artifacts(parent_run_id, export.url, "model")
-    return tracker.register_model(parent_run_id, cfg.model_name, "model", tags=tags)
+    return tracker.register_model(parent_run_id, cfg.model_name, artifact_path="model", tags=tags)
 
 
 @flow(name="pretrain", task_runner=ThreadPoolTaskRunner(max_workers=4), log_prints=True)
@@ -210,10 +210,7 @@ def _registered(tracker: Tracker, name: str) -> bool:
 def summary_markdown(summary: dict[str, Any]) -> str:
     lines = ["| stage | status | seconds | key figures | output |", "|---|---|---|---|---|"]
     for s in summary["stages"]:
-        figs = ", ".join(f"{k}={_fmt(v)}" for k, v in s["figures"].items())
+        figs = ", ".join(f"{k}={format_figure(v)}" for k, v in s["figures"].items())
         lines.append(f"| {s['stage']} | {s['status']} | {s['seconds']} | {figs} | {s['url']} |")
     return "\n".join(lines)
 
-
-def config_json(cfg: RunConfig) -> dict[str, Any]:
-    return dataclasses.asdict(cfg)

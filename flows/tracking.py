@@ -96,16 +96,18 @@ class Tracker:
     def log_text(self, run_id: str, text: str, path: str) -> None:
         self.client.log_text(run_id, text, path)
 
-    def log_dict(self, run_id: str, data: dict, path: str) -> None:
-        self.client.log_text(run_id, json.dumps(data, indent=2, sort_keys=True, default=str), path)
-
     def log_artifacts(self, run_id: str, local_dir: str, path: str | None = None) -> None:
         self.client.log_artifacts(run_id, local_dir, path)
 
     def register_model(
-        self, run_id: str, name: str, artifact_path: str, tags: dict[str, Any] | None = None
+        self,
+        run_id: str,
+        name: str,
+        artifact_path: str | None = None,
+        source: str | None = None,
+        tags: dict[str, Any] | None = None,
     ) -> str:
-        """Register ``runs:/<run_id>/<artifact_path>`` as a new version of ``name``; return it."""
+        """Register a new version of ``name`` from the run's ``artifact_path`` or a ``source`` URL."""
         from mlflow.exceptions import MlflowException
 
         try:
@@ -114,15 +116,12 @@ class Tracker:
             self.client.create_registered_model(
                 name, description="BERT pretrained by bertflow (MLM + NSP), Hugging Face layout."
             )
-        source = f"{self.client.get_run(run_id).info.artifact_uri}/{artifact_path}"
+        if source is None:
+            source = f"{self.client.get_run(run_id).info.artifact_uri}/{artifact_path}"
         version = self.client.create_model_version(
             name, source, run_id=run_id, tags={k: str(v) for k, v in (tags or {}).items()}
         )
         return str(version.version)
-
-    def set_model_version_tags(self, name: str, version: str, tags: dict[str, Any]) -> None:
-        for k, v in tags.items():
-            self.client.set_model_version_tag(name, version, k, str(v))
 
 
 def _param_value(v: Any) -> str:

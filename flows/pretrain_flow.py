@@ -36,7 +36,7 @@ KEY_FIGURES = {
     "examples": ("*.examples",),
     "pretrain": ("steps", "first_mlm_loss", "last_mlm_loss"),
     "export": ("parameters",),
-    "finetune": ("eval_accuracy", "exact_match", "f1"),
+    "finetune": ("eval_accuracy", "eval_f1", "eval_exact_match", "eval_mcc", "eval_pearson"),
 }
 
 

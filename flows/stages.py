@@ -13,6 +13,7 @@ import dataclasses
 import json
 import logging
 import os
+import pickle
 import subprocess
 import sys
 import time
@@ -196,12 +197,35 @@ def _execute(stage, cfg: RunConfig, root: str, url: str, log_fn, env) -> Manifes
 
         return run_export(inputs["pretrain"], inputs["vocab"], url)
     if stage.startswith("finetune/"):
-        from flows.downstream import run_downstream
-
-        name = stage.split("/", 1)[1]
-        data_root = resolve_data(cfg.data).downstream
-        return run_downstream(name, cfg.finetune, data_root, inputs["model"], url, log_fn=log_fn)
+        return run_downstream_subprocess(stage, cfg, root, url, env)
     raise KeyError(stage)
+
+
+def execute_downstream(stage: str, cfg: RunConfig, root: str, url: str, log_fn: LogFn | None) -> Manifest:
+    """Fine-tune and evaluate one downstream task in this process."""
+    from flows.downstream import run_downstream
+
+    name = stage.split("/", 1)[1]
+    data_root = resolve_data(cfg.data).downstream
+    model_url = stage_inputs(stage, cfg, root)["model"]
+    return run_downstream(name, cfg.finetune, data_root, model_url, url, log_fn=log_fn)
+
+
+def run_downstream_subprocess(
+    stage: str, cfg: RunConfig, root: str, url: str, env: dict[str, str] | None
+) -> Manifest:
+    """Each downstream task runs in a process of its own: the tasks fan out in parallel, and
+    torch's global RNG (dropout) is not shared between them, so each result is reproducible.
+    The cores are split between the tasks unless OMP_NUM_THREADS is set."""
+    proc_env = {**os.environ, **(env or {})}
+    if "OMP_NUM_THREADS" not in os.environ:
+        proc_env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // max(1, len(cfg.finetune_tasks))))
+    payload = pickle.dumps((stage, cfg, root, url))
+    cmd = [sys.executable, "-m", "flows.finetune_entry"]
+    result = subprocess.run(cmd, input=payload, env=proc_env, check=False)
+    if result.returncode != 0:
+        raise RuntimeError(f"{stage}: fine-tuning subprocess failed with exit code {result.returncode}")
+    return read_manifest(url)
 
 
 def run_pretrain_subprocess(cfg: RunConfig, root: str, url: str, env: dict[str, str] | None) -> Manifest:

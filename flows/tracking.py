@@ -124,6 +124,20 @@ class Tracker:
         return str(version.version)
 
 
+def log_fn_from_env():
+    """In a stage's own process: a ``log_fn`` writing to the MLflow run the flow passed through
+    the environment, or None (no run given, or a rank other than 0)."""
+    run_id = os.environ.get(ENV_RUN_ID)
+    if not run_id or int(os.environ.get("RANK", "0")) != 0:
+        return None
+    tracker = Tracker(os.environ[ENV_TRACKING_URI])
+
+    def log_to_mlflow(metrics: dict[str, float], step: int) -> None:
+        tracker.log_metrics(run_id, metrics, step)
+
+    return log_to_mlflow
+
+
 def _param_value(v: Any) -> str:
     text = json.dumps(v) if isinstance(v, (list, tuple, dict)) else str(v)
     return text if len(text) <= _MAX_PARAM_LEN else text[: _MAX_PARAM_LEN - 3] + "..."

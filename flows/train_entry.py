@@ -11,11 +11,9 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import sys
-from typing import Callable
 
-from flows.tracking import ENV_RUN_ID, ENV_TRACKING_URI
+from flows.tracking import log_fn_from_env
 
 
 def build_configs(spec: dict):
@@ -34,19 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s | %(message)s", datefmt="%H:%M:%S")
     pretrain_cfg, model_cfg = build_configs(spec)
 
-    log_fn: Callable[[dict[str, float], int], None] | None = None
-    run_id = os.environ.get(ENV_RUN_ID)
-    rank = int(os.environ.get("RANK", "0"))
-    if run_id and rank == 0:
-        from flows.tracking import Tracker
-
-        tracker = Tracker(os.environ[ENV_TRACKING_URI])
-
-        def log_to_mlflow(metrics: dict[str, float], step: int) -> None:
-            tracker.log_metrics(run_id, metrics, step)
-
-        log_fn = log_to_mlflow
-
+    log_fn = log_fn_from_env()
     from model.train import run_pretrain
 
     run_pretrain(pretrain_cfg, model_cfg, spec["examples_url"], spec["output_url"], log_fn=log_fn)

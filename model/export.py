@@ -92,7 +92,10 @@ def load_hf_state_dict(model: nn.Module, state: dict[str, torch.Tensor], source:
         log.warning("%s has no weights for %s; they keep their random init", source, missing)
     unexpected = sorted(set(wanted) - set(own)) + others
     if unexpected:
-        log.warning("%s: ignoring weights this model does not have: %s", source, unexpected[:10])
+        # a backbone loaded from a pretraining export drops the MLM/NSP heads: expected, not a warning
+        heads_only = isinstance(model, BertModel) and all(k.startswith("cls.") for k in unexpected)
+        log.log(logging.INFO if heads_only else logging.WARNING,
+                "%s: ignoring weights this model does not have: %s", source, unexpected[:10])
     for k in set(wanted) & set(own):
         if wanted[k].shape != own[k].shape:
             raise ValueError(f"{source}: {k} has shape {tuple(wanted[k].shape)}, "

@@ -107,7 +107,7 @@ def _tiny() -> RunConfig:
             checkpoint_every=200,
         ),
         finetune=FinetuneConfig(learning_rate=5e-4, batch_size=32, epochs=3, max_seq_length=64),
-        finetune_tasks=("sst2",),
+        finetune_tasks=("sst2", "squad1"),
         model_name="bert-tiny",
     )
 

@@ -71,6 +71,10 @@ def test_mlm_loss_falls_and_downstream_is_evaluated(chain):
     assert counts["last_mlm_loss"] < counts["first_mlm_loss"] - 1.0
     metrics = read_manifest(str(root / "finetune" / "sst2")).counts
     assert 0.0 <= metrics["eval_accuracy"] <= 1.0
+    squad = read_manifest(str(root / "finetune" / "squad1")).counts
+    assert 0.0 <= squad["eval_exact_match"] <= squad["eval_f1"] <= 100.0
+    predictions = json.loads((root / "finetune" / "squad1" / "predictions.json").read_text())
+    assert len(predictions) == squad["dev_examples"]  # the official format: question id -> answer
 
 
 def test_mlflow_holds_runs_and_a_registered_model(chain):
@@ -85,7 +89,7 @@ def test_mlflow_holds_runs_and_a_registered_model(chain):
     assert len(parents) == 3  # one per command
     first_parent = min(parents, key=lambda r: r.info.start_time)
     children = {r.info.run_name: r for r in runs if r.data.tags.get("mlflow.parentRunId") == first_parent.info.run_id}
-    assert set(children) == {"corpus", "vocab", "examples", "pretrain", "export", "finetune/sst2"}
+    assert set(children) == {"corpus", "vocab", "examples", "pretrain", "export", "finetune/sst2", "finetune/squad1"}
     assert client.get_metric_history(children["pretrain"].info.run_id, "mlm_loss")
     assert "vocab_size" in children["vocab"].data.params
     versions = sorted(client.search_model_versions("name='bert-tiny'"), key=lambda v: int(v.version))
@@ -98,13 +102,13 @@ def test_mlflow_holds_runs_and_a_registered_model(chain):
 def test_second_run_skips_every_stage(chain):
     root, _, second, _ = chain
     assert "skipped" in second.stdout
-    for stage in ("corpus", "vocab", "examples", "pretrain", "export", "finetune/sst2"):
+    for stage in ("corpus", "vocab", "examples", "pretrain", "export", "finetune/sst2", "finetune/squad1"):
         assert f"stage {stage}: up to date, skipped" in second.stderr, stage
 
 
 def test_stage_command_reruns_one_stage_alone(chain):
     root, _, _, third = chain
     assert "stage export: running" in third.stderr
-    for other in ("corpus", "vocab", "examples", "pretrain", "finetune/sst2"):
+    for other in ("corpus", "vocab", "examples", "pretrain", "finetune/sst2", "finetune/squad1"):
         assert f"stage {other}:" not in third.stderr, other
     assert read_manifest(str(root / "model")).files

@@ -51,7 +51,9 @@ def _add_common(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="bertflow", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="bertflow", description="Raw text to a registered, evaluated BERT: run the chain, one stage, or write a synthetic corpus."
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="run the whole chain (finished stages are skipped)")

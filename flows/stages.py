@@ -24,7 +24,6 @@ from flows.presets import RunConfig, resolve_data
 from pipeline.schema import (
     Manifest,
     ManifestError,
-    config_digest,
     fingerprint_input,
     has_manifest,
     join_url,
@@ -130,9 +129,7 @@ def current_manifest(stage: str, cfg: RunConfig, root: str) -> Manifest | None:
         expected = stage_config(stage, cfg, root)
     except (ManifestError, FileNotFoundError, KeyError):
         return None
-    if manifest.inputs != inputs or config_digest(manifest.config) != config_digest(expected):
-        return None
-    return manifest
+    return manifest if manifest.matches(expected, inputs) else None
 
 
 UPSTREAM = {"corpus": "corpus", "vocab": "vocab", "examples": "examples", "pretrain": "pretrain", "model": "export"}

@@ -16,7 +16,7 @@ import time
 
 from flows.presets import load_config
 from flows.stages import run_stage
-from pipeline.synth import parse_size, write_corpus
+from synth.corpus import parse_size, write_corpus
 
 REFERENCE_MB_S = {1: 79 / 25, 2: 79 / 15}
 

@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _synth(args) -> int:
-    from pipeline.synth import parse_size, write_corpus, write_downstream
+    from synth.corpus import parse_size, write_corpus, write_downstream
 
     start = time.time()
     counts = write_corpus(args.out, parse_size(args.size), args.seed)

@@ -9,7 +9,7 @@ import pytest
 from flows.presets import load_config
 from flows.stages import run_stage
 from pipeline.schema import read_manifest
-from pipeline.synth import write_corpus
+from synth.corpus import write_corpus
 
 pytestmark = pytest.mark.slow
 

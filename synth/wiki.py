@@ -1,6 +1,6 @@
 """Synthetic Wikipedia: wikitext articles about the invented world, written as a MediaWiki export.
 
-Each entity of a :class:`~pipeline.synth_world.Block` gets an article whose text is drawn from a
+Each entity of a :class:`~synth.world.Block` gets an article whose text is drawn from a
 generator seeded by ``(seed, entity key)``, so an article never depends on the order of the others.
 Articles carry the markup a real dump has and a cleaner must survive: nested templates, infoboxes,
 ``<ref>`` with citation templates and named re-use, tables, lists, files with linked captions,
@@ -8,7 +8,7 @@ categories, comments, entities, external links, See also / References / External
 Around them come redirects, talk pages, templates, categories and project pages (ns != 0).
 
 The design choice: prose is assembled from sentence templates (facts from
-:data:`~pipeline.synth_world.PHRASES` plus section-specific filler) rather than a grammar, which
+:data:`~synth.world.PHRASES` plus section-specific filler) rather than a grammar, which
 keeps 50 MB well under a minute at the cost of a smaller syntactic variety than real text.
 """
 
@@ -19,7 +19,7 @@ import random
 from typing import Any, Iterator
 from xml.sax.saxutils import escape, quoteattr
 
-from pipeline.synth_world import (Block, Entity, World, derive_rng, fact_object, facts, fix_articles,
+from synth.world import (Block, Entity, World, derive_rng, fact_object, facts, fix_articles,
                                   phrase, pick_fact)
 
 XMLNS = "http://www.mediawiki.org/xml/export-0.10/"

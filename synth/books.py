@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import unicodedata
 
-from pipeline.synth_wiki import NEGATIVE, POSITIVE
-from pipeline.synth_world import (Block, Entity, World, derive_rng, fact_object, fix_articles, phrase,
+from synth.wiki import NEGATIVE, POSITIVE
+from synth.world import (Block, Entity, World, derive_rng, fact_object, fix_articles, phrase,
                                   pick_fact)
 
 NARRATION = (

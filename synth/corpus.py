@@ -9,7 +9,7 @@ Entry points (the ``bertflow synth-corpus`` command calls the first two):
   ``squad/{train,dev}-v1.1.json`` in the official formats.
 - :func:`write_sample` writes the bundled sample under ``data/sample/``.
 
-The world (:mod:`pipeline.synth_world`) is prefix-stable, so every corpus size of a seed and its
+The world (:mod:`synth.world`) is prefix-stable, so every corpus size of a seed and its
 downstream sets speak of the same entities. Same seed and size give byte-identical files: every
 generator is seeded from a stable digest, files are written in a fixed order, bz2 at a fixed
 level. The design choice: generation is a single sequential pass in one process (no Beam), which
@@ -29,10 +29,10 @@ from pathlib import Path
 
 import fsspec
 
-from pipeline.synth_books import book_for
-from pipeline.synth_tasks import squad_sets, sst2_rows
-from pipeline.synth_wiki import XML_FOOTER, block_pages, page_xml, xml_header
-from pipeline.synth_world import World, derive_rng
+from synth.books import book_for
+from synth.tasks import squad_sets, sst2_rows
+from synth.wiki import XML_FOOTER, block_pages, page_xml, xml_header
+from synth.world import World, derive_rng
 
 WIKI_SHARE = 0.75
 SAMPLE_SIZE = 1_200_000
@@ -165,5 +165,5 @@ def write_sample(out_dir: str) -> dict:
     return counts
 
 
-if __name__ == "__main__":  # regenerate the committed sample: python -m pipeline.synth
+if __name__ == "__main__":  # regenerate the committed sample: python -m synth.corpus
     print(json.dumps(write_sample(os.fspath(SAMPLE_DIR)), indent=2))

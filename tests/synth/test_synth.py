@@ -12,8 +12,8 @@ from pathlib import Path
 import fsspec
 import pytest
 
-from pipeline.synth import SAMPLE_DIR, parse_size, write_corpus, write_downstream, write_sample
-from pipeline.synth_world import PHRASES, World
+from synth.corpus import SAMPLE_DIR, parse_size, write_corpus, write_downstream, write_sample
+from synth.world import PHRASES, World
 
 NS = "{http://www.mediawiki.org/xml/export-0.10/}"
 SIZE = 300_000
@@ -207,9 +207,9 @@ def test_committed_sample_is_reproducible(tmp_path):
     counts = write_sample(str(tmp_path))
     assert counts["sst2_train"] == 2000 and counts["squad_train_questions"] == 1000
     regenerated, committed = _files(tmp_path), _files(SAMPLE_DIR)
-    assert sorted(regenerated) == sorted(committed), "run: python -m pipeline.synth"
+    assert sorted(regenerated) == sorted(committed), "run: python -m synth.corpus"
     for name in regenerated:
-        assert regenerated[name] == committed[name], f"{name} differs; run: python -m pipeline.synth"
+        assert regenerated[name] == committed[name], f"{name} differs; run: python -m synth.corpus"
     assert sum(len(b) for b in committed.values()) < 2_000_000
 
 

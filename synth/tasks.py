@@ -10,7 +10,7 @@ pretrained on the corpus has seen the names and facts.
   clause decide it in 30% of rows, so a bag of adjectives is not enough for the best scores. Labels alternate, so they are balanced.
 - SQuAD v1.1: contexts are plain-text paragraphs about one entity (its facts in varied phrasings,
   filler, and a distractor fact about a neighbour); questions ask for a fact's object and the
-  answer span is located by construction (:func:`~pipeline.synth_world.phrase` returns the
+  answer span is located by construction (:func:`~synth.world.phrase` returns the
   offset), never by searching the context. Dev questions carry three answers like the official
   dev set: the span, a wider or narrower variant where one exists, and the span again. Train and
   dev split by entity, so dev contexts are unseen paragraphs.
@@ -21,8 +21,8 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from pipeline.synth_wiki import NEGATIVE, POSITIVE, Article
-from pipeline.synth_world import QUESTIONS, Entity, World, derive_rng, fact_object, facts, phrase
+from synth.wiki import NEGATIVE, POSITIVE, Article
+from synth.world import QUESTIONS, Entity, World, derive_rng, fact_object, facts, phrase
 
 DOWNSTREAM_BLOCKS = 10
 FILLER_SECTION = {"town": "history", "region": "region", "river": "river", "mountain": "mountain",

@@ -1,7 +1,10 @@
-"""The ``bertflow`` command line: run the chain, one stage, or write a synthetic corpus.
+"""The ``bertflow`` command line: run the chain or one stage, see where a root stands, look at any
+stage's output, write a synthetic corpus, print the configuration.
 
-Heavy imports (Prefect, MLflow, Beam, torch) happen inside the commands, so ``bertflow --help``
-and config errors answer at once.
+Heavy imports (Prefect, MLflow, Beam, torch) happen inside the commands, so ``--help``, config
+errors and the checks that run before Prefect's server starts answer at once. Every failure ends
+in one line on stderr and a non-zero exit code: 2 for configuration and input errors, 1 for a
+failed stage, 130 when interrupted.
 """
 
 from __future__ import annotations
@@ -10,10 +13,11 @@ import argparse
 import json
 import logging
 import os
+import signal
 import sys
 import time
 
-STAGE_NAMES = ("corpus", "vocab", "examples", "pretrain", "export", "finetune")
+CHAIN = ("corpus", "vocab", "examples", "pretrain", "export", "finetune")
 
 
 def _offline_defaults() -> None:
@@ -26,65 +30,106 @@ def _offline_defaults() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
-def _setup_logging(verbose: bool) -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s | %(message)s", "%H:%M:%S"))
+def _setup_logging(verbose: bool):
+    from rich.console import Console
+    from rich.logging import RichHandler
+
+    console = Console(stderr=True)
+    if console.is_terminal:
+        handler = RichHandler(console=console, show_path=False, markup=False, log_time_format="%H:%M:%S")
+        handler.setFormatter(logging.Formatter("%(name)s | %(message)s"))
+    else:  # a log file: one plain line per record, never wrapped
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(name)s | %(message)s", "%H:%M:%S"))
     logger = logging.getLogger("bertflow")
     logger.handlers[:] = [handler]
     logger.setLevel(logging.DEBUG if verbose else logging.INFO)
     logger.propagate = False
+    return console
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preset", default="tiny", help="tiny | base | large (default: tiny)")
     p.add_argument("--root", default=None, help="run root URL: a local folder or gs://bucket/path (default: ./runs/<preset>)")
     p.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="FIELD=VALUE",
-        help="override a config field, e.g. --set pretrain.phases.0.steps=50 --set data.wiki=/dumps/enwiki.xml.bz2",
+        "--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
+        help="override a config field (repeatable), e.g. --set pretrain.phases.0.steps=50 "
+        "--set data.wiki=/dumps/enwiki.xml.bz2; `bertflow config --help` lists every field",
     )
     p.add_argument("--mlflow-uri", default=None, help="MLflow tracking URI (default: sqlite:///<root>/mlflow.db)")
-    p.add_argument("-v", "--verbose", action="store_true")
+    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="bertflow", description="Raw text to a registered, evaluated BERT: run the chain, one stage, or write a synthetic corpus."
+        prog="bertflow",
+        description="Raw text to a registered, evaluated BERT. `bertflow run` runs the whole chain "
+        "(finished stages are skipped); the other commands run or look at one part of it.",
     )
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    run = sub.add_parser("run", help="run the whole chain (finished stages are skipped)")
+    run = sub.add_parser("run", help="run the whole chain (finished stages are skipped)",
+                         description="Run every stage of the chain (Prefect flow `pretrain`); a stage whose output is "
+                         "up to date with its config, inputs and code is skipped.")
     _add_common(run)
-    run.add_argument(
-        "--force", action="append", default=[], choices=STAGE_NAMES, help="rerun this stage and every stage after it"
-    )
+    run.add_argument("--force", action="append", default=[], choices=CHAIN,
+                     help="rerun this stage and every stage after it (pretraining starts over)")
 
-    stage = sub.add_parser("stage", help="run one stage alone (its inputs must exist)")
-    stage.add_argument("name", choices=STAGE_NAMES)
+    stage = sub.add_parser("stage", help="run one stage alone (its inputs must exist)",
+                           description="Run one stage (Prefect flow `stage-NAME`), reading the root's earlier "
+                           "outputs or the URLs given with --input.")
+    stage.add_argument("name", choices=CHAIN, help="the stage: " + ", ".join(CHAIN))
+    stage.add_argument("--input", action="append", default=[], metavar="NAME=URL",
+                       help="read this input from URL instead of the root, e.g. --input vocab=gs://b/run/vocab")
     _add_common(stage)
 
-    synth = sub.add_parser("synth-corpus", help="write a synthetic corpus (Wikipedia XML + books) and downstream sets")
+    status = sub.add_parser("status", help="list every stage of a root: done, stale and why, missing",
+                            description="Where a run root stands, stage by stage, without running anything.")
+    _add_common(status)
+    status.add_argument("--verify", action="store_true", help="also check every output file's sha256 (reads all)")
+    status.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+    insp = sub.add_parser("inspect", help="show a few rows of any stage's output, decoded",
+                          description="Documents with their sentences, examples with masks visible, the vocab, "
+                          "predictions: the first rows of a stage folder (or a subfolder such as examples/seq128).")
+    insp.add_argument("url", help="a stage folder, e.g. runs/tiny/examples/seq64")
+    insp.add_argument("-n", type=int, default=5, help="how many rows (default 5)")
+
+    synth = sub.add_parser("synth-corpus", help="write a synthetic corpus (Wikipedia XML + books) and downstream sets",
+                           description="A corpus of any size in the real formats, for tests and benchmarks.")
     synth.add_argument("--out", required=True, help="output folder")
     synth.add_argument("--size", default="50MB", help="approximate uncompressed text size, e.g. 200KB, 50MB, 2GB")
-    synth.add_argument("--seed", type=int, default=0)
+    synth.add_argument("--seed", type=int, default=0, help="generator seed (the same seed writes the same bytes)")
 
-    show = sub.add_parser("config", help="print the resolved configuration as JSON")
-    show.add_argument("--preset", default="tiny")
-    show.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE")
+    show = sub.add_parser("config", help="print the resolved configuration as JSON",
+                          description="The preset with its overrides applied, as JSON.",
+                          epilog=_fields_help(), formatter_class=argparse.RawDescriptionHelpFormatter)
+    show.add_argument("--preset", default="tiny", help="tiny | base | large (default: tiny)")
+    show.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
+                      help="override a config field (repeatable)")
     return parser
+
+
+def _fields_help() -> str:
+    from flows.config_docs import describe_fields
+    from flows.presets import RunConfig
+
+    lines = ["every field (--set FIELD=VALUE):"]
+    for name, kind, doc in describe_fields(RunConfig):
+        lines.append(f"  {name} ({kind})" + (f": {doc}" if doc else ""))
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     _offline_defaults()
+    if args.command == "synth-corpus":
+        return _synth(args)
+    if args.command == "inspect":
+        return _inspect(args)
     from flows.presets import ConfigError, load_config, parse_overrides
 
     try:
-        if args.command == "synth-corpus":
-            return _synth(args)
         overrides = parse_overrides(args.overrides)
         cfg = load_config(args.preset, overrides)  # fail fast, before any server starts
     except (ConfigError, ValueError) as exc:
@@ -95,19 +140,112 @@ def main(argv: list[str] | None = None) -> int:
 
         print(json.dumps(dataclasses.asdict(cfg), indent=2))
         return 0
-    _setup_logging(args.verbose)
-    from flows.pretrain_flow import pretrain
+    if args.command == "status":
+        return _status(args, cfg)
+    return _run(args, cfg, overrides)
 
-    kwargs = dict(preset=args.preset, root=args.root, overrides=overrides, mlflow_uri=args.mlflow_uri)
+
+def _run(args, cfg, overrides) -> int:
+    from flows.checks import RootLock, RootBusyError, preflight
+    from flows.secrets import ENV_SECRET_OVERRIDES, split_secret_overrides
+    from flows.stages import stage_names
+    from flows.tracking import default_tracking_uri
+
+    console = _setup_logging(args.verbose)
+    root = args.root or os.path.abspath(os.path.join("runs", args.preset))
+    given = dict(item.split("=", 1) for item in getattr(args, "input", []) if "=" in item)
+    groups = (args.name,) if args.command == "stage" else CHAIN
     try:
-        if args.command == "run":
-            summary = pretrain(force=args.force, **kwargs)
-        else:
-            summary = pretrain(stages=[args.name], **kwargs)
+        tracking_uri = args.mlflow_uri or os.environ.get("MLFLOW_TRACKING_URI") or default_tracking_uri(root)
+        preflight(cfg, root, stage_names(cfg, groups), tracking_uri, given)
+        lock = RootLock(root)
+        lock.acquire()
+    except (OSError, ValueError, KeyError, RootBusyError) as exc:
+        print(f"bertflow: {args.command}: {exc}", file=sys.stderr)
+        return 2
+    public, secret = split_secret_overrides(overrides)
+    if secret:
+        os.environ[ENV_SECRET_OVERRIDES] = json.dumps(secret)
+    signal.signal(signal.SIGTERM, _raise_interrupt)
+    kwargs = dict(preset=args.preset, root=root, overrides=public, mlflow_uri=tracking_uri)
+    try:
+        with _progress_bars(console):
+            if args.command == "run":
+                from flows.pretrain_flow import pretrain
+
+                summary = pretrain(force=args.force, **kwargs)
+            else:
+                from flows.stage_flows import STAGE_FLOWS
+
+                summary = STAGE_FLOWS[args.name](**{f"{k}_url": v for k, v in given.items()}, **kwargs)
+    except KeyboardInterrupt:
+        print(f"bertflow: {args.command} interrupted; finished stages are kept, a rerun resumes", file=sys.stderr)
+        return 130
     except Exception as exc:  # noqa: BLE001 - Prefect has logged the traceback; end with one clear line
         print(f"bertflow: {args.command} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
+    finally:
+        lock.release()
     print_summary(summary)
+    return 0
+
+
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+class _progress_bars:
+    """A rich progress bar per training stage, fed by the training process's progress lines."""
+
+    def __init__(self, console):
+        self.console = console
+        self.progress = None
+        self.tasks: dict[str, int] = {}
+
+    def __enter__(self):
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+        from flows.processes import LISTENERS
+
+        self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                 TimeRemainingColumn(), console=self.console, transient=False)
+        self.progress.start()
+        LISTENERS.append(self.update)
+        return self
+
+    def update(self, stage: str, done: int, total: int) -> None:
+        if stage not in self.tasks:
+            self.tasks[stage] = self.progress.add_task(f"{stage} steps", total=total)
+        self.progress.update(self.tasks[stage], completed=done, total=total)
+
+    def __exit__(self, *exc):
+        from flows.processes import LISTENERS
+
+        LISTENERS.remove(self.update)
+        self.progress.stop()
+
+
+def _status(args, cfg) -> int:
+    from flows.status import collect_status, print_status
+
+    root = args.root or os.path.abspath(os.path.join("runs", args.preset))
+    rows = collect_status(cfg, root, args.mlflow_uri, verify=args.verify)
+    if args.json:
+        print(json.dumps(rows, indent=2, default=str))
+    else:
+        print_status(rows, root)
+    return 0 if all(r["state"] == "done" for r in rows) else 3
+
+
+def _inspect(args) -> int:
+    from flows.inspect import inspect_url
+    from pipeline.schema import ManifestError
+
+    try:
+        print(inspect_url(args.url, args.n))
+    except (ManifestError, FileNotFoundError) as exc:
+        print(f"bertflow: inspect: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 
@@ -126,7 +264,7 @@ def print_summary(summary: dict) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from flows.pretrain_flow import format_figure
+    from flows.reporting import format_figure
 
     table = Table(title=f"bertflow {summary['preset']}: {summary['seconds']:.0f} s")
     for col in ("stage", "status", "time (s)", "key figures", "output"):
@@ -138,7 +276,8 @@ def print_summary(summary: dict) -> None:
     console.print(table)
     console.print(f"results: {summary['root']}")
     if summary.get("model_version"):
-        console.print(f"registered model: {summary['model_name']} version {summary['model_version']}")
+        console.print(f"registered model: {summary['model_name']} version {summary['model_version']} "
+                      f"(alias {summary.get('model_alias')}): models:/{summary['model_name']}@{summary.get('model_alias')}")
     console.print(f"MLflow: mlflow ui --backend-store-uri {summary['tracking_uri']}")
 
 

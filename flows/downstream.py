@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from pipeline.schema import Manifest, join_url
+from pipeline.schema import Manifest
 from tasks.config import FinetuneConfig
 
 
@@ -21,20 +21,20 @@ class DownstreamTask:
 
 TASKS = {
     "sst2": DownstreamTask("sst2", "glue", "glue/SST-2", glue_task="SST-2", metric="eval_accuracy"),
-    "squad1": DownstreamTask("squad1", "squad", "squad", squad_version="1.1", metric="f1"),
+    "squad1": DownstreamTask("squad1", "squad", "squad", squad_version="1.1", metric="eval_f1"),
 }
 
 
 def run_downstream(
     name: str,
     config: FinetuneConfig,
-    data_root: str,
+    data_url: str,
     model_url: str,
     output_url: str,
     log_fn: Callable[[dict[str, float], int], None] | None = None,
 ) -> Manifest:
+    """Fine-tune and evaluate task ``name`` on the data at ``data_url`` (the task's folder)."""
     task = TASKS[name]
-    data_url = join_url(data_root, task.data_subdir)
     if task.kind == "glue":
         from tasks.glue import run_glue
 
@@ -42,3 +42,15 @@ def run_downstream(
     from tasks.squad import run_squad
 
     return run_squad(config, data_url, model_url, output_url, version=task.squad_version, log_fn=log_fn)
+
+
+def manifest_config(name: str, config: FinetuneConfig) -> dict:
+    """What a task's manifest records (what decides whether its output is stale)."""
+    task = TASKS[name]
+    if task.kind == "glue":
+        from tasks.glue import manifest_config as glue_config
+
+        return glue_config(config, task.glue_task)
+    from tasks.squad import manifest_config as squad_config
+
+    return squad_config(config, task.squad_version)

@@ -273,3 +273,28 @@ def resolve_data(cfg: DataConfig) -> DataConfig:
         books=cfg.books or str(sample / "books"),
         downstream=cfg.downstream or str(sample),
     )
+
+
+def config_from_dict(data: dict[str, Any]) -> RunConfig:
+    """A :class:`RunConfig` rebuilt from ``dataclasses.asdict`` output (a JSON spec): every value
+    goes back through the dataclasses' own validation."""
+    return _build(RunConfig, data)
+
+
+def _build(cls: Any, data: Any) -> Any:
+    if dataclasses.is_dataclass(cls) and isinstance(data, dict):
+        hints = typing.get_type_hints(cls)
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - names)
+        if unknown:
+            raise ConfigError(f"{cls.__name__} has no field(s) {unknown}")
+        return cls(**{k: _build(hints[k], v) for k, v in data.items()})
+    origin = typing.get_origin(cls)
+    if origin is tuple and isinstance(data, (list, tuple)):
+        args = [a for a in typing.get_args(cls) if a is not Ellipsis]
+        return tuple(_build(args[0] if args else object, v) for v in data)
+    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+        for arm in typing.get_args(cls):
+            if dataclasses.is_dataclass(arm) and isinstance(data, dict):
+                return _build(arm, data)
+    return data

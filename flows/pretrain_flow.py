@@ -1,125 +1,262 @@
-"""The ``pretrain`` Prefect flow: raw text to a registered, evaluated BERT.
+"""The Prefect flows: ``pretrain`` (raw text to a registered, evaluated BERT) and one flow per
+stage (``stage-corpus`` ... ``stage-finetune``) that takes the URLs of earlier outputs.
 
-The flow body reads top to bottom like the chain it runs. Each stage is one Prefect task around
-a plain call (``flows.stages.run_stage``), with its own MLflow child run under the pipeline's
-parent run and a Prefect markdown artifact listing what it wrote. Our own manifests decide
-skipping (so Prefect's result cache is off): a second run skips every finished stage.
-Downstream tasks fan out on a thread pool; at scale each becomes a deployment run.
+The flow bodies read top to bottom like the chain they run. Each stage is one Prefect task
+around a plain call (``flows.stages.run_stage``) with the retries and timeout of its row in the
+stage table, its own MLflow child run under the flow's parent run, and a Prefect markdown
+artifact listing what it wrote. Our own manifests decide skipping (Prefect's result cache is
+off); a skipped stage ends in a Completed state named ``Skipped``. bertflow's log lines (the
+training and fine-tuning processes' included) reach the Prefect API; training progress is a
+Prefect progress artifact. Downstream tasks fan out on a thread pool, each in its own process.
 """
 
 from __future__ import annotations
 
-import fnmatch
 import logging
 import os
 import time
+from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
-from prefect import flow, task, unmapped
+from prefect import flow, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
+from prefect.states import Completed
 from prefect.task_runners import ThreadPoolTaskRunner
 
+from flows.checks import RootLock, preflight
 from flows.presets import RunConfig, as_dict, load_config
-from flows.stages import STAGES, StageResult, run_stage, stage_config, stages_after
-from flows.tracking import ENV_RUN_ID, ENV_TRACKING_URI, Tracker, default_tracking_uri
-from pipeline.schema import ManifestError, join_url
+from flows.reporting import format_figure, key_figures, stage_markdown, summary_markdown
+from flows.stages import CHAIN, StageResult, get_stage, run_stage, stage_config, stage_names, stages_after
+from flows.tracking import ENV_RUN_ID, ENV_TRACKING_URI, Tracker, default_tracking_uri, git_commit
+from pipeline.schema import ManifestError, config_digest, fingerprint_input, join_url
 
 log = logging.getLogger("bertflow.flow")
 
 EXPERIMENT = "bertflow"
-
-# The figures the summary table shows per stage (when the stage's manifest has them).
-KEY_FIGURES = {
-    "corpus": ("documents", "sentences", "duplicate_document"),
-    "vocab": ("vocab_size",),
-    "examples": ("*.examples",),
-    "pretrain": ("steps", "first_mlm_loss", "last_mlm_loss"),
-    "export": ("parameters",),
-    "finetune": ("eval_accuracy", "eval_f1", "eval_exact_match", "eval_mcc", "eval_pearson"),
-}
 
 
 def default_root(preset: str) -> str:
     return os.path.abspath(os.path.join("runs", preset))
 
 
-def key_figures(stage: str, counts: dict[str, float]) -> dict[str, float]:
-    wanted = KEY_FIGURES.get(stage.split("/", 1)[0], ())
-    picked = {k: v for k, v in counts.items() if any(fnmatch.fnmatchcase(k, w) for w in wanted)}
-    if not picked:
-        picked = dict(list(counts.items())[:3])
-    return picked
+@dataclass(frozen=True)
+class Tracking:
+    """Where a flow's stages log: the tracking URI, the experiment and the flow's parent run."""
+
+    uri: str
+    experiment_id: str
+    parent_run_id: str
+
+    def tracker(self) -> Tracker:
+        t = Tracker(self.uri)
+        t.experiment_id = self.experiment_id
+        return t
 
 
-def _markdown(result: StageResult) -> str:
-    lines = [f"### {result.stage}: {result.status} in {result.seconds:.1f} s", "", f"`{result.url}`", ""]
-    lines += ["| figure | value |", "|---|---|"]
-    lines += [f"| {k} | {format_figure(v)} |" for k, v in sorted(result.counts.items())]
-    if result.manifest is not None:
-        lines += ["", "| file | bytes | rows |", "|---|---|---|"]
-        lines += [f"| {f.path} | {f.size} | {f.rows if f.rows is not None else ''} |" for f in result.manifest.files]
-    return "\n".join(lines)
+@contextmanager
+def session(name: str, preset: str, root: str | None, overrides: dict | None, mlflow_uri: str | None,
+            groups: tuple[str, ...] = CHAIN, given: dict[str, str] | None = None):
+    """Config, checks, the root's lock, the parent MLflow run and log forwarding, for one flow run."""
+    from flows.secrets import merge_secret_overrides
+
+    cfg = load_config(preset, merge_secret_overrides(overrides))
+    root = root or default_root(preset)
+    tracking_uri = mlflow_uri or os.environ.get("MLFLOW_TRACKING_URI") or default_tracking_uri(root)
+    preflight(cfg, root, stage_names(cfg, groups), tracking_uri, given)
+    with RootLock(root), _prefect_logs():
+        tracker = Tracker(tracking_uri)
+        tracker.use_experiment(EXPERIMENT, artifact_root=join_url(root, "mlartifacts"))
+        killed = tracker.mark_killed_runs(root)
+        if killed:
+            log.warning("marked %d run(s) of %s left RUNNING by a killed process as KILLED", len(killed), root)
+        tags = {
+            "bertflow.preset": preset,
+            "bertflow.root": root,
+            "bertflow.git_commit": git_commit(),
+            "bertflow.config_fingerprint": config_digest(as_dict(cfg)),
+            "prefect.flow_run_id": _flow_run_id(),
+        }
+        parent = tracker.start_run(name, tags=tags)
+        tracker.log_params(parent, {"preset": preset, "root": root, **as_dict(cfg)})
+        ok = False
+        try:
+            yield cfg, root, Tracking(tracking_uri, tracker.experiment_id, parent)
+            ok = True
+        finally:
+            tracker.end_run(parent, ok)
 
 
-def format_figure(v: Any) -> str:
-    if isinstance(v, float) and not v.is_integer():
-        return f"{v:.4g}"
-    return str(int(v)) if isinstance(v, float) else str(v)
+def _flow_run_id() -> str:
+    from prefect.runtime import flow_run
+
+    return str(flow_run.id or "")
+
+
+@contextmanager
+def _prefect_logs():
+    """Send the ``bertflow`` loggers' records to the Prefect API while a flow runs."""
+    from prefect.logging.handlers import APILogHandler
+
+    logger = logging.getLogger("bertflow")
+    handler = APILogHandler()
+    logger.addHandler(handler)
+    if logger.level == logging.NOTSET or logger.level > logging.INFO:
+        logger.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
 
 
 @task(name="stage", task_run_name="{stage}", cache_policy=NO_CACHE)
 def stage_task(
-    stage: str, cfg: RunConfig, root: str, force: bool, tracking_uri: str, parent_run_id: str
+    stage: str, cfg: RunConfig, root: str, force: bool, tracking: Tracking, given: dict[str, str] | None = None
 ) -> StageResult:
     """Run one stage inside an MLflow child run and publish what it wrote."""
-    tracker = Tracker(tracking_uri)
-    tracker.experiment_id = tracker.client.get_run(parent_run_id).info.experiment_id
-    run_id = tracker.start_run(stage, parent_id=parent_run_id, tags={"bertflow.stage": stage})
+    from prefect.runtime import task_run
+
+    tracker = tracking.tracker()
+    run_id = tracker.start_run(stage, parent_id=tracking.parent_run_id, tags={"bertflow.stage": stage, "bertflow.root": root})
     ok = False
     try:
-        try:
-            tracker.log_params(run_id, stage_config(stage, cfg, root))
-        except (ManifestError, FileNotFoundError, KeyError) as exc:  # upstream unfinished: the stage says why
-            log.warning("stage %s: params not logged (%s)", stage, exc)
-
-        def log_fn(metrics: dict[str, float], step: int) -> None:
-            tracker.log_metrics(run_id, metrics, step)
-
-        env = {ENV_RUN_ID: run_id, ENV_TRACKING_URI: tracking_uri}
-        result = run_stage(stage, cfg, root, force=force, log_fn=log_fn, env=env)
-        tracker.set_tags(run_id, {"bertflow.status": result.status, "bertflow.url": result.url})
-        tracker.log_metrics(run_id, {f"stage.{k}": v for k, v in result.counts.items()})
-        tracker.log_metrics(run_id, {"stage_seconds": result.seconds})
-        if result.manifest is not None:
-            tracker.log_text(run_id, result.manifest.to_json(), "manifest.json")
+        env = {ENV_RUN_ID: run_id, ENV_TRACKING_URI: tracking.uri}
+        # a retry resumes (pretraining from its last checkpoint): only the first attempt starts over
+        first_attempt = (task_run.run_count or 1) <= 1
+        result = run_stage(
+            stage, cfg, root, force=force and first_attempt,
+            log_fn=lambda m, step: tracker.log_metrics(run_id, m, step), env=env, given=given,
+            on_progress=_progress_artifact(stage) if get_stage(stage).where == "training" else None,
+        )
+        _log_stage(tracker, run_id, stage, cfg, result)
         create_markdown_artifact(
             key=stage.replace("/", "-").replace("_", "-").lower() + "-output",
-            markdown=_markdown(result),
+            markdown=stage_markdown(result),
             description=f"{stage}: what the stage wrote",
         )
         ok = True
+        if result.status == "skipped":
+            return Completed(name="Skipped", message=f"{stage} is up to date: {result.url}", data=result)
         return result
     finally:
         tracker.end_run(run_id, ok)
 
 
-@task(name="register-model", cache_policy=NO_CACHE)
-def register_model_task(
-    cfg: RunConfig, export: StageResult, downstream: list[StageResult], tracking_uri: str, parent_run_id: str
-) -> str:
-    """Log the exported Hugging Face folder to MLflow and register it as a model version."""
-    tracker = Tracker(tracking_uri)
-    tracker.experiment_id = tracker.client.get_run(parent_run_id).info.experiment_id
+def _log_stage(tracker: Tracker, run_id: str, stage: str, cfg: RunConfig, result: StageResult) -> None:
+    from flows.reporting import log_stage_artifacts
+
+    try:
+        tracker.log_params(run_id, stage_config(stage, cfg, result.inputs))
+    except (ManifestError, FileNotFoundError, KeyError) as exc:
+        log.warning("stage %s: params not logged (%s)", stage, exc)
+    tracker.set_tags(run_id, {"bertflow.status": result.status, "bertflow.url": result.url})
+    fingerprints = {}
+    for name, url in result.inputs.items():
+        try:
+            fingerprints[name] = fingerprint_input(url)
+        except (FileNotFoundError, ManifestError):
+            pass
+    tracker.log_datasets(run_id, result.inputs, fingerprints)
+    tracker.log_metrics(run_id, {f"stage.{k}": v for k, v in result.counts.items()})
+    tracker.log_metrics(run_id, {"stage_seconds": result.seconds})
+    log_stage_artifacts(tracker, run_id, stage, result)
+
+
+def _progress_artifact(stage: str):
+    """A Prefect progress artifact for a training stage, updated at most every 2 s."""
+    from prefect.artifacts import create_progress_artifact, update_progress_artifact
+
+    from flows.processes import notify_progress
+
+    artifact_id = create_progress_artifact(0.0, key=stage.replace("/", "-") + "-progress", description=f"{stage}: steps done")
+    last = [0.0]
+
+    def update(done: int, total: int) -> None:
+        notify_progress(stage, done, total)
+        now = time.monotonic()
+        if total and (now - last[0] > 2.0 or done >= total):
+            last[0] = now
+            update_progress_artifact(artifact_id, 100.0 * done / total)
+
+    return update
+
+
+@task(name="register-model", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=5)
+def register_model_task(cfg: RunConfig, export: StageResult, downstream: list[StageResult], tracking: Tracking) -> dict:
+    """Log the export as a pyfunc model, register a version, move ``champion`` if it scores better."""
+    from flows.downstream import TASKS
+    from flows.mlflow_model import log_bert_model
+
+    tracker = tracking.tracker()
+    os.environ.setdefault("MLFLOW_TRACKING_URI", tracking.uri)
+    import mlflow
+
+    mlflow.set_tracking_uri(tracking.uri)
+    mlflow.set_registry_uri(tracking.uri)
+    info = log_bert_model(tracking.parent_run_id, _local_copy(export.url))
+    version = tracker.client.create_model_version(
+        cfg.model_name, info.model_uri, run_id=tracking.parent_run_id, tags=_version_tags(cfg, export, downstream),
+    ) if _ensure_registered(tracker, cfg.model_name) else None
+    scores = [r.counts[TASKS[r.stage.split("/", 1)[1]].metric] for r in downstream
+              if TASKS[r.stage.split("/", 1)[1]].metric in r.counts]
+    score = sum(scores) / len(scores) if scores else None
+    alias = tracker.set_alias_by_score(cfg.model_name, str(version.version), score)
+    log.info("registered %s version %s (%s, score %s)", cfg.model_name, version.version, alias, score)
+    return {"version": str(version.version), "alias": alias, "score": score}
+
+
+def _ensure_registered(tracker: Tracker, name: str) -> bool:
+    from mlflow.exceptions import MlflowException
+
+    try:
+        tracker.client.get_registered_model(name)
+    except MlflowException:
+        tracker.client.create_registered_model(name, description="BERT pretrained by bertflow (MLM + NSP); pyfunc: fill masks, embed text.")
+    return True
+
+
+def _version_tags(cfg: RunConfig, export: StageResult, downstream: list[StageResult]) -> dict[str, str]:
+    """Tags that lead from a model version back to its data: every upstream stage's URL and
+    fingerprint (the dump files, the vocab, the shards, the checkpoint)."""
+    from flows.stages import stage_inputs, stage_url
+
     tags = {"preset": cfg.preset, "bertflow.model_url": export.url}
+    root = export.url.rsplit("/", 1)[0]
+    for stage in ("corpus", "vocab", "examples", "pretrain", "export"):
+        url = stage_url(root, stage)
+        tags[f"lineage.{stage}.url"] = url
+        try:
+            tags[f"lineage.{stage}.fingerprint"] = fingerprint_input(url)
+        except (FileNotFoundError, ManifestError):
+            pass
+    for name, url in stage_inputs("corpus", cfg, root).items():
+        tags[f"lineage.raw.{name}"] = url
     for r in downstream:
         for k, v in key_figures(r.stage, r.counts).items():
             tags[f"{r.stage.split('/', 1)[1]}.{k}"] = format_figure(v)
-    if "://" in export.url and not export.url.startswith("file://"):
-        # a remote root (gs://): register the folder where it is rather than copying it
-        return tracker.register_model(parent_run_id, cfg.model_name, source=export.url, tags=tags)
-    tracker.log_artifacts(parent_run_id, export.url, "model")
-    return tracker.register_model(parent_run_id, cfg.model_name, artifact_path="model", tags=tags)
+    return tags
+
+
+def _local_copy(url: str) -> str:
+    """A local folder holding ``url``'s files (MLflow logs artifacts from local paths)."""
+    if "://" not in url or url.startswith("file://"):
+        return url.removeprefix("file://")
+    import tempfile
+
+    import fsspec
+
+    fs, path = fsspec.core.url_to_fs(url)
+    local = tempfile.mkdtemp(prefix="bertflow-model-")
+    fs.get(path.rstrip("/") + "/", local + "/", recursive=True)
+    return local
+
+
+def _forced(force: list[str] | None) -> set[str]:
+    forced: set[str] = set()
+    for s in force or []:
+        forced.update(stages_after(s))
+    return forced
 
 
 @flow(name="pretrain", task_runner=ThreadPoolTaskRunner(max_workers=4), log_prints=True)
@@ -134,83 +271,70 @@ def pretrain(
     """Run (or skip, when finished) every stage of the chain for one preset under ``root``.
 
     ``force``: stages to rerun together with every stage after them. ``stages``: run only these
-    (each forced), e.g. ``["pretrain"]``; the stages before must have finished.
+    groups (each forced), e.g. ``["pretrain"]``; the stages before must have finished.
     """
-    cfg = load_config(preset, overrides)
-    root = root or default_root(preset)
-    tracking_uri = mlflow_uri or os.environ.get("MLFLOW_TRACKING_URI") or default_tracking_uri(root)
-    tracker = Tracker(tracking_uri)
-    tracker.use_experiment(EXPERIMENT, artifact_root=join_url(root, "mlartifacts"))
-    parent = tracker.start_run(f"pretrain-{preset}", tags={"bertflow.preset": preset, "bertflow.root": root})
-    tracker.log_params(parent, {"preset": preset, "root": root, **as_dict(cfg)})
-
-    forced: set[str] = set()
-    for s in force or []:
-        forced.update(stages_after(s))
-    selected = set(stages or STAGES)
-    if stages:
-        forced.update(s.split("/", 1)[0] for s in stages)
-
     start = time.time()
-    results: list[StageResult] = []
-    ok = False
-    try:
-        for stage in ("corpus", "vocab", "examples", "pretrain", "export"):
-            if stage in selected:
-                results.append(stage_task(stage, cfg, root, stage in forced, tracking_uri, parent))
-        downstream: list[StageResult] = []
-        if "finetune" in selected:
-            names = [f"finetune/{t}" for t in cfg.finetune_tasks]
-            futures = stage_task.map(
-                names, unmapped(cfg), unmapped(root), unmapped("finetune" in forced), unmapped(tracking_uri), unmapped(parent)
-            )
-            downstream = [f.result() for f in futures]
+    forced = _forced(force) | set(stages or ())
+    groups = tuple(g for g in CHAIN if not stages or g in stages)
+    with session(f"pretrain-{preset}", preset, root, overrides, mlflow_uri, groups) as (cfg, root, tracking):
+        results = [
+            unwrap(stage_task.with_options(**_options(name))(name, cfg, root, name in forced, tracking))
+            for name in stage_names(cfg, tuple(g for g in groups if g != "finetune"))
+        ]
+        downstream = []
+        if "finetune" in groups:
+            names = stage_names(cfg, ("finetune",))
+            futures = [stage_task.with_options(**_options(n)).submit(n, cfg, root, "finetune" in forced, tracking) for n in names]
+            downstream = [unwrap(f.result()) for f in futures]
             results += downstream
-        model_version = None
+        registered = None
         export = next((r for r in results if r.stage == "export"), None)
-        if export is not None and (export.status == "done" or not _registered(tracker, cfg.model_name)):
-            model_version = register_model_task(cfg, export, downstream, tracking_uri, parent)
+        if export is not None and (export.status == "done" or not _has_versions(tracking, cfg.model_name)):
+            registered = register_model_task(cfg, export, downstream, tracking)
+        tracker = tracking.tracker()
         for r in results:
-            tracker.log_metrics(parent, {f"{r.stage.replace('/', '.')}.{k}": v for k, v in key_figures(r.stage, r.counts).items()})
-        ok = True
-    finally:
-        tracker.end_run(parent, ok)
-    summary = {
-        "preset": preset,
-        "root": root,
-        "tracking_uri": tracking_uri,
-        "parent_run_id": parent,
-        "model_name": cfg.model_name,
-        "model_version": model_version,
-        "seconds": time.time() - start,
-        "stages": [
-            {
-                "stage": r.stage,
-                "status": r.status,
-                "seconds": round(r.seconds, 1),
-                "figures": key_figures(r.stage, r.counts),
-                "url": r.url,
-            }
-            for r in results
-        ],
-    }
+            tracker.log_metrics(tracking.parent_run_id, {f"{r.stage.replace('/', '.')}.{k}": v for k, v in key_figures(r.stage, r.counts).items()})
+        summary = _summary(preset, root, tracking, cfg, results, registered, start)
     create_markdown_artifact(key="pretrain-summary", markdown=summary_markdown(summary), description="pipeline summary")
     return summary
 
 
-def _registered(tracker: Tracker, name: str) -> bool:
+def unwrap(value: Any) -> StageResult:
+    """A stage task's result: a skipped stage returns its ``Skipped`` state, holding the result."""
+    from prefect.states import State
+
+    return value.result() if isinstance(value, State) else value
+
+
+def _options(stage: str) -> dict[str, Any]:
+    row = get_stage(stage)
+    # the row's timeout is enforced on its process (flows.processes): a Prefect timeout cannot
+    # interrupt a task blocked in a worker thread
+    return {"retries": row.retries, "retry_delay_seconds": 10}
+
+
+def _has_versions(tracking: Tracking, name: str) -> bool:
     from mlflow.exceptions import MlflowException
 
     try:
-        return bool(tracker.client.search_model_versions(f"name='{name}'"))
+        return bool(tracking.tracker().client.search_model_versions(f"name='{name}'"))
     except MlflowException:
         return False
 
 
-def summary_markdown(summary: dict[str, Any]) -> str:
-    lines = ["| stage | status | seconds | key figures | output |", "|---|---|---|---|---|"]
-    for s in summary["stages"]:
-        figs = ", ".join(f"{k}={format_figure(v)}" for k, v in s["figures"].items())
-        lines.append(f"| {s['stage']} | {s['status']} | {s['seconds']} | {figs} | {s['url']} |")
-    return "\n".join(lines)
-
+def _summary(preset, root, tracking: Tracking, cfg, results, registered, start) -> dict[str, Any]:
+    return {
+        "preset": preset,
+        "root": root,
+        "tracking_uri": tracking.uri,
+        "parent_run_id": tracking.parent_run_id,
+        "model_name": cfg.model_name,
+        "model_version": registered["version"] if registered else None,
+        "model_alias": registered["alias"] if registered else None,
+        "seconds": time.time() - start,
+        "stages": [
+            {"stage": r.stage, "status": r.status, "seconds": round(r.seconds, 1),
+             "figures": key_figures(r.stage, r.counts), "url": r.url}
+            for r in results
+        ],
+    }

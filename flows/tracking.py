@@ -15,6 +15,7 @@ import time
 from typing import Any
 
 from flows.presets import flatten
+from pipeline.schema import redact
 
 ENV_RUN_ID = "BERTFLOW_MLFLOW_RUN_ID"
 ENV_TRACKING_URI = "MLFLOW_TRACKING_URI"
@@ -28,8 +29,7 @@ def default_tracking_uri(root: str) -> str:
             "sqlite needs a local file"
         )
     path = os.path.abspath(root.removeprefix("file://"))
-    os.makedirs(path, exist_ok=True)
-    return f"sqlite:///{path}/mlflow.db"
+    return f"sqlite:///{path}/mlflow.db"  # the folder is made when the run takes the root's lock
 
 
 def _client(uri: str):
@@ -72,7 +72,7 @@ class Tracker:
     def log_params(self, run_id: str, params: dict[str, Any]) -> None:
         from mlflow.entities import Param
 
-        flat = flatten(params)
+        flat = flatten(redact(params))
         items = [Param(k, _param_value(v)) for k, v in sorted(flat.items())]
         for i in range(0, len(items), 100):
             self.client.log_batch(run_id, params=items[i : i + 100])
@@ -122,6 +122,99 @@ class Tracker:
             name, source, run_id=run_id, tags={k: str(v) for k, v in (tags or {}).items()}
         )
         return str(version.version)
+
+
+    def mark_killed_runs(self, root: str) -> list[str]:
+        """Runs of ``root`` still RUNNING when a new run holds the root's lock: their process died
+        (SIGKILL, a lost machine). Mark them KILLED; return their ids."""
+        if self.experiment_id is None:
+            return []
+        runs = self.client.search_runs(
+            [self.experiment_id], filter_string=f"tags.`bertflow.root` = '{root}' and attributes.status = 'RUNNING'"
+        )
+        for run in runs:
+            self.client.set_terminated(run.info.run_id, "KILLED")
+        return [r.info.run_id for r in runs]
+
+    def log_datasets(self, run_id: str, inputs: dict[str, str], fingerprints: dict[str, str], context: str = "input") -> None:
+        """Record each input URL as an MLflow dataset (its source URL and fingerprint): lineage."""
+        from mlflow.data.dataset_source_registry import resolve_dataset_source
+        from mlflow.data.meta_dataset import MetaDataset
+        from mlflow.entities import DatasetInput, InputTag
+
+        import warnings
+
+        datasets = []
+        for name, url in sorted(inputs.items()):
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")  # "can be interpreted in multiple ways"
+                    source = resolve_dataset_source(url)
+            except Exception:  # noqa: BLE001 - an URL scheme MLflow has no source for
+                continue
+            entity = MetaDataset(source, name=name, digest=fingerprints.get(name, "")[:36])._to_mlflow_entity()
+            datasets.append(DatasetInput(entity, tags=[InputTag("mlflow.data.context", context)]))
+        if datasets:
+            self.client.log_inputs(run_id, datasets=datasets)
+
+    def set_alias_by_score(self, name: str, version: str, score: float | None) -> str:
+        """``champion`` moves to ``version`` if its score beats the champion's (or there is none);
+        otherwise ``version`` becomes the ``challenger``. Returns the alias given."""
+        from mlflow.exceptions import MlflowException
+
+        if score is not None:
+            self.client.set_model_version_tag(name, version, "bertflow.score", f"{score:.6f}")
+        try:
+            champion = self.client.get_model_version_by_alias(name, "champion")
+        except MlflowException:
+            champion = None
+        best = None
+        if champion is not None and champion.version != version:
+            try:
+                best = float(champion.tags.get("bertflow.score", "nan"))
+            except ValueError:
+                best = None
+        if champion is None or (score is not None and (best is None or best != best or score > best)):
+            self.client.set_registered_model_alias(name, "champion", version)
+            return "champion"
+        self.client.set_registered_model_alias(name, "challenger", version)
+        return "challenger"
+
+
+def check_tracking_uri(uri: str, timeout: float = 5.0) -> None:
+    """Fail in seconds, with the reason, when the tracking store cannot be reached."""
+    if uri.startswith(("http://", "https://")):
+        import urllib.error
+        import urllib.request
+
+        try:
+            with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout) as r:
+                r.read(64)
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            raise ConnectionError(
+                f"MLflow tracking server {uri} does not answer ({exc}); start it, or pass another "
+                "--mlflow-uri (default: sqlite:///<root>/mlflow.db)"
+            ) from None
+    elif uri.startswith("sqlite:///"):
+        folder = os.path.dirname(uri.removeprefix("sqlite:///"))
+        if folder and os.path.exists(folder) and not os.path.isdir(folder):
+            raise NotADirectoryError(f"MLflow database folder {folder} is a file")
+
+
+def git_commit() -> str:
+    """The commit of the code that runs (``unknown`` outside a git checkout)."""
+    import subprocess
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    try:
+        out = subprocess.run(["git", "-C", here, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5)
+        dirty = subprocess.run(["git", "-C", here, "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    if out.returncode != 0:
+        return "unknown"
+    return out.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
 
 
 def log_fn_from_env():

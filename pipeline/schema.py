@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import re
 import time
 from typing import Any, Iterable
 
@@ -81,6 +82,8 @@ class Manifest:
     created_at: float = dataclasses.field(default_factory=time.time)
     seconds: float = 0.0
     version: int = MANIFEST_VERSION
+    code_version: str = ""
+    """Digest of the source of the code that wrote it (stamped by the orchestrator)."""
 
     @property
     def fingerprint(self) -> str:
@@ -112,7 +115,80 @@ class Manifest:
 
     def matches(self, config: dict[str, Any], inputs: dict[str, str]) -> bool:
         """True when this output was made from exactly this config and these inputs."""
-        return _digest(self.config) == _digest(config) and self.inputs == inputs
+        return _digest(self.config) == _digest(redact(config)) and self.inputs == inputs
+
+    def stale_reasons(self, config: dict[str, Any], inputs: dict[str, str], code_version: str = "") -> list[str]:
+        """Why this output no longer matches (empty: up to date): changed settings, inputs, code."""
+        reasons = []
+        old, new = flatten_config(self.config), flatten_config(redact(config))
+        changed = sorted(k for k in old.keys() | new.keys() if old.get(k, _MISSING) != new.get(k, _MISSING))
+        if changed:
+            shown = ", ".join(f"{k}: {old.get(k, '-')!r} -> {new.get(k, '-')!r}" for k in changed[:4])
+            reasons.append(f"config changed ({shown}{', ...' if len(changed) > 4 else ''})")
+        for name in sorted(self.inputs.keys() | inputs.keys()):
+            if self.inputs.get(name) != inputs.get(name):
+                reasons.append(f"input {name} changed")
+        if code_version and self.code_version != code_version:
+            reasons.append("code changed")
+        return reasons
+
+    def missing_files(self, checksums: bool = False) -> list[str]:
+        """Files the manifest lists that are absent, of another size or (``checksums``) content."""
+        fs, root = fsspec.core.url_to_fs(self.url)
+        root = root.rstrip("/")
+        try:
+            sizes = {p[len(root) + 1 :]: int(i.get("size") or 0) for p, i in fs.find(root, detail=True).items()}
+        except FileNotFoundError:
+            sizes = {}
+        problems = []
+        for f in self.files:
+            if f.path not in sizes:
+                problems.append(f"{f.path}: missing")
+            elif sizes[f.path] != f.size:
+                problems.append(f"{f.path}: {sizes[f.path]} bytes, manifest says {f.size}")
+            elif checksums and describe_file(self.url, f.path).sha256 != f.sha256:
+                problems.append(f"{f.path}: checksum differs")
+        return problems
+
+
+_MISSING = object()
+_SECRET_WORDS = r"(pass(word|wd)?|secret|token|api[_-]?key|access[_-]?key|credentials?|private[_-]?key|auth)"
+_SECRET_KEY = re.compile(rf"(^|[^a-z]){_SECRET_WORDS}$|secret", re.I)  # max_tokens is no secret
+_SECRET_ARG = re.compile(rf"^(--?[\w.-]*?{_SECRET_WORDS}=).+$", re.I)
+REDACTED = "***"
+
+
+def redact(obj: Any, key: str = "") -> Any:
+    """``obj`` with values that look like secrets replaced by ``***``: values under keys named like
+    a password, token, secret or API key, and ``--name=value`` options with such names."""
+    if isinstance(obj, dict):
+        return {k: redact(v, str(k)) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        out, hide_next = [], False
+        for v in obj:  # ["--password", "x"]: the value after a secret-named flag
+            out.append(REDACTED if hide_next and isinstance(v, str) else redact(v, key))
+            hide_next = isinstance(v, str) and v.startswith("-") and "=" not in v and bool(_SECRET_KEY.search(v))
+        return type(obj)(out)
+    if key and _SECRET_KEY.search(key) and obj not in (None, "", 0, False):
+        return REDACTED
+    if isinstance(obj, str):
+        return _SECRET_ARG.sub(lambda m: m.group(1) + REDACTED, obj)
+    return obj
+
+
+def flatten_config(d: Any, prefix: str = "") -> dict[str, Any]:
+    """Nested dicts and lists -> {"a.b.0.c": value}."""
+    if isinstance(d, dict):
+        out: dict[str, Any] = {}
+        for k, v in d.items():
+            out.update(flatten_config(v, f"{prefix}{k}."))
+        return out
+    if isinstance(d, (list, tuple)) and any(isinstance(v, (dict, list, tuple)) for v in d):
+        out = {}
+        for i, v in enumerate(d):
+            out.update(flatten_config(v, f"{prefix}{i}."))
+        return out
+    return {prefix.rstrip("."): list(d) if isinstance(d, tuple) else d}
 
 
 def _digest(obj: Any) -> str:
@@ -197,19 +273,24 @@ def write_manifest(
     manifest = Manifest(
         stage=stage,
         url=stage_url.rstrip("/"),
-        config=config,
+        config=redact(config),
         inputs=dict(inputs),
         counts=dict(counts),
         files=list(files),
         seconds=seconds,
     )
-    fs, path = fsspec.core.url_to_fs(manifest_url(stage_url))
+    save_manifest(manifest)
+    return manifest
+
+
+def save_manifest(manifest: Manifest) -> None:
+    """Write ``manifest`` into its folder atomically (a temporary file renamed into place)."""
+    fs, path = fsspec.core.url_to_fs(manifest_url(manifest.url))
     fs.makedirs(fs._parent(path), exist_ok=True)
     tmp = path + ".tmp"
     with fs.open(tmp, "w") as f:
         f.write(manifest.to_json())
     fs.mv(tmp, path)
-    return manifest
 
 
 def clear_stage(stage_url: str) -> None:

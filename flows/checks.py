@@ -1,0 +1,121 @@
+"""What is checked before any work starts, and the lock that keeps two runs off one root.
+
+``preflight`` runs in the CLI before Prefect's server starts and again at the top of every flow
+(a deployment run has no CLI): the root is a folder (or can be made one), every raw input
+exists and is not empty, the tracking store answers. Each failure is one line naming the path.
+
+``RootLock`` is an exclusive ``flock`` on ``{root}/.bertflow.lock``: a second run on the same
+root refuses at once, naming the process that holds it, instead of racing the first (which
+corrupted shards and the MLflow database). The kernel drops the lock when its process dies, so
+a SIGKILLed run never leaves the root locked. Remote roots (``gs://``) cannot be flocked: there
+the lock is not taken and a warning says so (run one flow per root).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+from flows.presets import RunConfig
+from flows.stages import UPSTREAM_INPUTS, stage_inputs
+from flows.tracking import check_tracking_uri
+
+log = logging.getLogger("bertflow.flow")
+LOCK_NAME = ".bertflow.lock"
+
+
+class RootBusyError(RuntimeError):
+    """Another run holds the root."""
+
+
+def is_local(url: str) -> bool:
+    return "://" not in url or url.startswith("file://")
+
+
+def local_path(url: str) -> str:
+    return os.path.abspath(url.removeprefix("file://"))
+
+
+def preflight(
+    cfg: RunConfig, root: str, stages: list[str], tracking_uri: str | None, given: dict[str, str] | None = None
+) -> None:
+    """Raise a one-line error naming the path when the run cannot work; do nothing else.
+    ``given``: input URLs replacing the defaults (a stage flow's parameters)."""
+    if is_local(root):
+        path = local_path(root)
+        if os.path.exists(path) and not os.path.isdir(path):
+            raise NotADirectoryError(f"--root {root} is a file, not a folder")
+        parent = path
+        while not os.path.exists(parent):
+            parent = os.path.dirname(parent)
+        if not os.access(parent, os.W_OK):
+            raise PermissionError(f"--root {root}: {parent} is not writable")
+    from pipeline.schema import fingerprint_input
+
+    for stage in stages:
+        for name, url in stage_inputs(stage, cfg, root, given).items():
+            if name in UPSTREAM_INPUTS:
+                continue  # an earlier stage of this run writes it
+            try:
+                fingerprint_input(url)
+            except FileNotFoundError as exc:
+                raise FileNotFoundError(f"stage {stage}, input {name}: {exc}") from None
+    if tracking_uri:
+        check_tracking_uri(tracking_uri)
+
+
+class RootLock:
+    """An exclusive, re-entrant (within this process) lock on a run root."""
+
+    _held: dict[str, tuple[int, int]] = {}  # path -> (fd, depth)
+    _guard = threading.Lock()
+
+    def __init__(self, root: str):
+        self.root = root
+        self.path = os.path.join(local_path(root), LOCK_NAME) if is_local(root) else None
+
+    def __enter__(self) -> "RootLock":
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+    def acquire(self) -> None:
+        if self.path is None:
+            log.warning("root %s is remote: no lock is taken; run one flow per root", self.root)
+            return
+        import fcntl
+
+        with self._guard:
+            if self.path in self._held:
+                fd, depth = self._held[self.path]
+                self._held[self.path] = (fd, depth + 1)
+                return
+            os.makedirs(os.path.dirname(self.path), exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
+                os.close(fd)
+                raise RootBusyError(
+                    f"root {self.root} is in use by {holder}; wait for that run to finish, or use another --root"
+                ) from None
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
+            self._held[self.path] = (fd, 1)
+
+    def release(self) -> None:
+        if self.path is None:
+            return
+        with self._guard:
+            if self.path not in self._held:
+                return
+            fd, depth = self._held[self.path]
+            if depth > 1:
+                self._held[self.path] = (fd, depth - 1)
+                return
+            del self._held[self.path]
+            os.close(fd)  # closing drops the flock

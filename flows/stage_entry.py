@@ -1,0 +1,47 @@
+"""Entry point of a stage's own process: ``python -m flows.stage_entry --spec FILE``.
+
+The flow starts it for the rows of the stage table that do not run inline (pretraining, each
+downstream task). The spec is JSON (``flows.processes.stage_spec``): the run config, the row's
+name, its input and output URLs. When the flow passed an MLflow run id through the environment,
+the stage logs its metrics to that run; only rank 0 logs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+
+from flows.presets import config_from_dict
+from flows.processes import progress_reporter
+from flows.stages import StageCall, get_stage
+from flows.tracking import log_fn_from_env
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="run one row of the stage table in this process")
+    parser.add_argument("--spec", required=True, help="JSON file: stage, root, url, inputs, restart, config")
+    args = parser.parse_args(argv)
+    with open(args.spec) as f:
+        spec = json.load(f)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(name)s | %(message)s"))  # the parent adds the time
+    for name in ("bertflow", "model", "tasks"):
+        logger = logging.getLogger(name)
+        logger.handlers[:] = [handler]
+        logger.setLevel(logging.INFO)
+        logger.propagate = False
+    rank = int(os.environ.get("RANK", "0"))
+    log_fn = progress_reporter(log_fn_from_env()) if rank == 0 else None
+    call = StageCall(
+        stage=spec["stage"], cfg=config_from_dict(spec["config"]), root=spec["root"], url=spec["url"],
+        inputs=spec["inputs"], log_fn=log_fn, restart=spec.get("restart", False),
+    )
+    get_stage(call.stage).run(call)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,105 @@
+"""What is refused before any work: a busy root, a bad root or input, an unreachable tracking
+server, and secrets that would be recorded."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from flows.checks import RootBusyError, RootLock
+from flows.cli import main
+from flows.secrets import ENV_SECRET_OVERRIDES, merge_secret_overrides, split_secret_overrides
+from pipeline.schema import REDACTED, read_manifest, redact, write_manifest
+
+HOLD = "import sys, time; from flows.checks import RootLock; RootLock(sys.argv[1]).acquire(); print('held', flush=True); time.sleep(60)"
+
+
+def test_a_second_run_on_a_root_is_refused_and_a_killed_holder_frees_it(tmp_path):
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(RootBusyError, match=f"in use by pid {holder.pid}"):
+            RootLock(str(tmp_path)).acquire()
+        assert main(["run", "--root", str(tmp_path)]) == 2  # the CLI says so before any server starts
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    with RootLock(str(tmp_path)):  # the kernel dropped the dead holder's lock
+        with RootLock(str(tmp_path)):  # re-entrant within one process (CLI, then its flow)
+            pass
+
+
+def test_a_root_that_is_a_file_fails_at_once(tmp_path, capsys):
+    root = tmp_path / "file"
+    root.write_text("x")
+    start = time.monotonic()
+    assert main(["run", "--root", str(root)]) == 2
+    assert "is a file, not a folder" in capsys.readouterr().err
+    assert time.monotonic() - start < 30  # no Prefect server was started (it takes 15-60 s)
+
+
+def test_a_missing_dump_is_named_before_any_server_starts(tmp_path, capsys):
+    missing = tmp_path / "enwiki-20261101-pages-articles.xml.bz2"
+    assert main(["run", "--root", str(tmp_path / "r"), "--set", f"data.wiki={missing}"]) == 2
+    err = capsys.readouterr().err
+    assert "stage corpus, input wiki" in err and str(missing) in err
+    assert not (tmp_path / "r" / "mlflow.db").exists()
+
+
+def test_an_unreachable_tracking_server_fails_in_seconds(tmp_path, capsys):
+    assert main(["run", "--root", str(tmp_path / "r"), "--mlflow-uri", "http://127.0.0.1:9/"]) == 2
+    assert "does not answer" in capsys.readouterr().err
+
+
+def test_secret_overrides_are_split_off_and_redacted(monkeypatch):
+    overrides = {"corpus.beam.extra_args": ["--runner=X", "--api_key=s3cr3t"], "pretrain.learning_rate": 1e-3,
+                 "data.hf_token": "hf_abc", "examples.max_predictions_per_seq": [20, 80]}
+    public, secret = split_secret_overrides(overrides)
+    assert set(secret) == {"corpus.beam.extra_args", "data.hf_token"}
+    assert set(public) == {"pretrain.learning_rate", "examples.max_predictions_per_seq"}
+    monkeypatch.setenv(ENV_SECRET_OVERRIDES, json.dumps(secret))
+    assert merge_secret_overrides(public) == overrides
+    assert redact({"extra_args": ["--password", "pw", "--project", "p"], "max_tokens": 5}) == {
+        "extra_args": ["--password", REDACTED, "--project", "p"], "max_tokens": 5}
+
+
+def test_manifests_never_hold_secrets(tmp_path):
+    config = {"beam": {"extra_args": ["--aws_secret_access_key=zzz", "--runner=DataflowRunner"]}}
+    write_manifest("corpus", str(tmp_path), config, {}, {}, files=[])
+    text = (tmp_path / "_manifest.json").read_text()
+    assert "zzz" not in text and "--runner=DataflowRunner" in text
+    assert read_manifest(str(tmp_path)).matches(config, {})  # the skip check compares redacted
+
+
+@pytest.fixture
+def tracker(tmp_path):
+    from flows.tracking import Tracker
+
+    t = Tracker(f"sqlite:///{tmp_path}/mlflow.db")
+    t.use_experiment("bertflow", artifact_root=str(tmp_path / "artifacts"))
+    return t
+
+
+def test_runs_left_running_by_a_killed_process_are_marked_killed(tracker, tmp_path):
+    root = str(tmp_path / "root")
+    stuck = tracker.start_run("corpus", tags={"bertflow.root": root})
+    other = tracker.start_run("corpus", tags={"bertflow.root": "/elsewhere"})
+    assert tracker.mark_killed_runs(root) == [stuck]
+    assert tracker.client.get_run(stuck).info.status == "KILLED"
+    assert tracker.client.get_run(other).info.status == "RUNNING"
+
+
+def test_champion_moves_only_to_a_better_score(tracker):
+    run = tracker.start_run("pretrain-tiny")
+    tracker.client.create_registered_model("bert-x")
+    versions = [tracker.client.create_model_version("bert-x", f"file:///m{i}", run_id=run).version for i in range(4)]
+    assert tracker.set_alias_by_score("bert-x", versions[0], 0.70) == "champion"
+    assert tracker.set_alias_by_score("bert-x", versions[1], 0.65) == "challenger"
+    assert tracker.set_alias_by_score("bert-x", versions[2], 0.80) == "champion"
+    assert tracker.set_alias_by_score("bert-x", versions[3], None) == "challenger"
+    aliases = {a: tracker.client.get_model_version_by_alias("bert-x", a).version for a in ("champion", "challenger")}
+    assert aliases == {"champion": versions[2], "challenger": versions[3]}

@@ -169,7 +169,7 @@ class Tracker:
         except MlflowException:
             champion = None
         best = None
-        if champion is not None and champion.version != version:
+        if champion is not None and str(champion.version) != str(version):
             try:
                 best = float(champion.tags.get("bertflow.score", "nan"))
             except ValueError:

@@ -96,10 +96,10 @@ def test_runs_left_running_by_a_killed_process_are_marked_killed(tracker, tmp_pa
 def test_champion_moves_only_to_a_better_score(tracker):
     run = tracker.start_run("pretrain-tiny")
     tracker.client.create_registered_model("bert-x")
-    versions = [tracker.client.create_model_version("bert-x", f"file:///m{i}", run_id=run).version for i in range(4)]
+    versions = [str(tracker.client.create_model_version("bert-x", f"file:///m{i}", run_id=run).version) for i in range(4)]
     assert tracker.set_alias_by_score("bert-x", versions[0], 0.70) == "champion"
     assert tracker.set_alias_by_score("bert-x", versions[1], 0.65) == "challenger"
     assert tracker.set_alias_by_score("bert-x", versions[2], 0.80) == "champion"
     assert tracker.set_alias_by_score("bert-x", versions[3], None) == "challenger"
-    aliases = {a: tracker.client.get_model_version_by_alias("bert-x", a).version for a in ("champion", "challenger")}
+    aliases = {a: str(tracker.client.get_model_version_by_alias("bert-x", a).version) for a in ("champion", "challenger")}
     assert aliases == {"champion": versions[2], "challenger": versions[3]}

@@ -1,48 +1,10 @@
-"""The whole chain through the real command line, on the bundled sample data.
-
-Beam on FnApiRunner, Prefect's ephemeral server, MLflow on SQLite, torch on CPU: nothing mocked.
-Shorter schedules than the tiny preset (overrides) keep it to a few minutes; the preset itself
-is what the README's command runs.
-"""
+"""The whole chain through the real command line, on the bundled sample data (see conftest)."""
 
 import json
-import os
-import subprocess
-import sys
 
 import pyarrow.parquet as pq
-import pytest
 
 from pipeline.schema import read_manifest
-
-OVERRIDES = [
-    "pretrain.phases.0.steps=150",
-    "pretrain.phases.1.steps=30",
-    "pretrain.warmup_steps=20",
-    "pretrain.checkpoint_every=100",
-    "examples.dupe_factor=2",
-    "finetune.epochs=2",
-]
-
-
-def _run(args, root, env):
-    cmd = [sys.executable, "-m", "flows.cli", *args, "--root", str(root)]
-    for o in OVERRIDES:
-        cmd += ["--set", o]
-    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1200)
-
-
-@pytest.fixture(scope="module")
-def chain(tmp_path_factory):
-    root = tmp_path_factory.mktemp("run")
-    env = {**os.environ, "PREFECT_HOME": str(tmp_path_factory.mktemp("prefect-home"))}
-    first = _run(["run", "--preset", "tiny"], root, env)
-    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-6000:]
-    second = _run(["run", "--preset", "tiny"], root, env)
-    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-6000:]
-    third = _run(["stage", "export", "--preset", "tiny"], root, env)
-    assert third.returncode == 0, third.stdout[-3000:] + third.stderr[-6000:]
-    return root, first, second, third
 
 
 def test_every_stage_wrote_its_outputs_and_manifest(chain):
@@ -92,11 +54,41 @@ def test_mlflow_holds_runs_and_a_registered_model(chain):
     assert set(children) == {"corpus", "vocab", "examples", "pretrain", "export", "finetune/sst2", "finetune/squad1"}
     assert client.get_metric_history(children["pretrain"].info.run_id, "mlm_loss")
     assert "vocab_size" in children["vocab"].data.params
+    corpus_params = children["corpus"].data.params
+    assert "not-for-the-logs" not in json.dumps(corpus_params) and "***" in corpus_params["beam.extra_args"]
+    assert "not-for-the-logs" not in (root / "corpus" / "_manifest.json").read_text()
+    inputs = {d.dataset.name: d.dataset.source for d in client.get_run(children["examples"].info.run_id).inputs.dataset_inputs}
+    assert set(inputs) == {"corpus", "vocab"} and str(root / "vocab") in inputs["vocab"]  # lineage
+    assert children["pretrain"].data.tags["bertflow.status"] == "done"
+    artifacts = {a.path for a in client.list_artifacts(children["pretrain"].info.run_id)}
+    assert {"manifest.json", "loss_curve.png"} <= artifacts
+    assert first_parent.data.tags["bertflow.git_commit"] and first_parent.data.tags["bertflow.config_fingerprint"]
     versions = sorted(client.search_model_versions("name='bert-tiny'"), key=lambda v: int(v.version))
     # the second run skipped export (no new version); `bertflow stage export` reran it (version 2)
     assert [str(v.version) for v in versions] == ["1", "2"]
     assert "sst2.eval_accuracy" in versions[0].tags
     assert versions[0].run_id == first_parent.info.run_id
+    assert versions[0].tags["lineage.raw.wiki"].endswith("data/sample/wiki")
+    assert versions[0].tags["lineage.examples.fingerprint"] == read_manifest(str(root / "examples")).fingerprint
+    # version 1 was scored on the downstream tasks; version 2 (export alone) has no score
+    assert str(client.get_model_version_by_alias("bert-tiny", "champion").version) == "1"
+    assert str(client.get_model_version_by_alias("bert-tiny", "challenger").version) == "2"
+
+
+def test_the_champion_loads_back_as_a_pyfunc_model(chain):
+    root = chain[0]
+    import mlflow
+    import pandas as pd
+
+    uri = f"sqlite:///{root}/mlflow.db"
+    mlflow.set_tracking_uri(uri)
+    mlflow.set_registry_uri(uri)
+    model = mlflow.pyfunc.load_model("models:/bert-tiny@champion")
+    out = model.predict(pd.DataFrame({"text": ["the [MASK] of the river", "a plain sentence"]}))
+    assert [len(f) for f in out["filled"]] == [1, 0]
+    assert out["filled"][0][0] not in ("[MASK]", "[PAD]")
+    hidden = json.loads((root / "model" / "config.json").read_text())["hidden_size"]
+    assert len(out["cls_embedding"][0]) == len(out["mean_embedding"][1]) == hidden
 
 
 def test_second_run_skips_every_stage(chain):
@@ -112,3 +104,26 @@ def test_stage_command_reruns_one_stage_alone(chain):
     for other in ("corpus", "vocab", "examples", "pretrain", "finetune/sst2", "finetune/squad1"):
         assert f"stage {other}:" not in third.stderr, other
     assert read_manifest(str(root / "model")).files
+
+
+def test_status_lists_every_stage_done_and_inspect_decodes_outputs(chain, cli, cli_env):
+    import subprocess
+    import sys
+
+    root = chain[0]
+    out = subprocess.run(cli(["status", "--preset", "tiny", "--json", "--verify"], root), env=cli_env,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = json.loads(out.stdout)
+    assert [r["stage"] for r in rows][-2:] == ["finetune/sst2", "finetune/squad1"]
+    assert {r["state"] for r in rows} == {"done"} and all(r["mlflow_run"] for r in rows)
+
+    def inspect(url):
+        res = subprocess.run([sys.executable, "-m", "flows.cli", "inspect", str(url), "-n", "3"], env=cli_env,
+                             capture_output=True, text=True, timeout=120)
+        assert res.returncode == 0, res.stderr
+        return res.stdout
+
+    assert "[MASK>" in inspect(root / "examples" / "seq64") and "[CLS]" in inspect(root / "examples")
+    assert inspect(root / "corpus").startswith("== ")
+    assert "eval_exact_match" in inspect(root / "finetune" / "squad1")

@@ -1,0 +1,57 @@
+"""The tiny chain run once through the real CLI, shared by the end-to-end and fault tests.
+
+Beam on FnApiRunner, Prefect's ephemeral server, MLflow on SQLite, torch on CPU: nothing mocked.
+Shorter schedules than the tiny preset (overrides) keep it to a few minutes; the preset itself is
+what the README's command runs.
+"""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+OVERRIDES = [
+    "pretrain.phases.0.steps=150",
+    "pretrain.phases.1.steps=30",
+    "pretrain.warmup_steps=20",
+    "pretrain.checkpoint_every=50",
+    "examples.dupe_factor=2",
+    "finetune.epochs=2",
+    'corpus.beam.extra_args=["--api_key=not-for-the-logs"]',
+]
+
+
+def cli_command(args, root):
+    cmd = [sys.executable, "-m", "flows.cli", *args, "--root", str(root)]
+    for o in OVERRIDES:
+        cmd += ["--set", o]
+    return cmd
+
+
+def run_cli(args, root, env):
+    return subprocess.run(cli_command(args, root), env=env, capture_output=True, text=True, timeout=1200)
+
+
+@pytest.fixture(scope="session")
+def cli():
+    """``cli(args, root)``: the command line of the shared runs' config."""
+    return cli_command
+
+
+@pytest.fixture(scope="session")
+def cli_env(tmp_path_factory):
+    return {**os.environ, "PREFECT_HOME": str(tmp_path_factory.mktemp("prefect-home"))}
+
+
+@pytest.fixture(scope="session")
+def chain(tmp_path_factory, cli_env):
+    """A full tiny run, a second run (skips everything) and `bertflow stage export`."""
+    root = tmp_path_factory.mktemp("run")
+    first = run_cli(["run", "--preset", "tiny"], root, cli_env)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-6000:]
+    second = run_cli(["run", "--preset", "tiny"], root, cli_env)
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-6000:]
+    third = run_cli(["stage", "export", "--preset", "tiny"], root, cli_env)
+    assert third.returncode == 0, third.stdout[-3000:] + third.stderr[-6000:]
+    return root, first, second, third

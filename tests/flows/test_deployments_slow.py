@@ -1,0 +1,124 @@
+"""The deployments as a user meets them: a real `prefect server` on 127.0.0.1, a process work
+pool, `prefect deploy --all` from prefect.yaml, `pretrain/tiny` run by a worker. Slow tier:
+`python3 -m pytest -m slow tests/flows/test_deployments_slow.py` (about 5 minutes)."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SHORT = {
+    "pretrain.phases.0.steps": 40, "pretrain.phases.1.steps": 10, "pretrain.warmup_steps": 5,
+    "pretrain.log_every": 5, "examples.dupe_factor": 1, "finetune.epochs": 1,
+}
+
+pytestmark = pytest.mark.slow
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    home = tmp_path_factory.mktemp("prefect-server")
+    port = _free_port()
+    env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+           "PREFECT_API_URL": f"http://127.0.0.1:{port}/api", "BERTFLOW_HOME": str(REPO)}
+    log = open(home / "server.log", "w")
+    proc = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
+                             "--port", str(port), "--no-ui"], env=env, stdout=log, stderr=log)
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            assert proc.poll() is None, (home / "server.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "prefect server did not become healthy"
+            time.sleep(1)
+        prefect(env, "work-pool", "create", "local-process", "--type", "process")
+        # the cloud pools the base/large deployments target, with their job templates from infra/
+        prefect(env, "work-pool", "create", "k8s-gpu", "--type", "kubernetes", "--base-job-template", "infra/prefect/k8s-gpu.json")
+        prefect(env, "work-pool", "create", "vertex-tpu", "--type", "vertex-ai", "--base-job-template", "infra/prefect/vertex-tpu.json")
+        prefect(env, "--no-prompt", "deploy", "--all")
+        yield env
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        log.close()
+
+
+def prefect(env, *args, timeout=300) -> str:
+    out = subprocess.run([sys.executable, "-m", "prefect", *args], env=env, cwd=REPO, capture_output=True,
+                         text=True, timeout=timeout)
+    assert out.returncode == 0, f"prefect {' '.join(args)}:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
+    return out.stdout
+
+
+def run_deployment(env, name: str, params: dict) -> dict:
+    """`prefect deployment run NAME`, then a worker that runs it once; the final state and logs."""
+    args = ["deployment", "run", name]
+    for k, v in params.items():
+        args += ["--param", f"{k}={json.dumps(v) if not isinstance(v, str) else v}"]
+    out = prefect(env, *args)
+    run_id = next(line.split()[-1] for line in out.splitlines() if "UUID" in line)
+    prefect(env, "worker", "start", "--pool", "local-process", "--run-once", timeout=1200)
+    code = ("import asyncio, json, sys\nfrom prefect.client.orchestration import get_client\n"
+            "from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId, TaskRunFilter, FlowRunFilter, FlowRunFilterId\n"
+            "async def main(i):\n    async with get_client() as c:\n        fr = await c.read_flow_run(i)\n"
+            "        logs = await c.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[i])))\n"
+            "        trs = await c.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[i])))\n"
+            "        print(json.dumps({'state': fr.state.type.value, 'name': fr.state.name, 'message': fr.state.message,\n"
+            "          'logs': [l.message for l in logs], 'tasks': {t.name: t.state.name for t in trs}}))\n"
+            "asyncio.run(main(sys.argv[1]))\n")
+    res = subprocess.run([sys.executable, "-c", code, run_id], env=env, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def test_pretrain_tiny_runs_on_a_worker_and_a_rerun_shows_skipped_stages(server, tmp_path):
+    root = tmp_path / "root"
+    first = run_deployment(server, "pretrain/tiny", {"root": str(root), "overrides": SHORT})
+    assert first["state"] == "COMPLETED", first
+    logs = "\n".join(first["logs"])
+    assert "stage corpus: running" in logs and "stage pretrain: done" in logs  # bertflow's own lines
+    assert "phase phase1" in logs  # a line of the training process itself
+    assert (root / "model" / "model.safetensors").exists()
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{root}/mlflow.db"
+    client = MlflowClient(tracking_uri=uri, registry_uri=uri)
+    assert client.get_model_version_by_alias("bert-tiny", "champion")
+
+    second = run_deployment(server, "pretrain/tiny", {"root": str(root), "overrides": SHORT})
+    assert second["state"] == "COMPLETED"
+    stage_states = {k: v for k, v in second["tasks"].items() if not k.startswith("register")}
+    assert stage_states and set(stage_states.values()) == {"Skipped"}, second["tasks"]
+
+
+def test_a_deployment_that_cannot_work_fails_in_seconds(server, tmp_path):
+    start = time.monotonic()
+    bad = run_deployment(server, "pretrain/tiny", {"root": str(tmp_path / "r"), "mlflow_uri": "http://127.0.0.1:9"})
+    assert bad["state"] in ("FAILED", "CRASHED") and "does not answer" in (bad["message"] or "") + "\n".join(bad["logs"])
+    assert time.monotonic() - start < 240  # worker start included; no stage ran
+    assert not (tmp_path / "r" / "corpus").exists()
+
+
+def test_one_stage_reruns_alone_from_its_own_deployment(server, tmp_path):
+    root = tmp_path / "root"
+    run = run_deployment(server, "stage-corpus/default", {"root": str(root)})
+    assert run["state"] == "COMPLETED", run
+    assert (root / "corpus" / "_manifest.json").exists() and not (root / "vocab").exists()

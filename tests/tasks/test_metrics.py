@@ -81,12 +81,12 @@ def test_squad_v2_evaluate_no_answer_handling():
     preds = {"a": "x", "b": "", "c": "something", "d": ""}
     out = m.squad_v2_evaluate(gold, preds)
     # a: EM 0, F1 2/3; b: 1/1 (empty is right); c: 0/0; d: empty prediction for an answer -> 0/0
-    assert out["exact_match"] == pytest.approx(25.0)
+    assert out["exact"] == pytest.approx(25.0)
     assert out["f1"] == pytest.approx(100 * (2 / 3 + 1) / 4)
-    assert out["HasAns_exact_match"] == 0.0
+    assert out["HasAns_exact"] == 0.0
     assert out["HasAns_f1"] == pytest.approx(100 * (2 / 3) / 2)
     assert out["HasAns_total"] == 2
-    assert out["NoAns_exact_match"] == pytest.approx(50.0)
+    assert out["NoAns_exact"] == pytest.approx(50.0)
     assert out["NoAns_f1"] == pytest.approx(50.0)
     assert out["NoAns_total"] == 2
     assert m.squad_evaluate(gold, preds, "2.0") == out

@@ -65,7 +65,7 @@ def read_swag(url: str, labelled: bool = True) -> list[SwagExample]:
         lineno = reader.line_num
         if not any(cell.strip() for cell in row):
             continue
-        if len(row) < len(header):
+        if len(row) != len(header):
             raise SwagDataError(f"{url}:{lineno}: {len(row)} fields, the header has {len(header)}")
         label = None
         if labelled:

@@ -18,7 +18,7 @@ from typing import Any
 
 from model.config import BertConfig, PhaseConfig, PretrainConfig
 from pipeline.config import BeamConfig, CorpusConfig, ExamplesConfig, VocabConfig
-from tasks.config import PAPER_GRID, FinetuneConfig, GridConfig
+from tasks.config import PAPER_GRID, FinetuneConfig, GridConfig, SquadConfig
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SAMPLE_DATA = REPO_ROOT / "data" / "sample"
@@ -85,6 +85,11 @@ class RunConfig:
                 f"finetune.max_seq_length: {self.finetune.max_seq_length} exceeds "
                 f"model.max_position_embeddings={self.model.max_position_embeddings}"
             )
+        if self.finetune.squad.max_seq_length > self.model.max_position_embeddings:
+            raise ConfigError(
+                f"finetune.squad.max_seq_length: {self.finetune.squad.max_seq_length} exceeds "
+                f"model.max_position_embeddings={self.model.max_position_embeddings}"
+            )
         from flows.downstream import TASKS  # noqa: PLC0415 - avoid an import cycle
 
         for t in self.finetune_tasks:
@@ -147,7 +152,8 @@ def _paper(name: str, layers: int, hidden: int, heads: int) -> RunConfig:
             log_every=100,
             checkpoint_every=10_000,
         ),
-        finetune=FinetuneConfig(learning_rate=2e-5, batch_size=32, epochs=3, max_seq_length=128, grid=PAPER_GRID),
+        finetune=FinetuneConfig(learning_rate=2e-5, batch_size=32, epochs=3, max_seq_length=128, grid=PAPER_GRID,
+                                squad=SquadConfig(max_seq_length=384)),
         finetune_tasks=("sst2",),
         model_name=f"bert-{name}",
     )

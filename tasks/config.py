@@ -25,6 +25,9 @@ def check(ok: bool, name: str, message: str) -> None:
 class SquadConfig:
     """SQuAD v1.1/v2.0 windowing, decoding and files (the reference run_squad.py's flags)."""
 
+    max_seq_length: int = 0
+    """Window length in tokens ([CLS] question [SEP] context [SEP]); 0: ``finetune.max_seq_length``
+    (the paper: 384)."""
     doc_stride: int = 128
     """Tokens between the starts of two context windows of one question."""
     max_query_length: int = 64
@@ -42,6 +45,8 @@ class SquadConfig:
     """As ``train_file``, for dev (dev-v1.1.json / dev-v2.0.json)."""
 
     def __post_init__(self):
+        check(self.max_seq_length == 0 or self.max_seq_length >= 8, "finetune.squad.max_seq_length",
+              "must be 0 (the run's) or >= 8")
         check(self.doc_stride >= 1, "finetune.squad.doc_stride", "must be >= 1")
         check(self.max_query_length >= 1, "finetune.squad.max_query_length", "must be >= 1")
         check(self.n_best_size >= 1, "finetune.squad.n_best_size", "must be >= 1")

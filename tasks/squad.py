@@ -411,7 +411,7 @@ def run_squad(
     tokenizer = load_tokenizer(model_url)
     train_examples = read_squad(join_url(data_url, train_name), version)
     dev_examples = read_squad(join_url(data_url, dev_name), version)
-    window_args = dict(max_seq_length=config.max_seq_length, doc_stride=sq.doc_stride,
+    window_args = dict(max_seq_length=sq.max_seq_length or config.max_seq_length, doc_stride=sq.doc_stride,
                        max_query_length=sq.max_query_length)
     train_features, _, skipped = make_features(tokenizer, train_examples, training=True, **window_args)
     dev_features, dev_windows, _ = make_features(tokenizer, dev_examples, **window_args)

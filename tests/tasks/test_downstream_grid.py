@@ -110,3 +110,23 @@ def test_stsb_predictions_keep_full_precision(tmp_path, tiny_model_url):
     submission = (tmp_path / "out" / "submission" / "STS-B.tsv").read_text().splitlines()
     assert submission[0] == "index\tprediction" and all(0 <= float(r.split("\t")[1]) <= 5 for r in submission[1:])
     assert not math.isnan(manifest.counts["dev_median"])
+
+
+def test_overrides_reach_every_task_option():
+    from flows.presets import ConfigError, load_config, parse_overrides, resolve_data
+
+    cfg = load_config("tiny", parse_overrides([
+        "data.downstream_urls.mrpc=/data/glue_data/MRPC", "finetune.squad.doc_stride=64",
+        "finetune.squad.null_score_diff_threshold=-1.5", "finetune.grid.seeds=[1,2,3]",
+        "finetune.ner.label_scheme=asis", 'finetune.features.layer_mixes=["sum_all"]',
+        'finetune_tasks=["mrpc","stsb","swag"]']))
+    assert cfg.finetune.squad.doc_stride == 64 and cfg.finetune.squad.null_score_diff_threshold == -1.5
+    assert cfg.finetune.grid.seeds == (1, 2, 3) and cfg.finetune.ner.label_scheme == "asis"
+    assert resolve_data(cfg.data).downstream_urls == {"mrpc": "/data/glue_data/MRPC"}
+    assert len(D.plan_units("mrpc", cfg.finetune)) == 2 * 3  # tiny's two learning rates x three seeds
+    for bad, field in ((["data.downstream_urls.nope=/x"], "data.downstream_urls.nope"),
+                       (["finetune.squad.doc_stride=0"], "finetune.squad.doc_stride"),
+                       (["finetune.squad.max_seq_length=512"], "finetune.squad.max_seq_length"),
+                       (['finetune.features.layer_mixes=["middle"]'], "finetune.features.layer_mixes")):
+        with pytest.raises((ConfigError, ValueError), match=field):
+            load_config("tiny", parse_overrides(bad))

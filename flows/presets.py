@@ -37,7 +37,11 @@ class DataConfig:
     books: str = ""
     """A folder with one UTF-8 .txt file per book. Empty: bundled sample."""
     downstream: str = ""
-    """A folder with glue/<TASK>/{train,dev}.tsv and squad/*.json. Empty: bundled sample."""
+    """A folder with the official layouts: glue/<Task>/*.tsv, squad/*.json, conll2003/eng.*, swag/*.csv
+    (see docs/downstream.md). Empty: bundled sample."""
+    finetune_model: str = ""
+    """A BERT folder in Hugging Face layout to fine-tune instead of the export stage's model
+    (ours or a released one, e.g. /models/bert-base-uncased). Empty: the export stage."""
     downstream_urls: dict[str, str] = field(default_factory=dict)
     """Per-task data URLs that replace ``downstream``/<task folder>, e.g.
     ``--set data.downstream_urls.mrpc=gs://bucket/glue/MRPC`` (see flows.downstream.TASKS)."""
@@ -294,4 +298,5 @@ def resolve_data(cfg: DataConfig) -> DataConfig:
         books=cfg.books or str(sample / "books"),
         downstream=cfg.downstream or str(sample),
         downstream_urls=dict(cfg.downstream_urls),
+        finetune_model=cfg.finetune_model,
     )

@@ -188,11 +188,11 @@ def squad_sets(world: World, train_questions: int, dev_questions: int) -> tuple[
 
 # -- SQuAD v2.0 -----------------------------------------------------------------------------------
 def squad_v2_sets(world: World, train_questions: int, dev_questions: int) -> tuple[dict, dict]:
-    """(train, dev) SQuAD v2.0 dictionaries: the v1.1 questions of each paragraph plus, for
-    each, up to two unanswerable ones: facts of the same entity stated only in its *other*
-    paragraph (``is_impossible``, no answers, and the other paragraph's answer as
-    ``plausible_answers`` is not given since it is not in this context). A question whose answer
-    text occurs in the context anyway is left out."""
+    """(train, dev) SQuAD v2.0 dictionaries: each paragraph's answerable questions (dev with two
+    answers, the span and a variant) plus up to two unanswerable ones: questions about facts of
+    the same entity that only its *other* paragraph states (``is_impossible``, empty
+    ``answers``). Such a question whose answer text occurs in this context anyway, or whose
+    relation this paragraph answers, is left out."""
     sets = {"train": [], "dev": []}
     counts = {"train": 0, "dev": 0}
     limits = {"train": train_questions, "dev": dev_questions}

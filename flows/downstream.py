@@ -259,18 +259,53 @@ def run_downstream(
     units = plan_units(name, config)
     urls = [unit_url(output_url, u) for u in units]
     _remove_stale_units(output_url, {u["unit_id"] for u in units})
-    for unit, url in zip(units, urls):
-        try:
-            run_unit(name, config, unit, data_url, model_url, url, log_fn)
-        except Exception:  # noqa: BLE001 - a failing unit is reported by aggregate, the rest go on
-            text = traceback.format_exc()
-            logger.error("%s unit %s failed:\n%s", name, unit["unit_id"], text)
-            fs, path = fsspec.core.url_to_fs(join_url(url, "error.txt"))
-            fs.makedirs(fs._parent(path), exist_ok=True)
-            with fs.open(path, "w") as f:
-                f.write(text)
+    workers = min(config.grid.workers, len(units))
+    if workers <= 1:
+        for unit, url in zip(units, urls):
+            run_unit_safely(name, config, unit, data_url, model_url, url, log_fn)
+    else:
+        _run_in_processes(name, config, units, urls, data_url, model_url, workers)
     inputs = {"model": fingerprint_input(model_url), "data": fingerprint_input(data_url)}
     return aggregate(name, config, urls, output_url, units=units, inputs=inputs)
+
+
+def run_unit_safely(
+    name: str, config: FinetuneConfig, unit: dict[str, Any], data_url: str, model_url: str, url: str,
+    log_fn: LogFn | None = None, threads: int = 0,
+) -> bool:
+    """``run_unit``; a failure is logged and written to the unit's ``error.txt`` (for aggregate),
+    not raised. True when the unit finished."""
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
+    try:
+        run_unit(name, config, unit, data_url, model_url, url, log_fn)
+        return True
+    except Exception:  # noqa: BLE001 - a failing unit is reported by aggregate, the rest go on
+        text = traceback.format_exc()
+        logger.error("%s unit %s failed:\n%s", name, unit["unit_id"], text)
+        fs, path = fsspec.core.url_to_fs(join_url(url, "error.txt"))
+        fs.makedirs(fs._parent(path), exist_ok=True)
+        with fs.open(path, "w") as f:
+            f.write(text)
+        return False
+
+
+def _run_in_processes(name, config, units, urls, data_url, model_url, workers: int) -> None:
+    """Units over a pool of fresh (spawned) processes; each unit's torch RNG is its own, so the
+    results are those of a sequential run. Training metrics are not streamed from the workers
+    (no log_fn); each unit's manifest and metrics.json hold them."""
+    import multiprocessing
+    import os
+    from concurrent.futures import ProcessPoolExecutor
+
+    threads = max(1, (os.cpu_count() or 1) // workers)
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = [pool.submit(run_unit_safely, name, config, unit, data_url, model_url, url, None, threads)
+                   for unit, url in zip(units, urls)]
+        for future in futures:
+            future.result()
 
 
 def _remove_stale_units(output_url: str, keep: set[str]) -> None:

@@ -67,6 +67,9 @@ class GridConfig:
     epochs: tuple[float, ...] = ()
     seeds: tuple[int, ...] = ()
     """Seeds of every grid point; empty: ``finetune.seed`` alone."""
+    workers: int = 1
+    """Units run at once by ``run_downstream``, each in a process of its own (torch threads split
+    between them); 1: one after another in the calling process. Results do not depend on it."""
     save_models: bool = False
     """Keep each unit's fine-tuned weights (one model per unit: large at scale). Off: only the
     predictions, metrics and the best unit's test predictions are kept."""
@@ -75,6 +78,7 @@ class GridConfig:
         check(all(lr > 0 for lr in self.learning_rates), "finetune.grid.learning_rates", "must be > 0")
         check(all(b >= 1 for b in self.batch_sizes), "finetune.grid.batch_sizes", "must be >= 1")
         check(all(e > 0 for e in self.epochs), "finetune.grid.epochs", "must be > 0")
+        check(self.workers >= 1, "finetune.grid.workers", "must be >= 1")
         for name in ("learning_rates", "batch_sizes", "epochs", "seeds"):
             values = getattr(self, name)
             check(len(set(values)) == len(values), f"finetune.grid.{name}", f"repeats a value: {values}")

@@ -131,8 +131,17 @@ def plan_units(name: str, config: FinetuneConfig) -> list[dict[str, Any]]:
 
 
 def unit_config(config: FinetuneConfig, unit: dict[str, Any]) -> FinetuneConfig:
+    """The run's config for one unit: its hyper-parameters, and nothing of the rest of the plan
+    (the grid's other values, the other layer mixes), so a unit stays valid when the grid grows
+    or shrinks around it."""
+    from tasks.config import GridConfig
+
+    features = config.features
+    if unit.get("feature_mix"):
+        features = dataclasses.replace(features, layer_mixes=(unit["feature_mix"],))
     return dataclasses.replace(config, learning_rate=unit["learning_rate"], batch_size=unit["batch_size"],
-                               epochs=unit["epochs"], seed=unit["seed"])
+                               epochs=unit["epochs"], seed=unit["seed"], features=features,
+                               grid=GridConfig(save_models=config.grid.save_models))
 
 
 def unit_manifest_config(name: str, config: FinetuneConfig, unit: dict[str, Any]) -> dict[str, Any]:
@@ -313,8 +322,9 @@ def _remove_stale_units(output_url: str, keep: set[str]) -> None:
     if not fs.exists(root):
         return
     for path in fs.ls(root, detail=False):
-        if path.rstrip("/").rsplit("/", 1)[-1] not in keep:
-            clear_stage(path)
+        unit = path.rstrip("/").rsplit("/", 1)[-1]
+        if unit not in keep:
+            clear_stage(join_url(output_url, "units", unit))  # a URL: fs paths lose gs://
 
 
 # -- results across tasks -------------------------------------------------------------------------

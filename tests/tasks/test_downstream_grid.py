@@ -146,3 +146,19 @@ def test_units_in_processes_give_the_sequential_results(tmp_path, tiny_model_url
     assert len(results[1]) == 2 and results[1] == results[2]
     losses = [h[0]["train_loss"] for h in results[1].values()]
     assert losses[0] != losses[1]  # the seeds differ, so equality above is not a coincidence
+
+
+def test_units_no_longer_planned_are_removed_on_fsspec_urls(fake_task):
+    """On a memory:// root (as gs://): a grid that shrinks drops the old units' folders."""
+    import fsspec
+
+    fs = fsspec.filesystem("memory")
+    fs.pipe("/dsgrid/data/fake/train.tsv", b"x")
+    fs.pipe("/dsgrid/model/config.json", b"{}")
+    out = "memory://dsgrid/out"
+    for seeds in ((1, 2), (2,)):
+        config = FinetuneConfig(grid=GridConfig(learning_rates=(0.5,), seeds=seeds))
+        manifest = D.run_downstream("fake", config, "memory://dsgrid/data", "memory://dsgrid/model", out)
+    assert sorted(p.rsplit("/", 1)[-1] for p in fs.ls("/dsgrid/out/units", detail=False)) == ["lr0.5_bs32_ep3_seed2"]
+    assert manifest.counts["units"] == 1 and manifest.counts["dev_median"] == pytest.approx(62.0)
+    assert fake_task == ["lr0.5_bs32_ep3_seed1", "lr0.5_bs32_ep3_seed2"]  # seed 2 was not rerun

@@ -226,6 +226,8 @@ def glue_files(world: World) -> dict[str, dict[str, tuple[str, list[tuple]]]]:
                                mnli(labelled("dev")[50:], "letters", 5)),
         "test_matched.tsv": (cols, mnli(data["test"][:25], "fiction", 0)),
         "test_mismatched.tsv": (cols, mnli(data["test"][25:50], "letters", 0)),
+        "diagnostic.tsv": ("index\tsentence1\tsentence2",  # GLUE's diagnostic set: AX.tsv
+                           [(i, p["s1"], p["s2"]) for i, p in enumerate(data["test"][50:75])]),
     }
 
     out["QNLI"] = {f"{s}.tsv": ("index\tquestion\tsentence\tlabel",

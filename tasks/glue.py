@@ -15,10 +15,12 @@ Design choices:
    mean of them, the task's GLUE score. MNLI is scored on matched dev (``eval_*``) and also
    reports mismatched dev (``eval_mm_*``).
 3. Outputs: ``metrics.json`` (best epoch's dev metrics + history), ``predictions.tsv`` (dev
-   index, prediction, label; MNLI adds ``predictions_mm.tsv``; STS-B scores at full precision), ``submission/<Task>.tsv`` in
-   GLUE's ``index\\tprediction`` format for each test file present, the best model
-   (``model.safetensors`` + ``config.json``, HF names ``bert.*``/``classifier.*``, and the
-   tokenizer), then ``_manifest.json`` last.
+   index, prediction, label; MNLI adds ``predictions_mm.tsv``; STS-B scores at full precision),
+   ``submission/<Task>.tsv`` in GLUE's ``index\\tprediction`` format for each test file present
+   (MNLI's model also predicts GLUE's diagnostic set, ``diagnostic.tsv`` copied into the MNLI
+   folder, as ``AX.tsv``), the best model (``model.safetensors`` + ``config.json``, HF names
+   ``bert.*``/``classifier.*``, and the tokenizer) unless ``save_model`` is off, then
+   ``_manifest.json`` last.
 """
 
 from __future__ import annotations
@@ -84,8 +86,8 @@ TASKS: dict[str, GlueTask] = {
         GlueTask("mnli", "MNLI", "sentence1", "sentence2", "gold_label",
                  ("contradiction", "entailment", "neutral"), ("accuracy",),
                  dev_files=("dev_matched.tsv", "dev_mismatched.tsv"),
-                 test_files=("test_matched.tsv", "test_mismatched.tsv"),
-                 submissions=("MNLI-m", "MNLI-mm")),
+                 test_files=("test_matched.tsv", "test_mismatched.tsv", "diagnostic.tsv"),
+                 submissions=("MNLI-m", "MNLI-mm", "AX")),
         GlueTask("qnli", "QNLI", "question", "sentence", "label", ("entailment", "not_entailment"),
                  ("accuracy",)),
         GlueTask("rte", "RTE", "sentence1", "sentence2", "label", ("entailment", "not_entailment"),

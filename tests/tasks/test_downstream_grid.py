@@ -112,6 +112,17 @@ def test_stsb_predictions_keep_full_precision(tmp_path, tiny_model_url):
     assert not math.isnan(manifest.counts["dev_median"])
 
 
+def test_glue_submission_has_the_servers_file_names(tmp_path, tiny_model_url):
+    config = FinetuneConfig(learning_rate=1e-3, batch_size=32, epochs=1, max_seq_length=48)
+    D.run_downstream("mnli", config, str(SAMPLE), tiny_model_url, str(tmp_path / "mnli"))
+    D.summarize({"mnli": str(tmp_path / "mnli")}, str(tmp_path / "all"))
+    folder = tmp_path / "all" / "glue_submission"
+    assert sorted(p.name for p in folder.iterdir()) == ["AX.tsv", "MNLI-m.tsv", "MNLI-mm.tsv"]
+    rows = (folder / "AX.tsv").read_text().splitlines()
+    assert rows[0] == "index\tprediction" and len(rows) == 26
+    assert {r.split("\t")[1] for r in rows[1:]} <= {"entailment", "neutral", "contradiction"}
+
+
 def test_overrides_reach_every_task_option():
     from flows.presets import ConfigError, load_config, parse_overrides, resolve_data
 

@@ -18,7 +18,7 @@ import os
 import socket
 import threading
 from flows.presets import RunConfig
-from flows.stages import UPSTREAM_INPUTS, stage_inputs
+from flows.stages import stage_inputs, written_by_this_run
 from flows.tracking import check_tracking_uri
 
 log = logging.getLogger("bertflow.flow")
@@ -55,7 +55,7 @@ def preflight(
 
     for stage in stages:
         for name, url in stage_inputs(stage, cfg, root, given).items():
-            if name in UPSTREAM_INPUTS:
+            if written_by_this_run(name, url, root):
                 continue  # an earlier stage of this run writes it
             try:
                 fingerprint_input(url)

@@ -18,7 +18,7 @@ from typing import Any
 
 from model.config import BertConfig, PhaseConfig, PretrainConfig
 from pipeline.config import BeamConfig, CorpusConfig, ExamplesConfig, VocabConfig
-from tasks.config import FinetuneConfig
+from tasks.config import PAPER_GRID, FinetuneConfig, GridConfig, SquadConfig
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SAMPLE_DATA = REPO_ROOT / "data" / "sample"
@@ -37,7 +37,23 @@ class DataConfig:
     books: str = ""
     """A folder with one UTF-8 .txt file per book. Empty: bundled sample."""
     downstream: str = ""
-    """A folder with glue/<TASK>/{train,dev}.tsv and squad/*.json. Empty: bundled sample."""
+    """A folder with the official layouts: glue/<Task>/*.tsv, squad/*.json, conll2003/eng.*, swag/*.csv
+    (see docs/downstream.md). Empty: bundled sample."""
+    finetune_model: str = ""
+    """A BERT folder in Hugging Face layout to fine-tune instead of the export stage's model
+    (ours or a released one, e.g. /models/bert-base-uncased). Empty: the export stage."""
+    downstream_urls: dict[str, str] = field(default_factory=dict)
+    """Per-task data URLs that replace ``downstream``/<task folder>, e.g.
+    ``--set data.downstream_urls.mrpc=gs://bucket/glue/MRPC`` (see flows.downstream.TASKS)."""
+
+    def __post_init__(self):
+        from flows.downstream import TASKS  # noqa: PLC0415 - avoid an import cycle
+
+        for name, url in self.downstream_urls.items():
+            if name not in TASKS:
+                raise ConfigError(f"data.downstream_urls.{name}: unknown task; known: {sorted(TASKS)}")
+            if not isinstance(url, str) or not url:
+                raise ConfigError(f"data.downstream_urls.{name}: expected a URL string, got {url!r}")
 
 
 @dataclass(frozen=True)
@@ -73,6 +89,11 @@ class RunConfig:
                 f"finetune.max_seq_length: {self.finetune.max_seq_length} exceeds "
                 f"model.max_position_embeddings={self.model.max_position_embeddings}"
             )
+        if self.finetune.squad.max_seq_length > self.model.max_position_embeddings:
+            raise ConfigError(
+                f"finetune.squad.max_seq_length: {self.finetune.squad.max_seq_length} exceeds "
+                f"model.max_position_embeddings={self.model.max_position_embeddings}"
+            )
         from flows.downstream import TASKS  # noqa: PLC0415 - avoid an import cycle
 
         for t in self.finetune_tasks:
@@ -106,8 +127,9 @@ def _tiny() -> RunConfig:
             log_every=20,
             checkpoint_every=200,
         ),
-        finetune=FinetuneConfig(learning_rate=5e-4, batch_size=32, epochs=3, max_seq_length=64),
-        finetune_tasks=("sst2", "squad1"),
+        finetune=FinetuneConfig(learning_rate=5e-4, batch_size=32, epochs=3, max_seq_length=64,
+                                grid=GridConfig(learning_rates=(5e-4, 1e-3), seeds=(1,))),
+        finetune_tasks=("sst2", "squad1", "conll2003"),
         model_name="bert-tiny",
     )
 
@@ -134,7 +156,8 @@ def _paper(name: str, layers: int, hidden: int, heads: int) -> RunConfig:
             log_every=100,
             checkpoint_every=10_000,
         ),
-        finetune=FinetuneConfig(learning_rate=2e-5, batch_size=32, epochs=3, max_seq_length=128),
+        finetune=FinetuneConfig(learning_rate=2e-5, batch_size=32, epochs=3, max_seq_length=128, grid=PAPER_GRID,
+                                squad=SquadConfig(max_seq_length=384)),
         finetune_tasks=("sst2",),
         model_name=f"bert-{name}",
     )
@@ -198,6 +221,8 @@ def _apply(obj: Any, tree: dict[str, Any], prefix: str) -> Any:
                 raise ConfigError(f"{prefix}{head}: not an index of a {len(items)}-entry list") from None
             items[index] = _resolve(item, type(item), sub, f"{prefix}{head}")
         return tuple(items)
+    if isinstance(obj, dict):  # a str -> value map (data.downstream_urls.<task>=...)
+        return {**obj, **{k: _resolve(obj.get(k), object, sub, f"{prefix}{k}") for k, sub in tree.items()}}
     if not dataclasses.is_dataclass(obj):
         raise ConfigError(f"{prefix.rstrip('.')}: cannot descend into a {type(obj).__name__}")
     fields = {f.name for f in dataclasses.fields(obj)}
@@ -272,6 +297,8 @@ def resolve_data(cfg: DataConfig) -> DataConfig:
         wiki=cfg.wiki or str(sample / "wiki"),
         books=cfg.books or str(sample / "books"),
         downstream=cfg.downstream or str(sample),
+        downstream_urls=dict(cfg.downstream_urls),
+        finetune_model=cfg.finetune_model,
     )
 
 

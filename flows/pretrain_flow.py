@@ -182,6 +182,26 @@ def _progress_artifact(stage: str):
     return update
 
 
+@task(name="results-table", cache_policy=NO_CACHE)
+def results_table_task(cfg: RunConfig, root: str, tracking: Tracking) -> dict:
+    """The per-model table over every downstream task (median/min/max over seeds, the GLUE
+    average), written next to the task folders and shown in Prefect and MLflow."""
+    from flows.downstream import summarize
+    from flows.stages import stage_url
+
+    out = join_url(root, "finetune")
+    summary = summarize({t: stage_url(root, f"finetune/{t}") for t in cfg.finetune_tasks}, out, model=cfg.model_name)
+    import fsspec
+
+    with fsspec.open(join_url(out, "results.md"), "r") as f:
+        markdown = f.read()
+    tracking.tracker().log_text(tracking.parent_run_id, markdown, "results.md")
+    create_markdown_artifact(key="downstream-results", markdown=markdown, description="downstream results")
+    if summary.get("glue_average") is not None:
+        tracking.tracker().log_metrics(tracking.parent_run_id, {"glue_average": summary["glue_average"]})
+    return summary
+
+
 @task(name="register-model", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=5)
 def register_model_task(cfg: RunConfig, export: StageResult, downstream: list[StageResult], tracking: Tracking) -> dict:
     """Log the export as a pyfunc model, register a version, move ``champion`` if it scores better."""
@@ -287,6 +307,7 @@ def pretrain(
             futures = [stage_task.with_options(**_options(n)).submit(n, cfg, root, "finetune" in forced, tracking) for n in names]
             downstream = [unwrap(f.result()) for f in futures]
             results += downstream
+            results_table_task(cfg, root, tracking)
         registered = None
         export = next((r for r in results if r.stage == "export"), None)
         if export is not None and (export.status == "done" or not _has_versions(tracking, cfg.model_name)):

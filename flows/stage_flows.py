@@ -17,7 +17,9 @@ from prefect import flow
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from flows.presets import load_config
-from flows.pretrain_flow import _options, _summary, register_model_task, session, stage_task, unwrap
+from flows.pretrain_flow import (
+    _options, _summary, register_model_task, results_table_task, session, stage_task, unwrap,
+)
 from flows.stages import CHAIN, get_stage, stage_names, stage_inputs
 
 
@@ -44,6 +46,8 @@ def make_stage_flow(group: str):
                        for n in names]
             results = [unwrap(f.result()) for f in futures]
             registered = None
+            if group == "finetune":
+                results_table_task(cfg, root, tracking)
             if group == "export" and results[0].status == "done":
                 registered = register_model_task(cfg, results[0], [], tracking)
             return _summary(params["preset"], root, tracking, cfg, results, registered, start)

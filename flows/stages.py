@@ -221,7 +221,10 @@ def downstream_stage(task: str) -> Stage:
     t = TASKS[task]
 
     def inputs(cfg: RunConfig, root: str) -> dict[str, str]:
-        return {"model": _at(root, "model"), "data": join_url(resolve_data(cfg.data).downstream, t.data_subdir)}
+        from flows.downstream import task_data_url
+
+        data = task_data_url(task, resolve_data(cfg.data).downstream, cfg.data.downstream_urls)
+        return {"model": cfg.data.finetune_model or _at(root, "model"), "data": data}
 
     return Stage(
         f"finetune/{task}", f"finetune/{task}", inputs=inputs, config=_downstream_config(task),
@@ -398,10 +401,16 @@ def stage_state(
 UPSTREAM_INPUTS = {"corpus", "vocab", "examples", "pretrain", "model"}
 
 
+def written_by_this_run(name: str, url: str, root: str) -> bool:
+    """An input that an earlier stage under ``root`` writes (not a raw file, a released model
+    or another run's output)."""
+    return name in UPSTREAM_INPUTS and url.startswith(root.rstrip("/") + "/")
+
+
 def check_inputs_ready(stage: str, cfg: RunConfig, root: str, given: dict[str, str] | None = None) -> None:
     """Fail before any work when an input is missing: an upstream stage unfinished, a raw file absent."""
     for name, url in stage_inputs(stage, cfg, root, given).items():
-        if name in UPSTREAM_INPUTS:
+        if written_by_this_run(name, url, root):
             if not has_manifest(url):
                 upstream = "export" if name == "model" else name
                 raise ManifestError(

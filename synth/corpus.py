@@ -5,8 +5,8 @@ Entry points (the ``bertflow synth-corpus`` command calls the first two):
   export) and ``books/<slug>.txt`` (one book a file): about 75% / 25% of ``size_bytes``, both
   measured as uncompressed UTF-8 text (the wiki on the wikitext of its pages, markup included,
   XML wrapping not; the XML stream is about 1.4x that).
-- :func:`write_downstream` writes ``glue/SST-2/{train,dev,test}.tsv`` and
-  ``squad/{train,dev}-v1.1.json`` in the official formats.
+- :func:`write_downstream` writes the downstream sets in their official formats: the nine GLUE
+  tasks, SQuAD v1.1 and v2.0, CoNLL-2003 and SWAG.
 - :func:`write_sample` writes the bundled sample under ``data/sample/``.
 
 The world (:mod:`synth.world`) is prefix-stable, so every corpus size of a seed and its
@@ -30,7 +30,9 @@ from pathlib import Path
 import fsspec
 
 from synth.books import book_for
-from synth.tasks import squad_sets, sst2_rows
+from synth.glue_sets import glue_files
+from synth.tagging import conll_text, ner_sentences, swag_csv, swag_rows
+from synth.tasks import squad_sets, squad_v2_sets, sst2_rows
 from synth.wiki import XML_FOOTER, block_pages, page_xml, xml_header
 from synth.world import World, derive_rng
 
@@ -133,10 +135,16 @@ def _write_tsv(fs: fsspec.AbstractFileSystem, path: str, header: str, rows: list
 
 
 def write_downstream(out_dir: str, seed: int) -> dict:
-    """Write glue/SST-2/{train,dev,test}.tsv and squad/{train,dev}-v1.1.json; return counts."""
+    """Write every downstream set in its official layout; return counts.
+
+    ``glue/<Task>/`` for the nine GLUE tasks (SST-2 as before; CoLA's train/dev headerless,
+    MNLI's matched and mismatched dev and test files), ``squad/{train,dev}-v{1.1,2.0}.json``,
+    ``conll2003/eng.{train,testa,testb}`` and ``swag/{train,val,test}.csv``.
+    """
     world = World(seed)
     fs, root = fsspec.core.url_to_fs(out_dir)
-    sst_dir, squad_dir = f"{root.rstrip('/')}/glue/SST-2", f"{root.rstrip('/')}/squad"
+    root = root.rstrip("/")
+    sst_dir, squad_dir = f"{root}/glue/SST-2", f"{root}/squad"
     fs.makedirs(sst_dir, exist_ok=True)
     fs.makedirs(squad_dir, exist_ok=True)
 
@@ -145,17 +153,40 @@ def write_downstream(out_dir: str, seed: int) -> dict:
     _write_tsv(fs, f"{sst_dir}/train.tsv", "sentence\tlabel", train)
     _write_tsv(fs, f"{sst_dir}/dev.tsv", "sentence\tlabel", dev)
     _write_tsv(fs, f"{sst_dir}/test.tsv", "index\tsentence", [(i, s) for i, (s, _) in enumerate(test)])
+    counts = {"sst2_train": len(train), "sst2_dev": len(dev), "sst2_test": len(test)}
 
-    squad_train, squad_dev = squad_sets(world, 1000, 200)
-    for name, data in (("train-v1.1.json", squad_train), ("dev-v1.1.json", squad_dev)):
-        fs.pipe_file(f"{squad_dir}/{name}", (json.dumps(data, ensure_ascii=False) + "\n").encode("utf-8"))
+    for folder, files in glue_files(world).items():
+        fs.makedirs(f"{root}/glue/{folder}", exist_ok=True)
+        for name, (header, rows) in files.items():
+            lines = ([header] if header else []) + ["\t".join(str(x) for x in row) for row in rows]
+            fs.pipe_file(f"{root}/glue/{folder}/{name}", ("\n".join(lines) + "\n").encode("utf-8"))
+            counts[f"{folder.lower().replace('-', '')}_{name.rsplit('.', 1)[0]}"] = len(rows)
 
     def questions(d: dict) -> int:
         return sum(len(p["qas"]) for a in d["data"] for p in a["paragraphs"])
 
-    return {"sst2_train": len(train), "sst2_dev": len(dev), "sst2_test": len(test),
-            "squad_train_questions": questions(squad_train),
-            "squad_dev_questions": questions(squad_dev)}
+    squad_train, squad_dev = squad_sets(world, 1000, 200)
+    v2_train, v2_dev = squad_v2_sets(world, 600, 150)
+    for name, data in (("train-v1.1.json", squad_train), ("dev-v1.1.json", squad_dev),
+                       ("train-v2.0.json", v2_train), ("dev-v2.0.json", v2_dev)):
+        fs.pipe_file(f"{squad_dir}/{name}", (json.dumps(data, ensure_ascii=False) + "\n").encode("utf-8"))
+    counts.update(squad_train_questions=questions(squad_train), squad_dev_questions=questions(squad_dev),
+                  squad2_train_questions=questions(v2_train), squad2_dev_questions=questions(v2_dev),
+                  squad2_dev_unanswerable=sum(q["is_impossible"] for a in v2_dev["data"]
+                                              for p in a["paragraphs"] for q in p["qas"]))
+
+    fs.makedirs(f"{root}/conll2003", exist_ok=True)
+    for name, split, n in (("eng.train", "train", 600), ("eng.testa", "dev", 150), ("eng.testb", "test", 150)):
+        fs.pipe_file(f"{root}/conll2003/{name}", conll_text(ner_sentences(world, split, n)).encode("utf-8"))
+        counts[f"conll2003_{split}_sentences"] = n
+
+    fs.makedirs(f"{root}/swag", exist_ok=True)
+    for name, split, n in (("train.csv", "train", 600), ("val.csv", "dev", 150), ("test.csv", "test", 100)):
+        labelled = split != "test"
+        text = swag_csv(swag_rows(world, split, n, labelled), labelled)
+        fs.pipe_file(f"{root}/swag/{name}", text.encode("utf-8"))
+        counts[f"swag_{split}"] = n
+    return counts
 
 
 def write_sample(out_dir: str) -> dict:

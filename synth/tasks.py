@@ -1,4 +1,6 @@
-"""Small downstream sets about the invented world, in the official GLUE SST-2 and SQuAD v1.1 formats.
+"""Small downstream sets about the invented world, in the official SST-2 and SQuAD v1.1/v2.0 formats.
+
+(The other GLUE tasks are in :mod:`synth.glue_sets`, CoNLL-2003 and SWAG in :mod:`synth.tagging`.)
 
 Both draw on the first :data:`DOWNSTREAM_BLOCKS` blocks of the world, which every corpus of the
 same seed describes (the world is prefix-stable and the sample corpus covers them), so a model
@@ -182,3 +184,52 @@ def squad_sets(world: World, train_questions: int, dev_questions: int) -> tuple[
         if all(counts[s] >= limits[s] for s in counts):
             break
     return ({"data": sets["train"], "version": "1.1"}, {"data": sets["dev"], "version": "1.1"})
+
+
+# -- SQuAD v2.0 -----------------------------------------------------------------------------------
+def squad_v2_sets(world: World, train_questions: int, dev_questions: int) -> tuple[dict, dict]:
+    """(train, dev) SQuAD v2.0 dictionaries: each paragraph's answerable questions (dev with two
+    answers, the span and a variant) plus up to two unanswerable ones: questions about facts of
+    the same entity that only its *other* paragraph states (``is_impossible``, empty
+    ``answers``). Such a question whose answer text occurs in this context anyway, or whose
+    relation this paragraph answers, is left out."""
+    sets = {"train": [], "dev": []}
+    counts = {"train": 0, "dev": 0}
+    limits = {"train": train_questions, "dev": dev_questions}
+    index = 0
+    for b in range(DOWNSTREAM_BLOCKS):
+        for entity in world.block(b).entities():
+            split = "dev" if index % 6 == 5 else "train"
+            index += 1
+            if counts[split] >= limits[split]:
+                continue
+            rng = derive_rng(world.seed, "squad2", entity.key)
+            paras = _paragraphs(world, entity)
+            paragraphs = []
+            for p, (context, spans) in enumerate(paras):
+                qas = []
+                for rel, answer, start in spans:
+                    answers = [{"text": answer, "answer_start": start}]
+                    if split == "dev":
+                        text, at = _variant(context, start, answer)
+                        answers += [{"text": text, "answer_start": at}]
+                    qas.append({"question": rng.choice(QUESTIONS[rel]).format(s=entity.name),
+                                "id": _qid(world.seed, "v2", split, entity.key, p, rel),
+                                "answers": answers, "is_impossible": False})
+                elsewhere = [s for q, (_, other) in enumerate(paras) if q != p for s in other]
+                rng.shuffle(elsewhere)
+                for rel, answer, _ in elsewhere[:2]:
+                    if answer in context or any(rel == r for r, _, _ in spans):
+                        continue
+                    qas.append({"question": rng.choice(QUESTIONS[rel]).format(s=entity.name),
+                                "id": _qid(world.seed, "v2", split, entity.key, p, rel, "none"),
+                                "answers": [], "is_impossible": True})
+                qas = qas[: max(0, limits[split] - counts[split])]
+                counts[split] += len(qas)
+                if qas:
+                    paragraphs.append({"context": context, "qas": qas})
+            if paragraphs:
+                sets[split].append({"title": entity.title.replace(" ", "_"), "paragraphs": paragraphs})
+        if all(counts[s] >= limits[s] for s in counts):
+            break
+    return ({"version": "v2.0", "data": sets["train"]}, {"version": "v2.0", "data": sets["dev"]})

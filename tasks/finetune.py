@@ -63,13 +63,60 @@ def pick_device() -> torch.device:
 
 
 def load_tokenizer(model_url: str) -> Tokenizer:
-    """The exported model's ``tokenizer.json`` (local or gs://), with padding and truncation off."""
-    url = model_url.rstrip("/") + "/tokenizer.json"
-    with fsspec.open(url, "r", encoding="utf-8") as f:
-        tokenizer = Tokenizer.from_str(f.read())
+    """The model folder's ``tokenizer.json`` (local or gs://), with padding and truncation off.
+
+    A released BERT folder with only Google's ``vocab.txt`` gets the BERT WordPiece tokenizer
+    built from it (lower-casing as its ``tokenizer_config.json`` says, else by the folder name:
+    "uncased" lower-cases)."""
+    fs, root = fsspec.core.url_to_fs(model_url)
+    root = root.rstrip("/")
+    if fs.exists(f"{root}/tokenizer.json"):
+        with fs.open(f"{root}/tokenizer.json", "r", encoding="utf-8") as f:
+            tokenizer = Tokenizer.from_str(f.read())
+    elif fs.exists(f"{root}/vocab.txt"):
+        tokenizer = _wordpiece_from_vocab(fs, root)
+    else:
+        raise FileNotFoundError(f"{model_url}: no tokenizer.json or vocab.txt")
     tokenizer.no_padding()
     tokenizer.no_truncation()
     return tokenizer
+
+
+def _wordpiece_from_vocab(fs, root: str) -> Tokenizer:
+    from tokenizers import decoders, models, normalizers, pre_tokenizers, processors
+
+    with fs.open(f"{root}/vocab.txt", "r", encoding="utf-8") as f:
+        vocab = {line.rstrip("\n"): i for i, line in enumerate(f) if line.rstrip("\n")}
+    lowercase = "uncased" in root.rsplit("/", 1)[-1].lower() or "cased" not in root.rsplit("/", 1)[-1].lower()
+    if fs.exists(f"{root}/tokenizer_config.json"):
+        with fs.open(f"{root}/tokenizer_config.json", "r") as f:
+            lowercase = bool(json.load(f).get("do_lower_case", lowercase))
+    tok = Tokenizer(models.WordPiece(vocab, unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=lowercase, strip_accents=lowercase or None)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.post_processor = processors.BertProcessing(("[SEP]", vocab["[SEP]"]), ("[CLS]", vocab["[CLS]"]))
+    tok.decoder = decoders.WordPiece()
+    return tok
+
+
+def load_encoder(model_url: str) -> torch.nn.Module:
+    """The BertModel of any BERT folder in Hugging Face layout: ours, or a released one
+    (``model.safetensors``, else ``pytorch_model.bin``; ``bert.*`` or bare key names; a
+    pretraining or task head's extra keys ignored)."""
+    from model.bert import BertModel
+    from model.export import load_bert_config, load_hf_state_dict, load_pretrained
+
+    fs, root = fsspec.core.url_to_fs(model_url)
+    root = root.rstrip("/")
+    if fs.exists(f"{root}/model.safetensors"):
+        return load_pretrained(model_url)
+    if not fs.exists(f"{root}/pytorch_model.bin"):
+        raise FileNotFoundError(f"{model_url}: no model.safetensors or pytorch_model.bin")
+    model = BertModel(load_bert_config(model_url))
+    with fs.open(f"{root}/pytorch_model.bin", "rb") as f:
+        state = torch.load(f, map_location="cpu", weights_only=True)
+    load_hf_state_dict(model, state, source=model_url)
+    return model
 
 
 def special_id(tokenizer: Tokenizer, token: str) -> int:
@@ -80,8 +127,16 @@ def special_id(tokenizer: Tokenizer, token: str) -> int:
 
 
 # -- batches --------------------------------------------------------------------------------------
+IGNORE_INDEX = -100  # label of a position that is not scored (padding, a word's later sub-tokens)
+
+
 def collate(rows: Sequence[Feature], pad_id: int = 0) -> dict[str, torch.Tensor]:
-    """Pad ``input_ids``/``token_type_ids`` to the batch's longest row; other fields to tensors."""
+    """Pad ``input_ids``/``token_type_ids`` to the batch's longest row; other fields to tensors.
+
+    A row whose ``input_ids`` is a list of sequences (multiple choice) gives (B, C, T) tensors;
+    a list-valued label field (token labels) is padded with :data:`IGNORE_INDEX`."""
+    if rows and rows[0]["input_ids"] and isinstance(rows[0]["input_ids"][0], list):
+        return _collate_choices(rows, pad_id)
     width = max(len(r["input_ids"]) for r in rows)
     batch: dict[str, torch.Tensor] = {}
     ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
@@ -97,8 +152,34 @@ def collate(rows: Sequence[Feature], pad_id: int = 0) -> dict[str, torch.Tensor]
         if key in SEQUENCE_KEYS:
             continue
         values = [r[key] for r in rows]
+        if isinstance(values[0], list):
+            padded = torch.full((len(rows), width), IGNORE_INDEX, dtype=torch.long)
+            for i, v in enumerate(values):
+                padded[i, : len(v)] = torch.tensor(v, dtype=torch.long)
+            batch[key] = padded
+            continue
         dtype = torch.float if isinstance(values[0], float) else torch.long
         batch[key] = torch.tensor(values, dtype=dtype)
+    return batch
+
+
+def _collate_choices(rows: Sequence[Feature], pad_id: int) -> dict[str, torch.Tensor]:
+    choices = len(rows[0]["input_ids"])
+    width = max(len(seq) for r in rows for seq in r["input_ids"])
+    ids = torch.full((len(rows), choices, width), pad_id, dtype=torch.long)
+    types = torch.zeros((len(rows), choices, width), dtype=torch.long)
+    mask = torch.zeros((len(rows), choices, width), dtype=torch.long)
+    for i, r in enumerate(rows):
+        if len(r["input_ids"]) != choices:
+            raise ValueError(f"rows differ in their number of choices: {len(r['input_ids'])} vs {choices}")
+        for c, (seq, seg) in enumerate(zip(r["input_ids"], r["token_type_ids"])):
+            ids[i, c, : len(seq)] = torch.tensor(seq, dtype=torch.long)
+            types[i, c, : len(seq)] = torch.tensor(seg, dtype=torch.long)
+            mask[i, c, : len(seq)] = 1
+    batch = {"input_ids": ids, "token_type_ids": types, "attention_mask": mask}
+    for key in rows[0]:
+        if key not in SEQUENCE_KEYS:
+            batch[key] = torch.tensor([r[key] for r in rows], dtype=torch.long)
     return batch
 
 

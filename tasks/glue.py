@@ -15,10 +15,12 @@ Design choices:
    mean of them, the task's GLUE score. MNLI is scored on matched dev (``eval_*``) and also
    reports mismatched dev (``eval_mm_*``).
 3. Outputs: ``metrics.json`` (best epoch's dev metrics + history), ``predictions.tsv`` (dev
-   index, prediction, label; MNLI adds ``predictions_mm.tsv``), ``submission/<Task>.tsv`` in
-   GLUE's ``index\\tprediction`` format for each test file present, the best model
-   (``model.safetensors`` + ``config.json``, HF names ``bert.*``/``classifier.*``, and the
-   tokenizer), then ``_manifest.json`` last.
+   index, prediction, label; MNLI adds ``predictions_mm.tsv``; STS-B scores at full precision),
+   ``submission/<Task>.tsv`` in GLUE's ``index\\tprediction`` format for each test file present
+   (MNLI's model also predicts GLUE's diagnostic set, ``diagnostic.tsv`` copied into the MNLI
+   folder, as ``AX.tsv``), the best model (``model.safetensors`` + ``config.json``, HF names
+   ``bert.*``/``classifier.*``, and the tokenizer) unless ``save_model`` is off, then
+   ``_manifest.json`` last.
 """
 
 from __future__ import annotations
@@ -30,12 +32,11 @@ from typing import Callable
 
 import fsspec
 
-from model.export import load_pretrained
 from model.contract import Manifest, fingerprint_input, join_url, write_manifest
 from tasks import metrics as M
 from tasks.config import FinetuneConfig
 from tasks.finetune import (
-    Feature, LogFn, load_tokenizer, pick_device, predict, prepare_output, save_finetuned,
+    Feature, LogFn, load_encoder, load_tokenizer, pick_device, predict, prepare_output, save_finetuned,
     seed_everything, train, write_json, write_text,
 )
 from tasks.heads import BertForSequenceClassification
@@ -85,8 +86,8 @@ TASKS: dict[str, GlueTask] = {
         GlueTask("mnli", "MNLI", "sentence1", "sentence2", "gold_label",
                  ("contradiction", "entailment", "neutral"), ("accuracy",),
                  dev_files=("dev_matched.tsv", "dev_mismatched.tsv"),
-                 test_files=("test_matched.tsv", "test_mismatched.tsv"),
-                 submissions=("MNLI-m", "MNLI-mm")),
+                 test_files=("test_matched.tsv", "test_mismatched.tsv", "diagnostic.tsv"),
+                 submissions=("MNLI-m", "MNLI-mm", "AX")),
         GlueTask("qnli", "QNLI", "question", "sentence", "label", ("entailment", "not_entailment"),
                  ("accuracy",)),
         GlueTask("rte", "RTE", "sentence1", "sentence2", "label", ("entailment", "not_entailment"),
@@ -245,9 +246,12 @@ def predictions_from_logits(task: GlueTask, logits: list[list[float]]) -> list:
     return [max(range(len(row)), key=row.__getitem__) for row in logits]
 
 
-def format_prediction(task: GlueTask, pred) -> str:
+def format_prediction(task: GlueTask, pred, clip: bool = False) -> str:
+    """A label string, or a regression score at full precision (``repr``: it reads back to the
+    same float, so the reported correlations can be recomputed from the file). ``clip``: into
+    STS-B's [0, 5], as the GLUE server takes it."""
     if task.is_regression:
-        return f"{min(5.0, max(0.0, pred)):.3f}"  # STS-B scores lie in [0, 5]
+        return repr(float(min(5.0, max(0.0, pred)) if clip else pred))
     return task.labels[pred]
 
 
@@ -259,6 +263,7 @@ def run_glue(
     model_url: str,
     output_url: str,
     log_fn: LogFn | None = None,
+    save_model: bool = True,
 ) -> Manifest:
     """Fine-tune the exported model at ``model_url`` on one GLUE task folder; write the outputs."""
     started = time.time()
@@ -283,7 +288,7 @@ def run_glue(
     dev_features = [encode(s) for s in dev_splits]
     dev_labels = [[f["labels"] for f in feats] for feats in dev_features]
 
-    bert = load_pretrained(model_url)
+    bert = load_encoder(model_url)
     model = BertForSequenceClassification(bert, spec.num_labels, config.classifier_dropout)
     device = pick_device()
     model.to(device)
@@ -306,7 +311,7 @@ def run_glue(
     for i, (split, preds) in enumerate(zip(dev_splits, best_preds)):
         rows = ["index\tprediction\tlabel"]
         for ex, pred in zip(split.examples, preds):
-            label = f"{ex.label:.3f}" if spec.is_regression else ex.label
+            label = repr(ex.label) if spec.is_regression else ex.label
             rows.append(f"{ex.index}\t{format_prediction(spec, pred)}\t{label}")
         name = "predictions.tsv" if i == 0 else "predictions_mm.tsv"
         write_text(join_url(output_url, name), "\n".join(rows) + "\n")
@@ -315,7 +320,7 @@ def run_glue(
         features = encode(split)
         logits = predict(model, features, eval_batch, ["logits"], device)["logits"]
         rows = ["index\tprediction"] + [
-            f"{ex.index}\t{format_prediction(spec, p)}"
+            f"{ex.index}\t{format_prediction(spec, p, clip=True)}"
             for ex, p in zip(split.examples, predictions_from_logits(spec, logits))
         ]
         stem = submissions[spec.test_files.index(name)]
@@ -329,7 +334,8 @@ def run_glue(
         extra.update(problem_type="single_label_classification",
                      id2label={str(i): name for i, name in enumerate(spec.labels)},
                      label2id={name: i for i, name in enumerate(spec.labels)})
-    save_finetuned(model, model.config, output_url, "BertForSequenceClassification", extra, model_url)
+    if save_model:
+        save_finetuned(model, model.config, output_url, "BertForSequenceClassification", extra, model_url)
 
     seconds = time.time() - started
     counts = {k: float(v) for k, v in result.best_metrics.items() if k.startswith("eval_")}

@@ -1,4 +1,5 @@
-"""Task heads on the BERT backbone: sequence classification/regression and extractive QA.
+"""Task heads on the BERT backbone: sequence classification/regression, extractive QA, token
+classification (NER) and multiple choice (SWAG).
 
 Module names are Hugging Face's (``bert.*``, ``classifier.*``, ``qa_outputs.*``), so the
 ``state_dict`` of a fine-tuned model loads into ``transformers.BertForSequenceClassification`` /
@@ -100,3 +101,55 @@ class BertForQuestionAnswering(nn.Module):
                 + F.cross_entropy(end_logits.float(), end, ignore_index=T)
             ) / 2
         return QuestionAnsweringOutput(loss, start_logits, end_logits)
+
+
+@dataclass
+class TokenClassifierOutput:
+    loss: torch.Tensor | None
+    logits: torch.Tensor  # (B, T, num_labels)
+
+
+class BertForTokenClassification(nn.Module):
+    """Every token's hidden state -> dropout -> linear: a tag per token (NER). Labels equal to
+    -100 (padding, a word's later sub-tokens) are ignored by the loss."""
+
+    def __init__(self, bert: BertModel, num_labels: int, classifier_dropout: float = 0.1):
+        super().__init__()
+        self.config = bert.config
+        self.num_labels = num_labels
+        self.bert = bert
+        self.dropout = nn.Dropout(classifier_dropout)
+        self.classifier = nn.Linear(bert.config.hidden_size, num_labels)
+        init_bert_weights(self.classifier, bert.config.initializer_range)
+
+    def forward(self, input_ids, token_type_ids=None, attention_mask=None, labels=None) -> TokenClassifierOutput:
+        hidden = self.bert(input_ids, token_type_ids, attention_mask).last_hidden_state  # (B, T, H)
+        logits = self.classifier(self.dropout(hidden))  # (B, T, L)
+        loss = None
+        if labels is not None:
+            loss = F.cross_entropy(logits.float().reshape(-1, self.num_labels), labels.reshape(-1),
+                                   ignore_index=-100)
+        return TokenClassifierOutput(loss, logits)
+
+
+class BertForMultipleChoice(nn.Module):
+    """Each choice's pooled [CLS] -> dropout -> one score; softmax over the choices (SWAG)."""
+
+    def __init__(self, bert: BertModel, classifier_dropout: float = 0.1):
+        super().__init__()
+        self.config = bert.config
+        self.bert = bert
+        self.dropout = nn.Dropout(classifier_dropout)
+        self.classifier = nn.Linear(bert.config.hidden_size, 1)
+        init_bert_weights(self.classifier, bert.config.initializer_range)
+
+    def forward(self, input_ids, token_type_ids=None, attention_mask=None, labels=None) -> SequenceClassifierOutput:
+        B, C, T = input_ids.shape
+
+        def flat(t):
+            return None if t is None else t.reshape(B * C, T)
+
+        pooled = self.bert(flat(input_ids), flat(token_type_ids), flat(attention_mask)).pooler_output  # (B*C, H)
+        logits = self.classifier(self.dropout(pooled)).reshape(B, C)  # (B, C)
+        loss = F.cross_entropy(logits.float(), labels.long()) if labels is not None else None
+        return SequenceClassifierOutput(loss, logits)

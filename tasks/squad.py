@@ -16,8 +16,13 @@ whitespace-token bookkeeping:
    tokens only, end >= start, at most ``max_answer_length`` tokens, the start token in the window
    where it has the most context (the reference's ``_check_is_max_context``); best start+end
    score over windows. v2.0 predicts "" when the best [CLS] score beats it by more than
-   ``null_score_diff_threshold``.
+   ``null_score_diff_threshold`` (``SquadConfig``); left unset it is tuned on dev as the
+   official v2.0 script's best-F1 threshold, and both the scores at that threshold
+   (``exact``, ``f1``, ``HasAns_*``, ``NoAns_*``) and ``best_*`` are reported. (Tuning on the
+   set that is scored is what the reference recipe does; it flatters dev a little.)
 4. Scoring is the official evaluation (``tasks/metrics.py``); the best epoch is the highest F1.
+5. Readers take the official nested JSON and the flat (Hugging Face) layout; an answer whose
+   text differs from the context only in whitespace is mapped to its span (:func:`locate_answer`).
 """
 
 from __future__ import annotations
@@ -25,16 +30,16 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import re
 import time
 
 import fsspec
 
-from model.export import load_pretrained
 from model.contract import Manifest, fingerprint_input, join_url, write_manifest
-from tasks.config import FinetuneConfig
+from tasks.config import FinetuneConfig, SquadConfig
 from tasks.finetune import (
-    Feature, LogFn, load_tokenizer, pick_device, predict, prepare_output, save_finetuned, seed_everything,
-    special_id, train, write_json,
+    Feature, LogFn, load_encoder, load_tokenizer, pick_device, predict, prepare_output, save_finetuned,
+    seed_everything, special_id, train, write_json,
 )
 from tasks.heads import BertForQuestionAnswering
 from tasks.metrics import squad_evaluate
@@ -58,21 +63,67 @@ class SquadExample:
 
 
 def read_squad(url: str, version: str = "1.1") -> list[SquadExample]:
-    """Every question of a SQuAD JSON file, in file order."""
+    """Every question of a SQuAD file, in file order.
+
+    Layouts: the official nested JSON (``{"data": [{"title", "paragraphs": [{"context", "qas"}]}]}``),
+    or flat records as Hugging Face ``datasets`` write them (``id``, ``title``, ``context``,
+    ``question``, ``answers: {"text": [...], "answer_start": [...]}``) in a JSON list, under
+    ``"data"``, or one per line (JSON Lines). In the flat layout a v2.0 question with no answer
+    is unanswerable. Anything else fails naming the file and what was expected.
+    """
     if version not in FILES:
         raise ValueError(f"SQuAD version must be '1.1' or '2.0', got {version!r}")
-    with fsspec.open(url, "r", encoding="utf-8") as f:
-        try:
-            data = json.load(f)
-        except json.JSONDecodeError as exc:
-            raise SquadDataError(f"{url}: not valid JSON ({exc})") from exc
-    if not isinstance(data, dict) or not isinstance(data.get("data"), list):
-        raise SquadDataError(f"{url}: expected an object with a 'data' list")
-    examples = []
+    with fsspec.open(url, "r", encoding="utf-8-sig") as f:
+        text = f.read()
+    records = _load_json_or_lines(url, text)
     seen: set[str] = set()
-    for a, article in enumerate(data["data"]):
-        for p, paragraph in enumerate(article.get("paragraphs") or []):
-            context = paragraph.get("context")
+    if isinstance(records, dict) and isinstance(records.get("data"), list):
+        records = records["data"]
+    if not isinstance(records, list) or not records:
+        raise SquadDataError(f"{url}: {LAYOUTS}; found {_describe(records)}")
+    first = records[0]
+    if isinstance(first, dict) and "paragraphs" in first:
+        return _read_nested(url, records, version, seen)
+    if isinstance(first, dict) and {"context", "question"} <= set(first):
+        return [_read_flat(url, i, r, version, seen) for i, r in enumerate(records)]
+    raise SquadDataError(f"{url}: {LAYOUTS}; the first record has keys {sorted(first) if isinstance(first, dict) else type(first).__name__}")
+
+
+LAYOUTS = ("expected the official SQuAD JSON ({'data': [{'title', 'paragraphs': [{'context', 'qas'}]}]}) "
+           "or flat records with 'id', 'context', 'question', 'answers' (a JSON list or JSON Lines)")
+
+
+def _describe(obj) -> str:
+    if isinstance(obj, dict):
+        return f"an object with keys {sorted(obj)[:8]}"
+    if isinstance(obj, list):
+        return "an empty list" if not obj else f"a list of {type(obj[0]).__name__}"
+    return f"a {type(obj).__name__}"
+
+
+def _load_json_or_lines(url: str, text: str):
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        if "Extra data" not in str(exc):
+            raise SquadDataError(f"{url}: not valid JSON ({exc})") from exc
+    records = []
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        if line.strip():
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError as exc:
+                raise SquadDataError(f"{url}:{lineno}: not valid JSON Lines ({exc})") from exc
+    return records
+
+
+def _read_nested(url: str, articles: list, version: str, seen: set[str]) -> list[SquadExample]:
+    examples = []
+    for a, article in enumerate(articles):
+        if not isinstance(article, dict) or not isinstance(article.get("paragraphs"), list):
+            raise SquadDataError(f"{url}: data[{a}] has no 'paragraphs' list ({LAYOUTS})")
+        for p, paragraph in enumerate(article["paragraphs"]):
+            context = paragraph.get("context") if isinstance(paragraph, dict) else None
             where = f"{url}: data[{a}].paragraphs[{p}]"
             if not isinstance(context, str):
                 raise SquadDataError(f"{where}: 'context' missing or not a string")
@@ -81,8 +132,32 @@ def read_squad(url: str, version: str = "1.1") -> list[SquadExample]:
     return examples
 
 
+def _read_flat(url: str, i: int, record, version: str, seen: set[str]) -> SquadExample:
+    where = f"{url}: record {i}"
+    if not isinstance(record, dict):
+        raise SquadDataError(f"{where}: not an object ({LAYOUTS})")
+    context = record.get("context")
+    if not isinstance(context, str):
+        raise SquadDataError(f"{where}: 'context' missing or not a string")
+    answers = record.get("answers")
+    if isinstance(answers, dict):
+        texts, starts = answers.get("text"), answers.get("answer_start")
+        if not isinstance(texts, list) or not isinstance(starts, list) or len(texts) != len(starts):
+            raise SquadDataError(f"{where}: 'answers' needs equally long 'text' and 'answer_start' lists")
+        answers = [{"text": t, "answer_start": s} for t, s in zip(texts, starts)]
+    elif answers is None:
+        answers = []
+    qa = {"id": record.get("id"), "question": record.get("question"), "answers": answers,
+          "is_impossible": record.get("is_impossible", version == "2.0" and not answers)}
+    return _read_question(qa, context, version, where, seen)
+
+
 def _read_question(qa: dict, context: str, version: str, where: str, seen: set[str]) -> SquadExample:
+    if not isinstance(qa, dict):
+        raise SquadDataError(f"{where}: a question that is not an object")
     qid = qa.get("id")
+    if isinstance(qid, int) and not isinstance(qid, bool):
+        qid = str(qid)
     if not isinstance(qid, str) or not qid:
         raise SquadDataError(f"{where}: a question without an 'id'")
     where = f"{where} question {qid}"
@@ -108,6 +183,26 @@ def _read_question(qa: dict, context: str, version: str, where: str, seen: set[s
     if impossible:
         answers = []
     return SquadExample(qid, question, context, answers, impossible)
+
+
+def locate_answer(context: str, text: str, start: int) -> tuple[int, int] | None:
+    """The answer's character span in ``context``, or None when it is not there.
+
+    As the reference compares whitespace-tokenised text: leading/trailing blanks of the answer
+    are dropped (moving the start), and inner runs of whitespace (a newline, two spaces, a
+    no-break space) may differ between the answer and the context.
+    """
+    stripped = text.lstrip()
+    start += len(text) - len(stripped)
+    stripped = stripped.rstrip()
+    if not stripped:
+        return None
+    if context[start:start + len(stripped)] == stripped:
+        return start, start + len(stripped)
+    words = stripped.split()
+    pattern = r"\s+".join(re.escape(w) for w in words)
+    m = re.compile(pattern).match(context, start)
+    return (start, m.end()) if m else None
 
 
 # -- windows --------------------------------------------------------------------------------------
@@ -170,8 +265,9 @@ def make_features(
         answer = None
         if training and not ex.is_impossible:
             text, start_char = ex.answers[0]
-            answer = _answer_tokens(c_offsets, start_char, start_char + len(text))
-            if ex.context[start_char : start_char + len(text)] != text or answer is None:
+            span = locate_answer(ex.context, text, start_char)
+            answer = _answer_tokens(c_offsets, *span) if span else None
+            if answer is None:
                 skipped += 1
                 logger.warning("question %s: answer %r not found at answer_start %d; skipped",
                                ex.qid, text, start_char)
@@ -202,17 +298,16 @@ def _top(values: list[float], n: int) -> list[int]:
     return sorted(range(len(values)), key=lambda i: -values[i])[:n]
 
 
-def decode_predictions(
+def decode_spans(
     examples: list[SquadExample],
     windows: list[Window],
     start_logits: list[list[float]],
     end_logits: list[list[float]],
-    version: str = "1.1",
     n_best_size: int = 20,
     max_answer_length: int = 30,
-    null_score_diff_threshold: float = 0.0,
 ) -> tuple[dict[str, str], dict[str, float]]:
-    """Answer text per question id, and (v2.0) the null-score difference per question id."""
+    """The best non-null answer per question id ("" when no valid span), and the null-score
+    difference per question id (null score - best span score; 1e9 when there is no span)."""
     best: dict[int, tuple[float, str]] = {}
     null: dict[int, float] = {}
     for window, starts, ends in zip(windows, start_logits, end_logits):
@@ -229,24 +324,67 @@ def decode_predictions(
                 if idx not in best or score > best[idx][0]:
                     text = examples[idx].context[window.offsets[s][0] : window.offsets[e][1]]
                     best[idx] = (score, text)
-    predictions: dict[str, str] = {}
+    texts: dict[str, str] = {}
     null_odds: dict[str, float] = {}
     for idx, ex in enumerate(examples):
         score, text = best.get(idx, (float("-inf"), ""))
-        if version == "2.0" and idx in null:
-            diff = null[idx] - score if score != float("-inf") else float("inf")
-            null_odds[ex.qid] = diff if diff != float("inf") else 1e9
-            if diff > null_score_diff_threshold:
-                text = ""
-        predictions[ex.qid] = text
-    return predictions, null_odds
+        texts[ex.qid] = text
+        if idx in null:
+            null_odds[ex.qid] = null[idx] - score if score != float("-inf") else 1e9
+    return texts, null_odds
+
+
+def apply_null_threshold(texts: dict[str, str], null_odds: dict[str, float], threshold: float) -> dict[str, str]:
+    """v2.0: "" for every question whose null-score difference exceeds ``threshold``."""
+    return {q: ("" if null_odds.get(q, 0.0) > threshold else t) for q, t in texts.items()}
+
+
+def decode_predictions(
+    examples: list[SquadExample],
+    windows: list[Window],
+    start_logits: list[list[float]],
+    end_logits: list[list[float]],
+    version: str = "1.1",
+    n_best_size: int = 20,
+    max_answer_length: int = 30,
+    null_score_diff_threshold: float = 0.0,
+) -> tuple[dict[str, str], dict[str, float]]:
+    """Answer text per question id, and (v2.0) the null-score difference per question id."""
+    texts, null_odds = decode_spans(examples, windows, start_logits, end_logits, n_best_size, max_answer_length)
+    if version != "2.0":
+        return texts, {}
+    return apply_null_threshold(texts, null_odds, null_score_diff_threshold), null_odds
 
 
 def gold_answers(examples: list[SquadExample]) -> dict[str, list[str]]:
     return {ex.qid: [text for text, _ in ex.answers] for ex in examples}
 
 
+def score_dev(
+    examples: list[SquadExample], texts: dict[str, str], null_odds: dict[str, float], version: str,
+    threshold: float | None,
+) -> tuple[dict[str, str], dict[str, float]]:
+    """Final predictions and the official scores. v2.0: the null threshold is ``threshold``, or
+    when None the official best-F1 threshold on these dev questions (``best_f1_thresh``), and
+    ``null_score_diff_threshold`` records the one applied."""
+    gold = gold_answers(examples)
+    if version != "2.0":
+        return texts, squad_evaluate(gold, texts, version)
+    tuning = squad_evaluate(gold, texts, version, na_probs=null_odds)
+    chosen = tuning["best_f1_thresh"] if threshold is None else threshold
+    predictions = apply_null_threshold(texts, null_odds, chosen)
+    scores = squad_evaluate(gold, predictions, version)
+    scores.update({k: v for k, v in tuning.items() if k.startswith("best_")})
+    scores["null_score_diff_threshold"] = float(chosen)
+    return predictions, scores
+
+
 # -- the stage ------------------------------------------------------------------------------------
+def squad_files(version: str, squad: SquadConfig) -> tuple[str, str]:
+    train_name, dev_name = FILES[version]
+    return squad.train_file or train_name, squad.dev_file or dev_name
+
+
 def run_squad(
     config: FinetuneConfig,
     data_url: str,
@@ -254,56 +392,58 @@ def run_squad(
     output_url: str,
     version: str = "1.1",
     log_fn: LogFn | None = None,
-    doc_stride: int = 128,
-    max_query_length: int = 64,
-    n_best_size: int = 20,
-    max_answer_length: int = 30,
-    null_score_diff_threshold: float = 0.0,
+    save_model: bool = True,
 ) -> Manifest:
-    """Fine-tune the exported model at ``model_url`` on SQuAD; write predictions and scores."""
+    """Fine-tune the exported model at ``model_url`` on SQuAD; write predictions and scores.
+
+    Outputs: ``predictions.json`` (question id -> answer, the official format), for v2.0
+    ``null_odds.json`` (question id -> null-score difference, the official ``--na-prob-file``),
+    ``metrics.json``, the model unless ``save_model`` is off, then ``_manifest.json``.
+    """
     started = time.time()
     if version not in FILES:
         raise ValueError(f"SQuAD version must be '1.1' or '2.0', got {version!r}")
-    train_name, dev_name = FILES[version]
+    sq = config.squad
+    train_name, dev_name = squad_files(version, sq)
     inputs = {"model": fingerprint_input(model_url), "data": fingerprint_input(data_url)}
     prepare_output(output_url, model_url, data_url)
     seed_everything(config.seed)
     tokenizer = load_tokenizer(model_url)
     train_examples = read_squad(join_url(data_url, train_name), version)
     dev_examples = read_squad(join_url(data_url, dev_name), version)
-    window_args = dict(max_seq_length=config.max_seq_length, doc_stride=doc_stride,
-                       max_query_length=max_query_length)
+    window_args = dict(max_seq_length=sq.max_seq_length or config.max_seq_length, doc_stride=sq.doc_stride,
+                       max_query_length=sq.max_query_length)
     train_features, _, skipped = make_features(tokenizer, train_examples, training=True, **window_args)
     dev_features, dev_windows, _ = make_features(tokenizer, dev_examples, **window_args)
     logger.info("SQuAD v%s: %d train questions -> %d features (%d skipped), %d dev -> %d",
                 version, len(train_examples), len(train_features), skipped, len(dev_examples),
                 len(dev_features))
-    gold = gold_answers(dev_examples)
 
-    model = BertForQuestionAnswering(load_pretrained(model_url))
+    model = BertForQuestionAnswering(load_encoder(model_url))
     device = pick_device()
     model.to(device)
     eval_batch = max(config.batch_size, 32)
 
     def dev_predictions(m):
         out = predict(m, dev_features, eval_batch, ["start_logits", "end_logits"], device)
-        return decode_predictions(dev_examples, dev_windows, out["start_logits"], out["end_logits"],
-                                  version, n_best_size, max_answer_length, null_score_diff_threshold)
+        texts, null_odds = decode_spans(dev_examples, dev_windows, out["start_logits"], out["end_logits"],
+                                        sq.n_best_size, sq.max_answer_length)
+        predictions, scores = score_dev(dev_examples, texts, null_odds, version, sq.null_score_diff_threshold)
+        return predictions, null_odds, scores
 
     def evaluate(m) -> dict[str, float]:
-        predictions, _ = dev_predictions(m)
-        scores = squad_evaluate(gold, predictions, version)
+        scores = dev_predictions(m)[2]
         return {f"eval_{k}": v for k, v in scores.items() if not k.endswith("total")}
 
     result = train(model, train_features, config, evaluate, "eval_f1", log_fn, device)
 
-    predictions, null_odds = dev_predictions(model)
+    predictions, null_odds, scores = dev_predictions(model)
     write_json(join_url(output_url, "predictions.json"), predictions)
     if version == "2.0":
         write_json(join_url(output_url, "null_odds.json"), null_odds)
-    scores = squad_evaluate(gold, predictions, version)
-    save_finetuned(model, model.config, output_url, "BertForQuestionAnswering",
-                   {"finetuning_task": f"squad-v{version}"}, model_url)
+    if save_model:
+        save_finetuned(model, model.config, output_url, "BertForQuestionAnswering",
+                       {"finetuning_task": f"squad-v{version}"}, model_url)
 
     seconds = time.time() - started
     counts = {f"eval_{k}": float(v) for k, v in scores.items() if not k.endswith("total")}
@@ -316,27 +456,11 @@ def run_squad(
     write_json(join_url(output_url, "metrics.json"), {
         "version": version, **scores, **counts, "history": result.history,
     })
-    logger.info("SQuAD v%s done in %.1f s: EM %.2f F1 %.2f", version, seconds,
-                scores["exact_match"], scores["f1"])
-    stage_config = manifest_config(
-        config, version, doc_stride, max_query_length, n_best_size, max_answer_length, null_score_diff_threshold
-    )
-    return write_manifest(f"finetune-squad-v{version}", output_url, stage_config, inputs, counts,
-                          seconds=seconds)
+    logger.info("SQuAD v%s done in %.1f s: F1 %.2f", version, seconds, scores["f1"])
+    return write_manifest(f"finetune-squad-v{version}", output_url, manifest_config(config, version),
+                          inputs, counts, seconds=seconds)
 
 
-def manifest_config(
-    config: FinetuneConfig,
-    version: str = "1.1",
-    doc_stride: int = 128,
-    max_query_length: int = 64,
-    n_best_size: int = 20,
-    max_answer_length: int = 30,
-    null_score_diff_threshold: float = 0.0,
-) -> dict:
+def manifest_config(config: FinetuneConfig, version: str = "1.1") -> dict:
     """The config run_squad records in its manifest (the flow compares it to skip a finished run)."""
-    return {
-        **dataclasses.asdict(config), "version": version, "doc_stride": doc_stride,
-        "max_query_length": max_query_length, "n_best_size": n_best_size,
-        "max_answer_length": max_answer_length, "null_score_diff_threshold": null_score_diff_threshold,
-    }
+    return {**dataclasses.asdict(config), "task": "squad1" if version == "1.1" else "squad2"}

@@ -51,7 +51,8 @@ def test_mlflow_holds_runs_and_a_registered_model(chain):
     assert len(parents) == 3  # one per command
     first_parent = min(parents, key=lambda r: r.info.start_time)
     children = {r.info.run_name: r for r in runs if r.data.tags.get("mlflow.parentRunId") == first_parent.info.run_id}
-    assert set(children) == {"corpus", "vocab", "examples", "pretrain", "export", "finetune/sst2", "finetune/squad1"}
+    assert set(children) == {"corpus", "vocab", "examples", "pretrain", "export", "finetune/sst2", "finetune/squad1",
+                             "finetune/conll2003"}
     assert client.get_metric_history(children["pretrain"].info.run_id, "mlm_loss")
     assert "vocab_size" in children["vocab"].data.params
     corpus_params = children["corpus"].data.params
@@ -94,7 +95,7 @@ def test_the_champion_loads_back_as_a_pyfunc_model(chain):
 def test_second_run_skips_every_stage(chain):
     root, _, second, _ = chain
     assert "skipped" in second.stdout
-    for stage in ("corpus", "vocab", "examples", "pretrain", "export", "finetune/sst2", "finetune/squad1"):
+    for stage in ("corpus", "vocab", "examples", "pretrain", "export", "finetune/sst2", "finetune/squad1", "finetune/conll2003"):
         assert f"stage {stage}: up to date, skipped" in second.stderr, stage
 
 
@@ -115,7 +116,7 @@ def test_status_lists_every_stage_done_and_inspect_decodes_outputs(chain, cli, c
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     rows = json.loads(out.stdout)
-    assert [r["stage"] for r in rows][-2:] == ["finetune/sst2", "finetune/squad1"]
+    assert [r["stage"] for r in rows][-3:] == ["finetune/sst2", "finetune/squad1", "finetune/conll2003"]
     assert {r["state"] for r in rows} == {"done"} and all(r["mlflow_run"] for r in rows)
 
     def inspect(url):

@@ -32,7 +32,8 @@ def test_one_table_drives_the_cli_and_the_flows():
     assert CLI_CHAIN == CHAIN
     assert set(STAGE_FLOWS) == set(CHAIN) == set(STAGES) | {"finetune"}
     cfg = load_config("tiny")
-    assert stage_names(cfg) == ["corpus", "vocab", "examples", "pretrain", "export", "finetune/sst2", "finetune/squad1"]
+    assert stage_names(cfg) == ["corpus", "vocab", "examples", "pretrain", "export", "finetune/sst2", "finetune/squad1",
+                               "finetune/conll2003"]
     for task in TASKS:  # every downstream task is a row of its own
         row = get_stage(f"finetune/{task}")
         assert row.folder == f"finetune/{task}" and row.where == "process" and row.retries >= 1

@@ -210,7 +210,7 @@ def test_committed_sample_is_reproducible(tmp_path):
     assert sorted(regenerated) == sorted(committed), "run: python -m synth.corpus"
     for name in regenerated:
         assert regenerated[name] == committed[name], f"{name} differs; run: python -m synth.corpus"
-    assert sum(len(b) for b in committed.values()) < 2_000_000
+    assert sum(len(b) for b in committed.values()) < 3_000_000
 
 
 def test_downstream_entities_are_described_by_the_sample_corpus():
@@ -220,3 +220,35 @@ def test_downstream_entities_are_described_by_the_sample_corpus():
         data = json.loads((SAMPLE_DIR / "squad" / name).read_text(encoding="utf-8"))
         for article in data["data"]:
             assert article["title"].replace("_", " ") in titles
+
+
+def test_every_downstream_sample_reads_in_its_official_format():
+    from tasks.glue import TASKS as GLUE, read_split
+    from tasks.ner import read_conll
+    from tasks.squad import read_squad
+    from tasks.swag import read_swag
+
+    glue = SAMPLE_DIR / "glue"
+    for spec in GLUE.values():
+        folder = glue / spec.folder
+        train = read_split(str(folder / "train.tsv"), spec, "train").examples
+        devs = [read_split(str(folder / n), spec, "dev").examples for n in spec.dev_files]
+        assert len(train) >= 200 and all(len(d) >= 50 for d in devs), spec.folder
+        if not spec.is_regression:
+            assert len({e.label for e in train}) == len(spec.labels), spec.folder  # every label occurs
+        for name in spec.test_files:
+            assert read_split(str(folder / name), spec, "test").examples, (spec.folder, name)
+    # CoLA's train/dev have no header; MNLI has matched and mismatched dev sets
+    assert (glue / "CoLA" / "train.tsv").read_text().split("\t")[0].startswith("syn")
+    assert {p.name for p in (glue / "MNLI").iterdir()} >= {"dev_matched.tsv", "dev_mismatched.tsv"}
+    v2 = read_squad(str(SAMPLE_DIR / "squad" / "dev-v2.0.json"), "2.0")
+    assert 0.2 < sum(e.is_impossible for e in v2) / len(v2) < 0.6
+    for e in v2:
+        assert all(e.context[s:s + len(t)] == t for t, s in e.answers)
+    sents = read_conll(str(SAMPLE_DIR / "conll2003" / "eng.train"))
+    tags = {t for s in sents for t in s.tags}
+    assert {"I-PER", "I-LOC", "I-ORG", "I-MISC", "B-LOC"} <= tags  # IOB1, B- between adjacent places
+    assert (SAMPLE_DIR / "conll2003" / "eng.train").read_text().startswith("-DOCSTART- -X- -X- O\n\n")
+    swag = read_swag(str(SAMPLE_DIR / "swag" / "train.csv"))
+    assert len(swag) == 600 and {e.label for e in swag} == {0, 1, 2, 3}
+    assert read_swag(str(SAMPLE_DIR / "swag" / "test.csv"), labelled=False)[0].label is None

@@ -267,3 +267,15 @@ def test_run_glue_mnli_scores_both_dev_sets_and_writes_both_submissions(tmp_path
     assert len(m) == 4 and len(mm) == 5 and m[0] == "index\tprediction"
     assert all(r.split("\t")[1] in labels for r in m[1:] + mm[1:])
     shutil.rmtree(out)
+
+
+def test_crlf_files_read_like_lf(tmp_path):
+    """Windows line ends: the '\\r' never reaches the last column (a label, CoLA's sentence)."""
+    cola = "gj04\t1\t\tOur friends won't buy this analysis.\r\ngj04\t0\t*\tThey drank the pub.\r\n"
+    (tmp_path / "cola.tsv").write_bytes(cola.encode())
+    got = read_split(str(tmp_path / "cola.tsv"), "CoLA", "dev").examples
+    assert [(e.text_a, e.label) for e in got] == [("Our friends won't buy this analysis.", "1"),
+                                                  ("They drank the pub.", "0")]
+    rte = "index\tsentence1\tsentence2\tlabel\r\n0\ta\tb\tnot_entailment\r\n"
+    (tmp_path / "rte.tsv").write_bytes(rte.encode())
+    assert read_split(str(tmp_path / "rte.tsv"), "RTE", "train").examples[0].label == "not_entailment"

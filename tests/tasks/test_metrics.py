@@ -81,14 +81,42 @@ def test_squad_v2_evaluate_no_answer_handling():
     preds = {"a": "x", "b": "", "c": "something", "d": ""}
     out = m.squad_v2_evaluate(gold, preds)
     # a: EM 0, F1 2/3; b: 1/1 (empty is right); c: 0/0; d: empty prediction for an answer -> 0/0
-    assert out["exact_match"] == pytest.approx(25.0)
+    assert out["exact"] == pytest.approx(25.0)
     assert out["f1"] == pytest.approx(100 * (2 / 3 + 1) / 4)
-    assert out["HasAns_exact_match"] == 0.0
+    assert out["HasAns_exact"] == 0.0
     assert out["HasAns_f1"] == pytest.approx(100 * (2 / 3) / 2)
     assert out["HasAns_total"] == 2
-    assert out["NoAns_exact_match"] == pytest.approx(50.0)
+    assert out["NoAns_exact"] == pytest.approx(50.0)
     assert out["NoAns_f1"] == pytest.approx(50.0)
     assert out["NoAns_total"] == 2
     assert m.squad_evaluate(gold, preds, "2.0") == out
     with pytest.raises(ValueError, match="version"):
         m.squad_evaluate(gold, preds, "3")
+
+
+def test_empty_and_constant_predictions():
+    assert m.accuracy([], []) == 0.0 and m.f1_binary([], []) == 0.0 and m.matthews_corrcoef([], []) == 0.0
+    assert m.pearson([], []) == 0.0 and m.spearman([2.0, 2.0, 2.0], [1.0, 2.0, 3.0]) == 0.0  # all tied
+    # every prediction empty: v1.1 scores 0; v2.0 scores the unanswerable questions right
+    gold = {"q1": ["paris"], "q2": []}
+    assert m.squad_v1_evaluate({"q1": ["paris"]}, {"q1": ""}) == {"exact_match": 0.0, "f1": 0.0, "total": 1.0}
+    v2 = m.squad_v2_evaluate(gold, {"q1": "", "q2": ""})
+    assert v2["exact"] == 50.0 and v2["HasAns_f1"] == 0.0 and v2["NoAns_f1"] == 100.0
+
+
+def test_agrees_with_sklearn_and_scipy_on_random_data():
+    sklearn_metrics = pytest.importorskip("sklearn.metrics")
+    stats = pytest.importorskip("scipy.stats")
+    import random
+
+    rng = random.Random(0)
+    for _ in range(20):
+        y = [rng.randrange(3) for _ in range(40)]
+        p = [rng.randrange(3) for _ in range(40)]
+        assert m.matthews_corrcoef(p, y) == pytest.approx(sklearn_metrics.matthews_corrcoef(y, p), abs=1e-12)
+        yb, pb = [v % 2 for v in y], [v % 2 for v in p]
+        assert m.f1_binary(pb, yb) == pytest.approx(sklearn_metrics.f1_score(yb, pb), abs=1e-12)
+        xs = [rng.choice([0.0, 0.5, 1.0, 2.5, 3.0]) for _ in range(40)]  # many ties
+        ys = [x + rng.random() for x in xs]
+        assert m.spearman(xs, ys) == pytest.approx(stats.spearmanr(xs, ys)[0], abs=1e-12)
+        assert m.pearson(xs, ys) == pytest.approx(stats.pearsonr(xs, ys)[0], abs=1e-12)

@@ -7,7 +7,7 @@ import random
 import pytest
 
 from pipeline.schema import read_manifest
-from tasks.config import FinetuneConfig
+from tasks.config import FinetuneConfig, SquadConfig
 from tasks.metrics import squad_evaluate
 from tasks.squad import (
     SquadDataError, decode_predictions, gold_answers, make_features, read_squad, run_squad,
@@ -144,7 +144,7 @@ def test_decoding_recovers_answers_from_ideal_logits(tmp_path, tiny_tokenizer, v
     for ex in examples:
         assert predictions[ex.qid] == (ex.answers[0][0] if ex.answers else "")
     scores = squad_evaluate(gold_answers(examples), predictions, version)
-    assert scores["exact_match"] == 100.0 and scores["f1"] == 100.0
+    assert scores["exact_match" if version == "1.1" else "exact"] == 100.0 and scores["f1"] == 100.0
     assert bool(null_odds) == (version == "2.0")
     # a span longer than max_answer_length is never chosen
     short, _ = decode_predictions(examples, windows, starts, ends, version, max_answer_length=1)
@@ -157,24 +157,32 @@ def test_run_squad_end_to_end(tmp_path, tiny_model_url, version):
     data = write_squad(tmp_path / "squad", version)
     out = tmp_path / "out"
     logged = []
-    config = FinetuneConfig(learning_rate=1e-3, batch_size=8, epochs=2, max_seq_length=32)
+    config = FinetuneConfig(learning_rate=1e-3, batch_size=8, epochs=2, max_seq_length=32,
+                            squad=SquadConfig(doc_stride=6, max_query_length=8))
     manifest = run_squad(config, str(data), tiny_model_url, str(out), version=version,
-                         log_fn=lambda m, s: logged.append(m), doc_stride=6, max_query_length=8)
+                         log_fn=lambda m, s: logged.append(m))
     assert manifest.stage == f"finetune-squad-v{version}"
     assert read_manifest(str(out)).fingerprint == manifest.fingerprint
-    assert manifest.config["doc_stride"] == 6 and manifest.config["version"] == version
+    assert manifest.config["squad"]["doc_stride"] == 6
+    assert manifest.config["task"] == ("squad1" if version == "1.1" else "squad2")
     predictions = json.loads((out / "predictions.json").read_text())
     dev = read_squad(str(data / f"dev-v{version}.json"), version)
     assert set(predictions) == {e.qid for e in dev} and all(isinstance(v, str) for v in predictions.values())
     for ex in dev:  # every answer is a slice of its context (or "" for no answer)
         assert predictions[ex.qid] in ex.context
     metrics = json.loads((out / "metrics.json").read_text())
-    assert {"exact_match", "f1", "history", "best_epoch"} <= set(metrics)
+    exact = "exact_match" if version == "1.1" else "exact"  # as each official script names it
+    assert {exact, "f1", "history", "best_epoch"} <= set(metrics)
     assert metrics == {**metrics, **squad_evaluate(gold_answers(dev), predictions, version)}
     assert manifest.counts["eval_f1"] == metrics["f1"]
     assert manifest.counts["train_features"] > manifest.counts["train_examples"]
     if version == "2.0":
-        assert "NoAns_exact_match" in metrics and (out / "null_odds.json").exists()
+        assert "NoAns_exact" in metrics and (out / "null_odds.json").exists()
+        # the null threshold was tuned on dev: the scores at it are the official best F1
+        null_odds = json.loads((out / "null_odds.json").read_text())
+        assert set(null_odds) == set(predictions)
+        assert metrics["f1"] == pytest.approx(metrics["best_f1"])
+        assert metrics["null_score_diff_threshold"] == metrics["best_f1_thresh"]
     assert any("eval_f1" in m for m in logged) and any("train_loss" in m for m in logged)
     config_json = json.loads((out / "config.json").read_text())
     assert config_json["architectures"] == ["BertForQuestionAnswering"]

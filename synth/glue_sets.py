@@ -1,0 +1,253 @@
+"""Small GLUE sets about the invented world, in each task's official TSV layout.
+
+Every pair task is built from the world's facts (subject, relation, object) and their varied
+phrasings (:data:`synth.world.PHRASES`, :data:`synth.world.QUESTIONS`):
+- the *same fact* in two phrasings: a paraphrase (MRPC 1, STS-B 4-5, QQP duplicate, entailment);
+- the *same relation with another object*, taken from another entity of the same relation:
+  a contradiction (MNLI), not a paraphrase, STS-B 2-3;
+- *another fact* of the same subject: neutral (MNLI), not entailed (QNLI/RTE), STS-B 1-2;
+- CoLA: a fact sentence (acceptable) or the same with two words swapped, a word dropped or
+  doubled (unacceptable), in CoLA's headerless ``source, label, original mark, sentence`` rows;
+- WNLI: "A met B ... because she/he ..." with the pronoun resolved to one of them.
+Column layouts are the GLUE download's (MNLI's parse columns carry a flat bracketing, enough for
+a reader that looks columns up by name). Train, dev and test split by subject entity.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from synth.world import QUESTIONS, Entity, World, derive_rng, fact_object, facts, phrase
+
+DOWNSTREAM_BLOCKS = 10
+
+
+def fact_pool(world: World) -> list[tuple[Entity, str, Any]]:
+    """(subject, relation, object) of every phrased fact in the downstream blocks, in world order."""
+    return [(e, rel, value) for b in range(DOWNSTREAM_BLOCKS) for e in world.block(b).entities()
+            for rel, value in facts(e)]
+
+
+def by_relation(pool) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for _, rel, value in pool:
+        obj = fact_object(value)
+        if obj not in out.setdefault(rel, []):
+            out[rel].append(obj)
+    return out
+
+
+def _split_of(entity: Entity, seed: int = 0) -> str:
+    """train / dev / test by a stable digest of the subject, so no subject crosses splits."""
+    r = derive_rng(seed, "glue-split", entity.key).random()
+    return "dev" if r < 0.15 else "test" if r < 0.25 else "train"
+
+
+def _sentence(rel: str, subject: str, obj: str, rng, avoid: str | None = None) -> str:
+    for _ in range(8):
+        text = phrase(rel, subject, obj, rng)[0]
+        if text != avoid:
+            return text
+    return text
+
+
+def _pairs(world: World, seed_name: str) -> Callable[[str, int], list[dict]]:
+    """A function ``make(split, n)`` giving n pair records {kind, s1, s2, q1, q2, rel, subject}."""
+    pool = fact_pool(world)
+    objects = by_relation(pool)
+    splits: dict[str, list] = {"train": [], "dev": [], "test": []}
+    for item in pool:
+        splits[_split_of(item[0], world.seed)].append(item)
+    by_subject: dict[str, list] = {}
+    for item in pool:
+        by_subject.setdefault(item[0].key, []).append(item)
+
+    def make(split: str, n: int) -> list[dict]:
+        rng = derive_rng(world.seed, seed_name, split)
+        items = splits[split]
+        out = []
+        kinds = ("same", "other_object", "other_fact", "unrelated")
+        while len(out) < n:
+            entity, rel, value = rng.choice(items)
+            obj = fact_object(value)
+            kind = kinds[len(out) % 4]
+            s1 = _sentence(rel, entity.name, obj, rng)
+            q1 = rng.choice(QUESTIONS[rel]).format(s=entity.name)
+            if kind == "same":
+                s2 = _sentence(rel, entity.name, obj, rng, avoid=s1)
+                q2 = rng.choice(QUESTIONS[rel]).format(s=entity.name)
+                if len(QUESTIONS[rel]) > 1:
+                    while q2 == q1:
+                        q2 = rng.choice(QUESTIONS[rel]).format(s=entity.name)
+            elif kind == "other_object":
+                others = [o for o in objects[rel] if o != obj]
+                if not others:
+                    continue
+                s2 = _sentence(rel, entity.name, rng.choice(others), rng)
+                other = rng.choice(items)
+                q2 = rng.choice(QUESTIONS[rel]).format(s=other[0].name)
+                if other[0] is entity:
+                    continue
+            elif kind == "other_fact":
+                rest = [f for f in by_subject[entity.key] if f[1] != rel]
+                if not rest:
+                    continue
+                _, rel2, value2 = rng.choice(rest)
+                s2 = _sentence(rel2, entity.name, fact_object(value2), rng)
+                q2 = rng.choice(QUESTIONS[rel2]).format(s=entity.name)
+            else:
+                other, rel2, value2 = rng.choice(items)
+                if other is entity:
+                    continue
+                s2 = _sentence(rel2, other.name, fact_object(value2), rng)
+                q2 = rng.choice(QUESTIONS[rel2]).format(s=other.name)
+            out.append({"kind": kind, "s1": s1, "s2": s2, "q1": q1, "q2": q2, "rel": rel})
+        rng.shuffle(out)
+        return out
+
+    return make
+
+
+def _parse(sentence: str) -> tuple[str, str]:
+    words = sentence.replace(".", " .").replace(",", " ,").replace("?", " ?").split()
+    return "( " + " ".join(words) + " )", "(ROOT (S " + " ".join(f"(X {w})" for w in words) + "))"
+
+
+def cola_rows(world: World, split: str, n: int) -> list[tuple]:
+    """(source, label, mark, sentence): half acceptable fact sentences, half corrupted ones."""
+    pool = [f for f in fact_pool(world) if _split_of(f[0], world.seed) == split]
+    rng = derive_rng(world.seed, "cola", split)
+    rows = []
+    while len(rows) < n:
+        entity, rel, value = rng.choice(pool)
+        sentence = _sentence(rel, entity.name, fact_object(value), rng)
+        source = f"syn{rng.randrange(1, 10):02d}"
+        if len(rows) % 2 == 0:
+            rows.append((source, 1, "", sentence))
+            continue
+        words = sentence.rstrip(".").split()
+        if len(words) < 3:
+            continue
+        how = rng.randrange(3)
+        i = rng.randrange(len(words) - 1)
+        if how == 0:
+            words[i], words[i + 1] = words[i + 1], words[i]
+        elif how == 1:
+            del words[i]
+        else:
+            words.insert(i, words[i])
+        bad = " ".join(words) + "."
+        if bad != sentence:
+            rows.append((source, 0, "*", bad))
+    return rows
+
+
+def wnli_rows(world: World, split: str, n: int) -> list[tuple[str, str, int]]:
+    rng = derive_rng(world.seed, "wnli", split)
+    people = [p for b in range(DOWNSTREAM_BLOCKS) for p in world.block(b).people if _split_of(p, world.seed) == split]
+    rows = []
+    while len(rows) < n:
+        a, b = rng.sample(people, 2)
+        if a["pronoun"] == b["pronoun"]:
+            continue
+        town = a["birthplace"].name
+        first = rng.random() < 0.5
+        subject, obj = (a, b) if first else (b, a)
+        s1 = f"{subject.name} visited {obj.name} because {a['pronoun']} was born in {town}."
+        hyp = rng.choice((a, b))
+        rows.append((s1, f"{hyp.name} was born in {town}.", int(hyp is a)))
+    return rows
+
+
+SIZES = {"train": 400, "dev": 100, "test": 50}
+
+
+def glue_files(world: World) -> dict[str, dict[str, tuple[str, list[tuple]]]]:
+    """GLUE folder -> file name -> (header line or "" for none, rows)."""
+    out: dict[str, dict[str, tuple[str, list[tuple]]]] = {}
+    pairs = _pairs(world, "glue-pairs")
+    data = {split: pairs(split, SIZES[split] * (2 if split == "test" else 1)) for split in SIZES}
+
+    def labelled(split):
+        return data[split][: SIZES[split]]
+
+    # CoLA: headerless train/dev, a headed test
+    out["CoLA"] = {f"{s}.tsv": ("", cola_rows(world, s, SIZES[s])) for s in ("train", "dev")}
+    out["CoLA"]["test.tsv"] = ("index\tsentence", [(i, r[3]) for i, r in enumerate(cola_rows(world, "test", 50))])
+
+    mrpc = {"same": 1, "other_object": 0, "other_fact": 0, "unrelated": 0}
+    header = "Quality\t#1 ID\t#2 ID\t#1 String\t#2 String"
+    out["MRPC"] = {f"{s}.tsv": (header, [(mrpc[p["kind"]], 1000 + 2 * i, 1001 + 2 * i, p["s1"], p["s2"])
+                                         for i, p in enumerate(labelled(s))]) for s in ("train", "dev")}
+    out["MRPC"]["test.tsv"] = ("index\t#1 ID\t#2 ID\t#1 String\t#2 String",
+                               [(i, 5000 + 2 * i, 5001 + 2 * i, p["s1"], p["s2"])
+                                for i, p in enumerate(data["test"][:SIZES["test"]])])
+
+    ranges = {"same": (4.0, 5.0), "other_object": (2.0, 3.2), "other_fact": (1.0, 2.2), "unrelated": (0.0, 0.8)}
+    sts_header = "index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2"
+    rng = derive_rng(world.seed, "stsb-scores")
+    out["STS-B"] = {}
+    for s in ("train", "dev"):
+        rows = []
+        for i, p in enumerate(labelled(s)):
+            lo, hi = ranges[p["kind"]]
+            rows.append((i, "main-captions", "MSRvid", "2012test", f"{i:04d}", "none", "none", p["s1"], p["s2"],
+                         f"{rng.uniform(lo, hi):.3f}"))
+        out["STS-B"][f"{s}.tsv"] = (sts_header + "\tscore", rows)
+    out["STS-B"]["test.tsv"] = (sts_header, [(i, "main-captions", "MSRvid", "2012test", f"{i:04d}", "none", "none",
+                                              p["s1"], p["s2"]) for i, p in enumerate(data["test"][50:100])])
+
+    out["QQP"] = {f"{s}.tsv": ("id\tqid1\tqid2\tquestion1\tquestion2\tis_duplicate",
+                               [(i, 2 * i + 1, 2 * i + 2, p["q1"], p["q2"], int(p["kind"] == "same"))
+                                for i, p in enumerate(labelled(s))]) for s in ("train", "dev")}
+    out["QQP"]["test.tsv"] = ("id\tquestion1\tquestion2",
+                              [(i, p["q1"], p["q2"]) for i, p in enumerate(data["test"][:50])])
+
+    nli = {"same": "entailment", "other_object": "contradiction", "other_fact": "neutral", "unrelated": "neutral"}
+    cols = "index\tpromptID\tpairID\tgenre\tsentence1_binary_parse\tsentence2_binary_parse\tsentence1_parse\tsentence2_parse\tsentence1\tsentence2"
+
+    def mnli(rows, genre, labels):
+        body = []
+        for i, p in enumerate(rows):
+            (b1, p1), (b2, p2) = _parse(p["s1"]), _parse(p["s2"])
+            row = (i, 10000 + i, f"{10000 + i}{'ecn'[i % 3]}", genre, b1, b2, p1, p2, p["s1"], p["s2"])
+            if labels == 1:
+                row += (nli[p["kind"]], nli[p["kind"]])
+            elif labels == 5:
+                row += (nli[p["kind"]],) * 6
+            body.append(row)
+        return body
+
+    out["MNLI"] = {
+        "train.tsv": (cols + "\tlabel1\tgold_label", mnli(labelled("train"), "fiction", 1)),
+        "dev_matched.tsv": (cols + "\tlabel1\tlabel2\tlabel3\tlabel4\tlabel5\tgold_label",
+                            mnli(labelled("dev")[:50], "fiction", 5)),
+        "dev_mismatched.tsv": (cols + "\tlabel1\tlabel2\tlabel3\tlabel4\tlabel5\tgold_label",
+                               mnli(labelled("dev")[50:], "letters", 5)),
+        "test_matched.tsv": (cols, mnli(data["test"][:25], "fiction", 0)),
+        "test_mismatched.tsv": (cols, mnli(data["test"][25:50], "letters", 0)),
+        "diagnostic.tsv": ("index\tsentence1\tsentence2",  # GLUE's diagnostic set: AX.tsv
+                           [(i, p["s1"], p["s2"]) for i, p in enumerate(data["test"][50:75])]),
+    }
+
+    out["QNLI"] = {f"{s}.tsv": ("index\tquestion\tsentence\tlabel",
+                                [(i, p["q1"], p["s1"] if p["kind"] in ("same", "other_object") else p["s2"],
+                                  "entailment" if p["kind"] in ("same", "other_object") else "not_entailment")
+                                 for i, p in enumerate(labelled(s))]) for s in ("train", "dev")}
+    out["QNLI"]["test.tsv"] = ("index\tquestion\tsentence",
+                               [(i, p["q1"], p["s2"]) for i, p in enumerate(data["test"][:50])])
+
+    rte = {"same": "entailment", "other_object": "not_entailment", "other_fact": "not_entailment",
+           "unrelated": "not_entailment"}
+    out["RTE"] = {f"{s}.tsv": ("index\tsentence1\tsentence2\tlabel",
+                               [(i, p["s1"], p["s2"], rte[p["kind"]]) for i, p in enumerate(labelled(s)[:SIZES[s] // 2])])
+                  for s in ("train", "dev")}
+    out["RTE"]["test.tsv"] = ("index\tsentence1\tsentence2",
+                              [(i, p["s1"], p["s2"]) for i, p in enumerate(data["test"][:50])])
+
+    out["WNLI"] = {f"{s}.tsv": ("index\tsentence1\tsentence2\tlabel",
+                                [(i, *r) for i, r in enumerate(wnli_rows(world, s, SIZES[s] // 2))])
+                   for s in ("train", "dev")}
+    out["WNLI"]["test.tsv"] = ("index\tsentence1\tsentence2",
+                               [(i, a, b) for i, (a, b, _) in enumerate(wnli_rows(world, "test", 40))])
+    return out

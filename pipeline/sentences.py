@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["split_sentences", "book_paragraphs", "ABBREVIATIONS"]
+__all__ = ["split_sentences", "book_paragraphs", "strip_boilerplate", "ABBREVIATIONS"]
 
 # Lower-cased, without the final period. A period after these never ends a sentence.
 ABBREVIATIONS = frozenset(
@@ -117,6 +117,46 @@ def split_sentences(paragraph: str) -> list[str]:
 
 
 # -- books -------------------------------------------------------------------------------------
+# Project Gutenberg markers (all their variants since 1990s texts): the book lies between them.
+_PG_START = re.compile(
+    r"^\W*\*{3}\s*START OF (?:THE|THIS) PROJECT GUTENBERG.*$|^\*END\*THE SMALL PRINT.*$", re.I | re.M)
+_PG_END = re.compile(
+    r"^\W*\*{3}\s*END OF (?:THE|THIS) PROJECT GUTENBERG.*$|^\W*End of (?:the )?Project Gutenberg.*$",
+    re.I | re.M)
+# Front-matter lines outside the markers, or in books copied without them.
+_FRONT_MATTER = re.compile(
+    r"^(?:Produced by|Transcribed from|This e-?book is for the use of|Release Date:|Posting Date:|"
+    r"Language:|Character set encoding:|Title:|Author:|Translator:|Illustrator:|Credits:|"
+    r"Last updated:|\[E-?text #|\[E-?book #|Copyright \(C\)|All rights reserved).*$", re.I | re.M)
+
+
+def strip_boilerplate(text: str) -> str:
+    """The body of a book without Project Gutenberg-style header, licence and footer.
+
+    Text between the START and END markers is kept when they are present (the licence follows
+    END); front-matter lines ("Produced by ...", "Release Date: ...") are dropped anywhere in the
+    first 100 lines. The text of a book without markers is otherwise unchanged.
+    """
+    start = _PG_START.search(text)
+    if start:
+        text = text[start.end():]
+    end = _PG_END.search(text)
+    if end:
+        text = text[: end.start()]
+    head, sep, rest = _split_lines(text, 100)
+    return _FRONT_MATTER.sub("", head) + sep + rest
+
+
+def _split_lines(text: str, n: int) -> tuple[str, str, str]:
+    pos = 0
+    for _ in range(n):
+        k = text.find("\n", pos)
+        if k < 0:
+            return text, "", ""
+        pos = k + 1
+    return text[: pos - 1], "\n", text[pos:]
+
+
 _HEADING_LINE = re.compile(
     r"^(?:(?:chapter|part|book|volume|section|canto)\b.{0,60}|prologue|epilogue|preface|"
     r"introduction|contents|the end|[ivxlcdm]+\.?|\d+\.?)$",

@@ -145,12 +145,13 @@ def near_duplicates(signatures: list[tuple[str, list[int]]], threshold: float) -
     pairs. Documents are visited in doc_id order and the first of a cluster is kept, so the
     answer does not depend on input order."""
     import numpy as np
-    from datasketch import LeanMinHash, MinHashLSH
+    from datasketch import LeanMinHash, MinHash, MinHashLSH
 
+    scheme = MinHash(num_perm=NUM_PERM, seed=1).scheme  # the one minhash() used
     lsh = MinHashLSH(threshold=threshold, num_perm=NUM_PERM)
     dropped: dict[str, str] = {}
     for doc_id, values in sorted(signatures):
-        mh = LeanMinHash(seed=1, hashvalues=np.array(values, dtype=np.uint64))
+        mh = LeanMinHash(seed=1, hashvalues=np.array(values, dtype=np.uint64), scheme=scheme)
         similar = lsh.query(mh)
         if similar:
             dropped[doc_id] = min(similar)

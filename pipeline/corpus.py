@@ -1,14 +1,15 @@
 """Stage 1, the corpus job: raw Wikipedia dumps and books to cleaned, deduplicated documents.
 
-    check_corpus_inputs -> Create(files) -> PlanReads (multistream ranges) -> Reshuffle
-    -> ReadUnits (pages / books / lines, + rejects) -> Reshuffle -> CleanDocuments (clean markup,
+    check_corpus_inputs -> plan_units (files, multistream ranges) -> Create -> Reshuffle
+    -> ReadUnits (pages / books / lines, + rejects) -> [Reshuffle] -> CleanDocuments (clean markup,
     split sentences, filter, + rejects) -> DedupDocuments -> [NearDedup] -> UniqueDocIds
     -> WriteShards per source, rejects/ -> fill_empty_shards -> _manifest.json (last)
 
 Design choices:
 1. A unit of read work is a file, or a byte range of whole bz2 streams of a multistream dump
-   (:func:`pipeline.dumps.plan_reads`), so one big dump is read by many workers; a Reshuffle
-   after reading spreads the far costlier cleaning over every worker.
+   (:func:`pipeline.dumps.plan_reads`, planned before the pipeline), so one big dump is read by
+   many workers. Each worker cleans what it reads; raw records are reshuffled only when there
+   are too few units for the workers (one plain dump file), as raw text is the bulkiest data.
 2. The per-record work is pure functions (:func:`page_record`, :func:`build_document`) that
    return their rejects as a Counter; the DoFns turn those into Beam counters and reject rows.
 3. Nothing is lost silently: every record read is either a document or a reject with a reason
@@ -290,25 +291,21 @@ def _is_binary(url: str) -> bool:
         return True
 
 
-class ReadFiles(beam.PTransform):
-    """File URLs of one source -> raw records (main output) and reject rows ("rejects")."""
+def plan_units(source: str, urls: list[str], config: CorpusConfig) -> list[tuple]:
+    """Units of read work (source, url, start, end): multistream dumps split by stream ranges."""
+    if source != "wiki":
+        return [(source, url, None, None) for url in urls]
+    return [(source, *unit) for url in urls for unit in plan_reads(url, config.split_bytes)]
 
-    def __init__(self, source: str, config: CorpusConfig | None = None):
+
+class ReadUnits(beam.PTransform):
+    """Read units -> raw records (main output "records") and reject rows ("rejects")."""
+
+    def __init__(self, config: CorpusConfig):
         super().__init__()
-        if source not in SOURCES:
-            raise ValueError(f"unknown corpus source {source!r}; expected one of {SOURCES}")
-        self.source = source
-        self.config = config or CorpusConfig()
+        self.config = config
 
-    def expand(self, urls):
-        source, split = self.source, self.config.split_bytes
-        units = (
-            urls
-            | "PlanReads" >> beam.FlatMap(
-                lambda url: [(source, *u) for u in plan_reads(url, split)] if source == "wiki"
-                else [(source, url, None, None)])
-            | "SpreadUnits" >> beam.Reshuffle()
-        )
+    def expand(self, units):
         return units | "ReadUnit" >> beam.ParDo(_ReadUnit(self.config)).with_outputs(
             REJECTS_FOLDER, main="records")
 
@@ -472,17 +469,27 @@ def run_corpus(config: CorpusConfig, inputs: dict[str, str], output_url: str) ->
     clear_stage(output_url)
     log.info("corpus: %s -> %s", {n: len(f) for n, f in files.items()}, output_url)
 
+    units = [u for name, urls in files.items() for u in plan_units(name, urls, config)]
+    # Raw page text is the bulkiest data of the job: move it between workers only when there are
+    # too few read units to keep every worker busy (a single plain dump file); otherwise each
+    # worker cleans what it reads and only documents cross a shuffle (less memory and pickling).
+    workers = config.beam.num_workers if config.beam.runner in ("FnApiRunner", "DirectRunner") else 64
+    spread_records = workers > 1 and len(units) < 2 * workers
+    log.info("corpus: %d read units for %d workers (%s)", len(units), workers,
+             "records reshuffled" if spread_records else "read and cleaned in place")
+
     p = beam.Pipeline(options=pipeline_options(config.beam, job_name="bertflow-corpus"))
-    records, rejects = [], []
-    for name, urls in files.items():
-        read = p | f"Files[{name}]" >> beam.Create(urls) | f"Read[{name}]" >> ReadFiles(name, config)
-        records.append(read.records | f"Reshuffle[{name}]" >> beam.Reshuffle())
-        rejects.append(read[REJECTS_FOLDER])
-    cleaned = (
-        tuple(records)
-        | "FlattenSources" >> beam.Flatten()
-        | "Clean" >> CleanDocuments(config, with_rejects=True)
+    read = (
+        p
+        | "Units" >> beam.Create(units)
+        | "SpreadUnits" >> beam.Reshuffle()
+        | "Read" >> ReadUnits(config)
     )
+    records = read.records
+    if spread_records:
+        records = records | "SpreadRecords" >> beam.Reshuffle()
+    rejects = [read[REJECTS_FOLDER]]
+    cleaned = records | "Clean" >> CleanDocuments(config, with_rejects=True)
     rows = cleaned.rows
     rejects.append(cleaned[REJECTS_FOLDER])
     if config.dedup_sentences:

@@ -268,10 +268,21 @@ def _prose_lines(text: str) -> list[str | None]:
         if skip_level:
             continue
         if not line or line[0] in "*#:;|!" or line.startswith("----"):
+            if line and line[0] in "*#;" and lines and lines[-1] and lines[-1].endswith(":"):
+                lines[-1] = _drop_list_intro(lines[-1])  # "Towns on the river include:"
             lines.append(None)
             continue
         lines.append(line)
     return lines
+
+
+_LAST_BOUNDARY = re.compile(r".*[.!?…。！？][\"'”’»)\]]*\s")
+
+
+def _drop_list_intro(line: str) -> str | None:
+    """A line without its last sentence, the one that introduced a list now dropped."""
+    m = _LAST_BOUNDARY.match(line)
+    return m.group(0).rstrip() if m else None
 
 
 # -- 5. inline cleanup -------------------------------------------------------------------------

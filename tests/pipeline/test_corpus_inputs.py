@@ -147,3 +147,20 @@ def test_near_dedup_in_the_job_counts_and_rejects(tmp_path):
     rejects = pq.read_table(str(tmp_path / "out" / "rejects")).to_pylist()
     assert collections.Counter(r["reason"] for r in rejects) == {"near_duplicate_document": 1}
     assert rejects[0]["record_id"] == "wiki:2" and rejects[0]["detail"] == "near duplicate of wiki:1"
+
+
+def test_multistream_dump_split_over_workers_gives_the_same_output(tmp_path):
+    from pipeline.config import BeamConfig
+    from synth.dumps import pages_xml, write_multistream
+
+    (tmp_path / "w").mkdir()
+    write_multistream(tmp_path / "w" / "xxwiki-1-pages-articles-multistream.xml.bz2",
+                      pages_xml(90), per_stream=10)
+    results = []
+    for split_bytes, workers in ((0, 1), (1, 2)):  # one unit / every stream its own unit
+        cfg = dataclasses.replace(CFG, sources=("wiki",), split_bytes=split_bytes, num_shards=2,
+                                  beam=BeamConfig(num_workers=workers))
+        m = run_corpus(cfg, {"wiki": str(tmp_path / "w")}, str(tmp_path / f"out{split_bytes}"))
+        results.append(({f.path: f.sha256 for f in m.files}, m.counts["wiki_read"], m.counts["documents"]))
+    assert results[0] == results[1]
+    assert results[0][1] == 90  # the index file beside the dump is not read as a dump

@@ -234,3 +234,8 @@ def test_unclosed_and_nested_braces_are_linear():
             assert unclosed <= 2 * k + 2 and len(calls) <= 4 * (2 * k + 2)
     finally:
         wt._BRACE_TOKEN = real
+
+
+def test_sentence_introducing_a_dropped_list_goes_with_it():
+    text = "Rivers flow here. The main rivers are:\n* A\n* B\nAfter the list.\n\nOnly:\n# x\nNot a list intro: fine."
+    assert clean_wikitext(text) == ["Rivers flow here.", "After the list.", "Not a list intro: fine."]

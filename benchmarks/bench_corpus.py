@@ -142,6 +142,20 @@ run_corpus(cfg, {"wiki": sys.argv[1]}, sys.argv[2])
 """
 
 
+PURE = """
+import sys
+from pipeline.config import CorpusConfig
+from pipeline.corpus import build_document, page_record
+from pipeline.dumps import iter_wiki
+cfg = CorpusConfig()
+for item in iter_wiki(sys.argv[1]):
+    if hasattr(item, "page_id"):
+        record, _ = page_record(item)
+        if record:
+            build_document(record, cfg)
+"""
+
+
 def compare(args) -> None:
     work = Path(args.workdir or tempfile.mkdtemp(prefix="bench_corpus_"))
     work.mkdir(parents=True, exist_ok=True)
@@ -151,6 +165,8 @@ def compare(args) -> None:
     print(f"dump: {pages} pages, {mb:.1f} MB of XML ({dump.stat().st_size / 1e6:.1f} MB bz2)")
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     rows, docs = [], {}
+    wall, one, tree = run_measured([sys.executable, "-c", PURE, str(dump)], env)
+    rows.append(("bertflow read+clean+split, no Beam", 1, wall, one, tree))
     for workers in args.workers:
         out = work / f"ours{workers}"
         wall, one, tree = run_measured([sys.executable, "-c", OURS, str(dump), str(out), str(workers)], env)

@@ -92,12 +92,16 @@ def sentence_reject(sentence: str, config: CorpusConfig) -> str | None:
     return None
 
 
-def text_share(paragraphs: list[str]) -> float:
-    """Share of letters among the non-space characters of a document's cleaned text."""
+def text_share(paragraphs: list[str], limit: int = 20_000) -> float:
+    """Share of letters among the non-space characters of a document's cleaned text (its first
+    ``limit`` characters: a sample is enough to tell prose from a table of figures)."""
     visible = letters = 0
     for p in paragraphs:
+        p = p[: limit - visible]
         visible += len(p) - sum(map(str.isspace, p))
         letters += sum(map(str.isalpha, p))
+        if visible >= limit:
+            break
     return letters / visible if visible else 0.0
 
 

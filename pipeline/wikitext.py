@@ -290,9 +290,14 @@ def _drop_list_intro(line: str) -> str | None:
 _INVISIBLE = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u00ad\u200b\u2060\ufeff\ufffd\ufffe]")
 
 
+_PARA_SEP = "\ue000"
+
+
 def _tidy(paragraph: str) -> str:
-    text = html.unescape(paragraph)
-    text = unicodedata.normalize("NFC", _INVISIBLE.sub("", text))
+    text = html.unescape(paragraph) if "&" in paragraph else paragraph
+    text = _INVISIBLE.sub("", text)
+    if not unicodedata.is_normalized("NFC", text):
+        text = unicodedata.normalize("NFC", text)
     text = _WS.sub(" ", text)  # also folds &nbsp; (U+00A0) and other Unicode spaces
     text = _LEFTOVER.sub("", text)
     text = _PAREN_LEAD.sub("(", text)
@@ -321,15 +326,18 @@ def clean_wikitext(text: str) -> list[str]:
     text = _MAGIC_WORD.sub("", text)
     text = _QUOTES.sub("", text)
 
-    paragraphs: list[str] = []
+    raw: list[str] = []
     current: list[str] = []
     for line in _prose_lines(text) + [None]:
         if line is None:
             if current:
-                para = _tidy(" ".join(current))
-                if para:
-                    paragraphs.append(para)
+                raw.append(" ".join(current))
                 current = []
         else:
             current.append(line)
-    return paragraphs
+    if not raw:
+        return []
+    # One pass of the inline cleanup over all paragraphs (a private-use separator, which no
+    # pattern treats as space or punctuation), not one per paragraph: a page has dozens.
+    tidied = _tidy(_PARA_SEP.join(p.replace(_PARA_SEP, " ") for p in raw))
+    return [p.strip() for p in tidied.split(_PARA_SEP) if p.strip()]

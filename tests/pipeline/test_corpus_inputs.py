@@ -164,3 +164,19 @@ def test_multistream_dump_split_over_workers_gives_the_same_output(tmp_path):
         results.append(({f.path: f.sha256 for f in m.files}, m.counts["wiki_read"], m.counts["documents"]))
     assert results[0] == results[1]
     assert results[0][1] == 90  # the index file beside the dump is not read as a dump
+
+
+def test_preview_documents_and_rejects(raw, tmp_path):
+    from pipeline.preview import format_preview, preview_corpus
+
+    (raw / "wiki" / "r.xml").write_text(
+        "<mediawiki>" + page_xml(9, "Redir", "#REDIRECT [[Cats]]", redirect="Cats") + "</mediawiki>")
+    out = str(tmp_path / "out")
+    run_corpus(CFG, {"wiki": str(raw / "wiki"), "books": str(raw / "books")}, out)
+    docs = preview_corpus(out, n=2)
+    assert len(docs) == 2 and all(d["num_sentences"] == 2 for d in docs)
+    text = format_preview(preview_corpus(out, n=5, source="wiki"))
+    assert "wiki:1  Cats  (2 sentences)" in text and "  1. The cat is a small mammal." in text
+    rejects = preview_corpus(out, n=5, rejects=True)
+    assert [r["reason"] for r in rejects] == ["redirect"]
+    assert "wiki:9  [redirect] Redir" in format_preview(rejects)

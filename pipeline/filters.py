@@ -78,6 +78,19 @@ def reject_row(source: str, reason: str, *, record_id: str = "", title: str = ""
             "url": url, "reason": reason, "detail": detail, "sample": sample[:SAMPLE_CHARS]}
 
 
+_ASCII_NON_LETTERS = bytes(b for b in range(128) if not chr(b).isalpha())
+_ASCII_SPACES = bytes(b for b in range(128) if chr(b).isspace())
+
+
+def letters_and_visible(text: str) -> tuple[int, int]:
+    """(letters, non-space characters) of a text; ASCII text is counted by byte translation in
+    C, other text character by character."""
+    if text.isascii():
+        data = text.encode("ascii")
+        return len(data.translate(None, _ASCII_NON_LETTERS)), len(data.translate(None, _ASCII_SPACES))
+    return sum(map(str.isalpha, text)), len(text) - sum(map(str.isspace, text))
+
+
 def sentence_reject(sentence: str, config: CorpusConfig) -> str | None:
     """The reason a sentence fails the filters, or None when it passes."""
     n = len(sentence)
@@ -85,8 +98,7 @@ def sentence_reject(sentence: str, config: CorpusConfig) -> str | None:
         return "sentence_too_short"
     if n > config.max_sentence_chars:
         return "sentence_too_long"
-    visible = n - sum(map(str.isspace, sentence))
-    letters = sum(map(str.isalpha, sentence))
+    letters, visible = letters_and_visible(sentence)
     if visible == 0 or letters / visible < config.min_alpha_ratio:
         return "sentence_low_alpha"
     return None
@@ -97,9 +109,9 @@ def text_share(paragraphs: list[str], limit: int = 20_000) -> float:
     ``limit`` characters: a sample is enough to tell prose from a table of figures)."""
     visible = letters = 0
     for p in paragraphs:
-        p = p[: limit - visible]
-        visible += len(p) - sum(map(str.isspace, p))
-        letters += sum(map(str.isalpha, p))
+        got_letters, got_visible = letters_and_visible(p[: limit - visible])
+        letters += got_letters
+        visible += got_visible
         if visible >= limit:
             break
     return letters / visible if visible else 0.0

@@ -240,11 +240,13 @@ def _link_text(m: re.Match) -> str:
 
 
 def _resolve_links(text: str) -> str:
-    for _ in range(6):  # nesting depth; captions rarely nest more than twice
+    for _ in range(6 if "[[" in text else 0):  # nesting depth; captions rarely nest more than twice
         new = _INTERNAL_LINK.sub(_link_text, text)
         if new == text:
             break
         text = new
+    if "//" not in text and "mailto:" not in text:
+        return text  # no URL: skip both scans
     text = _EXTERNAL_LINK.sub(lambda m: m.group(1) or "", text)
     return _BARE_URL.sub("", text)
 
@@ -299,9 +301,11 @@ def _tidy(paragraph: str) -> str:
     if not unicodedata.is_normalized("NFC", text):
         text = unicodedata.normalize("NFC", text)
     text = _WS.sub(" ", text)  # also folds &nbsp; (U+00A0) and other Unicode spaces
-    text = _LEFTOVER.sub("", text)
-    text = _PAREN_LEAD.sub("(", text)
-    text = _EMPTY_PARENS.sub("", text)
+    if "[[" in text or "]]" in text or "{{" in text or "}}" in text:
+        text = _LEFTOVER.sub("", text)
+    if "(" in text:
+        text = _PAREN_LEAD.sub("(", text)
+        text = _EMPTY_PARENS.sub("", text)
     text = _SPACE_AFTER_OPEN.sub(r"\1", text)
     text = _SPACE_BEFORE_PUNCT.sub(r"\1", text)
     return _WS.sub(" ", text).strip()
@@ -318,13 +322,17 @@ def clean_wikitext(text: str) -> list[str]:
     if not text:
         return []
     text = text.replace("\r\n", "\n").replace("\r", "\n")
-    text = _COMMENT.sub("", text)
+    if "<!--" in text:
+        text = _COMMENT.sub("", text)
     text = _drop_tags(text)
     text = strip_braces(text)
     text = _resolve_links(text)  # before line splitting: [[File:..]] captions may span lines
-    text = _KEEP_TAG.sub(lambda m: " " if m.group(0)[1:3].lower() in ("br", "hr") else "", text)
-    text = _MAGIC_WORD.sub("", text)
-    text = _QUOTES.sub("", text)
+    if "<" in text:
+        text = _KEEP_TAG.sub(lambda m: " " if m.group(0)[1:3].lower() in ("br", "hr") else "", text)
+    if "__" in text:
+        text = _MAGIC_WORD.sub("", text)
+    if "''" in text:
+        text = _QUOTES.sub("", text)
 
     raw: list[str] = []
     current: list[str] = []

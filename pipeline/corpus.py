@@ -1,77 +1,120 @@
 """Stage 1, the corpus job: raw Wikipedia dumps and books to cleaned, deduplicated documents.
 
-    Create(file urls) -> ReadFiles (stream pages / books) -> Reshuffle -> CleanDocuments
-    (clean markup, split sentences, filter) -> DedupDocuments (exact, across all sources)
-    -> UniqueDocIds -> WriteShards per source -> fill_empty_shards -> _manifest.json (last)
+    check_corpus_inputs -> plan_units (files, multistream ranges) -> Create -> Reshuffle
+    -> ReadUnits (pages / books / lines, + rejects) -> [Reshuffle] -> CleanDocuments (clean markup,
+    split sentences, filter, + rejects) -> DedupDocuments -> [NearDedup] -> UniqueDocIds
+    -> WriteShards per source, rejects/ -> fill_empty_shards -> _manifest.json (last)
 
 Design choices:
-1. One input file is one unit of read work (dumps come in parts); a Reshuffle after reading
-   spreads the far costlier cleaning over every worker even when there is a single file.
+1. A unit of read work is a file, or a byte range of whole bz2 streams of a multistream dump
+   (:func:`pipeline.dumps.plan_reads`, planned before the pipeline), so one big dump is read by
+   many workers. Each worker cleans what it reads; raw records are reshuffled only when there
+   are too few units for the workers (one plain dump file), as raw text is the bulkiest data.
 2. The per-record work is pure functions (:func:`page_record`, :func:`build_document`) that
-   return their rejects as a Counter; the DoFns only turn those into Beam counters, so the rules
-   are tested without a pipeline and every dropped record is counted under one reason.
-3. Output is byte-identical whatever the parallelism: dedup keeps the smallest doc_id of a group,
-   and :class:`pipeline.beam_io.WriteShards` places and orders rows by doc_id alone.
-4. An unreadable file is logged with its name and counted (``unreadable_file``), not fatal: a
-   corrupt part of a 60-part dump should not cost the other 59. Pages read from a dump before
-   its fault are kept (streaming cannot take them back); the log says how many.
+   return their rejects as a Counter; the DoFns turn those into Beam counters and reject rows.
+3. Nothing is lost silently: every record read is either a document or a reject with a reason
+   (``{source}_read == documents + sum of RECORD_REJECTS``, checked by a test), every reject row
+   goes to ``rejects/`` with a sample, and a fault in a file costs only what is unreadable
+   (:mod:`pipeline.dumps` resynchronises at the next page).
+4. Output is byte-identical whatever the parallelism: dedup keeps the smallest doc_id of a group,
+   and :class:`pipeline.beam_io.WriteShards` places and orders rows by a key alone.
+5. ``rejects/`` is written beside the source folders but left out of the manifest's ``files``:
+   downstream stages read every ``.parquet`` the manifest lists as documents. Its row count is
+   the manifest count ``rejects_written``.
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
-import hashlib
 import logging
+import re
 import time
 
 import apache_beam as beam
+import fsspec
 from apache_beam.metrics import Metrics
 
+from pipeline import filters
 from pipeline.beam_io import WriteShards, counters, fill_empty_shards, parquet_rows, pipeline_options
-from pipeline.config import CorpusConfig
+from pipeline.config import CORPUS_SOURCES, CorpusConfig
+from pipeline.dumps import iter_wiki, plan_reads
+from pipeline.filters import (
+    FILE_EVENTS, NOTES, PART_DROPS, RECORD_REJECTS, REJECT_REASONS, REJECT_SCHEMA, normalise,
+    reject_row, sentence_reject, text_digest,
+)
 from pipeline.readers import (
-    BOOK_SUFFIXES,
-    WIKI_SUFFIXES,
-    CorpusReadError,
-    Page,
-    expand_inputs,
-    iter_pages,
-    read_book,
+    BOOK_SUFFIXES, WIKI_SUFFIXES, CorpusReadError, Page, book_stem, expand_inputs,
+    iter_book_lines, looks_binary, read_book,
 )
 from pipeline.schema import (
-    DOCUMENT_SCHEMA,
-    Manifest,
-    clear_stage,
-    describe_file,
-    fingerprint_input,
-    join_url,
-    list_files,
-    write_manifest,
+    DOCUMENT_SCHEMA, Manifest, clear_stage, describe_file, fingerprint_input, join_url,
+    list_files, write_manifest,
 )
-from pipeline.sentences import book_paragraphs, split_sentences
+from pipeline.sentences import book_paragraphs, split_sentences, strip_boilerplate
 from pipeline.wikitext import clean_wikitext
+
+__all__ = [
+    "run_corpus", "check_corpus_inputs", "CorpusInputError", "build_document", "page_record",
+    "REJECT_REASONS", "RECORD_REJECTS", "sentence_reject", "normalise", "text_digest",
+]
 
 log = logging.getLogger("bertflow.corpus")
 
 NAMESPACE = "corpus"
-SOURCES = ("wiki", "books")
+SOURCES = CORPUS_SOURCES
 ARTICLE_NAMESPACE = 0
-# Every reason a record can be dropped; each is a counter in namespace "corpus" and a manifest count.
-REJECT_REASONS = (
-    "unreadable_file",
-    "redirect",
-    "non_article_namespace",
-    "empty_after_cleaning",
-    "too_few_sentences",
-    "sentence_too_short",
-    "sentence_too_long",
-    "sentence_low_alpha",
-    "duplicate_sentence",
-    "duplicate_document",
-    "duplicate_doc_id",
-)
+REJECTS_FOLDER = "rejects"
 PROGRESS_EVERY = 1000
+_DISAMBIGUATION = re.compile(
+    r"\{\{\s*(?:disambiguation|disambig|dab|hndis|geodis|numberdis|letter-numbercombdisambig)"
+    r"\s*(?:\||\}\})", re.I)
+
+
+class CorpusInputError(ValueError):
+    """A corpus input is missing or empty when the config needs it; the message names it."""
+
+
+# -- inputs ------------------------------------------------------------------------------------
+def _input_files(name: str, url: str) -> list[str]:
+    # Books: every file, so a stray binary or .pdf is counted as a reject rather than skipped.
+    return expand_inputs(url, WIKI_SUFFIXES if name == "wiki" else None)
+
+
+def check_corpus_inputs(config: CorpusConfig, inputs: dict[str, str]) -> dict[str, list[str]]:
+    """The input files of each source the run uses, or a clear error before any work starts.
+
+    Every source in ``config.sources`` must be given in ``inputs`` and name at least one
+    non-empty file; an input of a source not in ``config.sources`` is ignored (logged), so a
+    preset that always passes both can run on one. Raises :class:`CorpusInputError` naming the
+    source, the URL and what to change.
+    """
+    for name in inputs:
+        if name not in SOURCES:
+            raise CorpusInputError(f"corpus: unknown input {name!r}; expected some of {SOURCES}")
+    files: dict[str, list[str]] = {}
+    for name in config.sources:
+        url = inputs.get(name)
+        if not url:
+            raise CorpusInputError(
+                f"corpus: corpus.sources includes {name!r} but no {name} input was given; give "
+                f"one (data.{name}) or leave {name!r} out of corpus.sources")
+        try:
+            found = _input_files(name, url)
+        except FileNotFoundError:
+            raise CorpusInputError(
+                f"corpus: the {name} input {url} matches no files; corpus.sources includes "
+                f"{name!r}, so it may not be empty") from None
+        fs, _ = fsspec.core.url_to_fs(found[0])
+        if all(fs.size(fsspec.core.url_to_fs(u)[1]) == 0 for u in found):
+            raise CorpusInputError(
+                f"corpus: the {name} input {url} holds only empty files ({len(found)}); "
+                f"corpus.sources includes {name!r}, so it may not be empty")
+        files[name] = found
+    for name in sorted(set(inputs) - set(config.sources)):
+        log.warning("corpus: ignoring the %s input %s (not in corpus.sources %s)",
+                    name, inputs[name], config.sources)
+    return files
 
 
 # -- pure per-record functions ------------------------------------------------------------------
@@ -81,47 +124,41 @@ def page_record(page: Page) -> tuple[dict | None, str | None]:
         return None, "redirect"
     if page.ns != ARTICLE_NAMESPACE:
         return None, "non_article_namespace"
+    if _DISAMBIGUATION.search(page.text):
+        return None, "disambiguation"
     return {"doc_id": f"wiki:{page.page_id}", "source": "wiki", "title": page.title,
             "text": page.text}, None
 
 
-def normalise(text: str) -> str:
-    """Case- and whitespace-insensitive form of a sentence or document, for exact dedup."""
-    return " ".join(text.casefold().split())
-
-
-def text_digest(sentences: list[str]) -> str:
-    body = "\n".join(normalise(s) for s in sentences)
-    return hashlib.blake2b(body.encode("utf-8"), digest_size=16).hexdigest()
-
-
-def sentence_reject(sentence: str, config: CorpusConfig) -> str | None:
-    """The reason a sentence fails the filters, or None when it passes."""
-    n = len(sentence)
-    if n < config.min_sentence_chars:
-        return "sentence_too_short"
-    if n > config.max_sentence_chars:
-        return "sentence_too_long"
-    visible = n - sum(map(str.isspace, sentence))
-    letters = sum(map(str.isalpha, sentence))
-    if visible == 0 or letters / visible < config.min_alpha_ratio:
-        return "sentence_low_alpha"
-    return None
-
-
-def paragraphs_of(record: dict) -> list[str]:
+def paragraphs_of(record: dict, config: CorpusConfig) -> list[str]:
     if record["source"] == "wiki":
         return clean_wikitext(record["text"])
-    return book_paragraphs(record["text"])
+    if record.get("layout") == "line":
+        return [" ".join(record["text"].split())]
+    text = strip_boilerplate(record["text"]) if config.strip_boilerplate else record["text"]
+    return book_paragraphs(text)
 
 
 def build_document(record: dict, config: CorpusConfig) -> tuple[dict | None, collections.Counter]:
-    """Clean, split and filter one raw record into a DOCUMENT_SCHEMA row (or None), with rejects."""
+    """Clean, split and filter one raw record into a DOCUMENT_SCHEMA row (or None), with rejects.
+
+    The Counter holds every sentence/paragraph dropped by reason and, when the record is
+    dropped, exactly one reason of :data:`pipeline.filters.RECORD_REJECTS`.
+    """
     rejects: collections.Counter = collections.Counter()
+    paragraphs = paragraphs_of(record, config)
+    reason = filters.document_reject(paragraphs, config)
+    if reason:
+        rejects[reason] += 1
+        return None, rejects
+    if config.dedup_sentences:
+        paragraphs, dropped = filters.dedup_paragraphs(paragraphs)
+        if dropped:
+            rejects["duplicate_paragraph"] += dropped
     sentences: list[str] = []
     seen: set[str] = set()
     split_any = False
-    for paragraph in paragraphs_of(record):
+    for paragraph in paragraphs:
         for sentence in split_sentences(paragraph):
             split_any = True
             reason = sentence_reject(sentence, config)
@@ -140,13 +177,17 @@ def build_document(record: dict, config: CorpusConfig) -> tuple[dict | None, col
     if len(sentences) < config.min_doc_sentences:
         rejects["too_few_sentences"] += 1
         return None, rejects
+    num_chars = sum(len(s) for s in sentences)
+    if num_chars < config.min_doc_chars:
+        rejects["doc_too_short"] += 1
+        return None, rejects
     row = {
         "doc_id": record["doc_id"],
         "source": record["source"],
         "title": record["title"],
         "sentences": sentences,
         "num_sentences": len(sentences),
-        "num_chars": sum(len(s) for s in sentences),
+        "num_chars": num_chars,
     }
     return row, rejects
 
@@ -163,45 +204,110 @@ class _Counted(beam.DoFn):
             self._counters[name] = Metrics.counter(NAMESPACE, name)
         self._counters[name].inc(value)
 
+    def reject(self, source: str, reason: str, **fields):
+        self.count(reason)
+        return beam.pvalue.TaggedOutput(REJECTS_FOLDER, reject_row(source, reason, **fields))
 
-class _ReadFile(_Counted):
-    def __init__(self, source: str):
-        self.source = source
 
-    def process(self, url: str):
+class _ReadUnit(_Counted):
+    """(source, url, start, end) -> raw records {doc_id, source, title, text[, layout]}, and
+    rejects on the tagged output "rejects"."""
+
+    def __init__(self, config: CorpusConfig):
+        self.config = config
+
+    def process(self, unit):
+        source, url, start, end = unit
         read = 0
-        try:
-            if self.source == "wiki":
-                for page in iter_pages(url):
+        if source == "wiki":
+            for item in iter_wiki(url, start, end, self.config.max_page_bytes):
+                if isinstance(item, Page):
                     read += 1
-                    record, reason = page_record(page)
+                    record, reason = page_record(item)
                     if reason:
-                        self.count(reason)
+                        yield self.reject("wiki", reason, record_id=f"wiki:{item.page_id}",
+                                          title=item.title, url=url, sample=item.text)
                     else:
                         yield record
-            else:
-                book = read_book(url)
-                read = 1
-                yield {"doc_id": f"books:{book.name}", "source": "books", "title": book.title,
-                       "text": book.text}
+                    continue
+                if item.kind == "note":
+                    self.count(item.reason)
+                    continue
+                if item.kind == "page":
+                    read += 1
+                else:
+                    log.error("corpus: %s in %s: %s", item.reason, url, item.detail)
+                rid = f"wiki:{item.record_id}" if item.record_id else ""
+                yield self.reject("wiki", item.reason, record_id=rid, title=item.title,
+                                  url=url, detail=item.detail, sample=item.sample)
+        elif self.config.books_layout == "line_per_document":
+            read = yield from self._book_lines(url)
+        else:
+            read = 1
+            yield from self._book(url)
+        self.count(f"{source}_read", read)
+
+    def _book(self, url: str):
+        rid = f"books:{book_stem(url)}"
+        if not url.lower().endswith(BOOK_SUFFIXES):
+            reason = "binary_file" if _is_binary(url) else "unsupported_file"
+            log.error("corpus: %s among the books rejected (%s)", url, reason)
+            yield self.reject("books", reason, record_id=rid, url=url,
+                              detail=f"not a book file (expected {', '.join(BOOK_SUFFIXES)})")
+            return
+        try:
+            book = read_book(url, self.config.max_book_bytes)
         except CorpusReadError as exc:
-            self.count("unreadable_file")
-            log.error("corpus: unreadable %s input %s (%d records read before the fault are "
-                      "kept): %s", self.source, url, read, exc)
-        self.count(f"{self.source}_read", read)
+            reason = "unreadable_book" if exc.reason == "unreadable_file" else exc.reason
+            log.error("corpus: book rejected (%s): %s", reason, exc)
+            yield self.reject("books", reason, record_id=rid, url=url, detail=str(exc))
+            return
+        if book.encoding != "utf-8":
+            self.count("books_reencoded")
+            log.warning("corpus: %s is not UTF-8; read as %s", url, book.encoding)
+        yield {"doc_id": f"books:{book.name}", "source": "books", "title": book.title,
+               "text": book.text}
+
+    def _book_lines(self, url: str):
+        stem = book_stem(url)
+        if _is_binary(url) or not url.lower().endswith(BOOK_SUFFIXES):
+            reason = "binary_file" if _is_binary(url) else "unsupported_file"
+            log.error("corpus: %s among the books rejected (%s)", url, reason)
+            yield self.reject("books", reason, record_id=f"books:{stem}", url=url)
+            return 1
+        read = 0
+        for number, line in iter_book_lines(url):
+            read += 1
+            yield {"doc_id": f"books:{stem}:{number:09d}", "source": "books", "title": stem,
+                   "text": line, "layout": "line"}
+        return read
 
 
-class ReadFiles(beam.PTransform):
-    """File URLs of one source -> raw records {doc_id, source, title, text}, articles only."""
+def _is_binary(url: str) -> bool:
+    try:
+        with fsspec.open(url, "rb", compression="infer") as f:
+            return looks_binary(f.read(65536))
+    except (OSError, EOFError, ValueError):
+        return True
 
-    def __init__(self, source: str):
+
+def plan_units(source: str, urls: list[str], config: CorpusConfig) -> list[tuple]:
+    """Units of read work (source, url, start, end): multistream dumps split by stream ranges."""
+    if source != "wiki":
+        return [(source, url, None, None) for url in urls]
+    return [(source, *unit) for url in urls for unit in plan_reads(url, config.split_bytes)]
+
+
+class ReadUnits(beam.PTransform):
+    """Read units -> raw records (main output "records") and reject rows ("rejects")."""
+
+    def __init__(self, config: CorpusConfig):
         super().__init__()
-        if source not in SOURCES:
-            raise ValueError(f"unknown corpus source {source!r}; expected one of {SOURCES}")
-        self.source = source
+        self.config = config
 
-    def expand(self, urls):
-        return urls | "ReadFile" >> beam.ParDo(_ReadFile(self.source))
+    def expand(self, units):
+        return units | "ReadUnit" >> beam.ParDo(_ReadUnit(self.config)).with_outputs(
+            REJECTS_FOLDER, main="records")
 
 
 class _BuildDocument(_Counted):
@@ -222,21 +328,29 @@ class _BuildDocument(_Counted):
                      self._processed, record["doc_id"])
         if row is not None:
             yield row
+            return
+        reason = next(r for r in rejects if r in RECORD_REJECTS)
+        yield beam.pvalue.TaggedOutput(REJECTS_FOLDER, reject_row(
+            record["source"], reason, record_id=record["doc_id"], title=record["title"],
+            sample=record["text"]))
 
 
 class CleanDocuments(beam.PTransform):
-    """Raw records -> document rows: markup cleaned, sentences split and filtered."""
+    """Raw records -> document rows (main output) and reject rows ("rejects")."""
 
-    def __init__(self, config: CorpusConfig):
+    def __init__(self, config: CorpusConfig, with_rejects: bool = False):
         super().__init__()
         self.config = config
+        self.with_rejects = with_rejects
 
     def expand(self, records):
-        return records | "BuildDocument" >> beam.ParDo(_BuildDocument(self.config))
+        out = records | "BuildDocument" >> beam.ParDo(_BuildDocument(self.config)).with_outputs(
+            REJECTS_FOLDER, main="rows")
+        return out if self.with_rejects else out.rows
 
 
 class _KeepFirst(_Counted):
-    """Of a group, keep the row with the smallest sort key; count the others under ``reason``."""
+    """Of a group, keep the row with the smallest sort key; reject the others under ``reason``."""
 
     def __init__(self, reason: str, sort_key):
         self.reason = reason
@@ -245,11 +359,12 @@ class _KeepFirst(_Counted):
     def process(self, element):
         _, rows = element
         rows = sorted(rows, key=self.sort_key)
-        if len(rows) > 1:
-            self.count(self.reason, len(rows) - 1)
-            if self.reason == "duplicate_doc_id":
-                log.warning("corpus: %d documents share doc_id %s; kept one",
-                            len(rows), rows[0]["doc_id"])
+        if len(rows) > 1 and self.reason == "duplicate_doc_id":
+            log.warning("corpus: %d documents share doc_id %s; kept one", len(rows), rows[0]["doc_id"])
+        for row in rows[1:]:
+            yield self.reject(row["source"], self.reason, record_id=row["doc_id"],
+                              title=row["title"], detail=f"same as {rows[0]['doc_id']}",
+                              sample=" ".join(row["sentences"]))
         yield rows[0]
 
 
@@ -261,28 +376,76 @@ def _by_text(row):
     return text_digest(row["sentences"]), row["title"]
 
 
+def _keep_first(reason, sort_key):
+    return beam.ParDo(_KeepFirst(reason, sort_key)).with_outputs(REJECTS_FOLDER, main="rows")
+
+
 class DedupDocuments(beam.PTransform):
     """Exact document dedup across all inputs: one row per normalised text, the smallest doc_id."""
 
+    def __init__(self, with_rejects: bool = False):
+        super().__init__()
+        self.with_rejects = with_rejects
+
     def expand(self, rows):
-        return (
+        out = (
             rows
             | "KeyByText" >> beam.Map(lambda row: (text_digest(row["sentences"]), row))
             | "GroupByText" >> beam.GroupByKey()
-            | "KeepSmallestId" >> beam.ParDo(_KeepFirst("duplicate_document", _by_id))
+            | "KeepSmallestId" >> _keep_first("duplicate_document", _by_id)
         )
+        return out if self.with_rejects else out.rows
 
 
 class UniqueDocIds(beam.PTransform):
     """One row per doc_id (a page repeated across dump parts), so shard order is total."""
 
+    def __init__(self, with_rejects: bool = False):
+        super().__init__()
+        self.with_rejects = with_rejects
+
     def expand(self, rows):
-        return (
+        out = (
             rows
             | "KeyById" >> beam.Map(lambda row: (row["doc_id"], row))
             | "GroupById" >> beam.GroupByKey()
-            | "KeepOne" >> beam.ParDo(_KeepFirst("duplicate_doc_id", _by_text))
+            | "KeepOne" >> _keep_first("duplicate_doc_id", _by_text)
         )
+        return out if self.with_rejects else out.rows
+
+
+class _NearDedup(_Counted):
+    def __init__(self, threshold: float):
+        self.threshold = threshold
+
+    def process(self, row, dropped):
+        kept = dropped.get(row["doc_id"])
+        if kept is None:
+            yield row
+        else:
+            yield self.reject(row["source"], "near_duplicate_document", record_id=row["doc_id"],
+                              title=row["title"], detail=f"near duplicate of {kept}",
+                              sample=" ".join(row["sentences"]))
+
+
+class NearDedupDocuments(beam.PTransform):
+    """MinHash LSH near-duplicate removal (optional, ``datasketch``): signatures in parallel,
+    clustering of all signatures in one worker, the smallest doc_id of a cluster kept."""
+
+    def __init__(self, threshold: float):
+        super().__init__()
+        self.threshold = threshold
+
+    def expand(self, rows):
+        t = self.threshold
+        dropped = (
+            rows
+            | "Sign" >> beam.Map(lambda r: (0, (r["doc_id"], filters.minhash(r["sentences"]))))
+            | "AllSignatures" >> beam.GroupByKey()
+            | "Cluster" >> beam.Map(lambda kv: filters.near_duplicates(list(kv[1]), t))
+        )
+        return rows | "DropNear" >> beam.ParDo(
+            _NearDedup(t), beam.pvalue.AsSingleton(dropped)).with_outputs(REJECTS_FOLDER, main="rows")
 
 
 class _CountOutput(_Counted):
@@ -295,42 +458,51 @@ class _CountOutput(_Counted):
 
 
 # -- the stage entry point -----------------------------------------------------------------------
-def _input_files(name: str, url: str) -> list[str]:
-    suffixes = WIKI_SUFFIXES if name == "wiki" else BOOK_SUFFIXES
-    return expand_inputs(url, suffixes)
-
-
 def run_corpus(config: CorpusConfig, inputs: dict[str, str], output_url: str) -> Manifest:
     """Run the corpus job on ``inputs`` ({"wiki": url, "books": url}, each a file, folder or
-    glob) and write ``output_url/<source>/part-*.parquet`` plus ``_manifest.json`` last."""
-    if not inputs:
-        raise ValueError("run_corpus: inputs is empty; give at least one of 'wiki', 'books'")
-    for name in inputs:
-        if name not in SOURCES:
-            raise ValueError(f"run_corpus: unknown input {name!r}; expected one of {SOURCES}")
+    glob) and write ``output_url/<source>/part-*.parquet``, ``output_url/rejects/`` and
+    ``_manifest.json`` last. Raises CorpusInputError before any work when an input the config
+    needs is missing or empty."""
     started = time.monotonic()
-    files = {name: _input_files(name, url) for name, url in sorted(inputs.items())}
+    files = check_corpus_inputs(config, inputs)
     fingerprints = {name: fingerprint_input(inputs[name]) for name in files}
     clear_stage(output_url)
     log.info("corpus: %s -> %s", {n: len(f) for n, f in files.items()}, output_url)
 
+    units = [u for name, urls in files.items() for u in plan_units(name, urls, config)]
+    # Raw page text is the bulkiest data of the job: move it between workers only when there are
+    # too few read units to keep every worker busy (a single plain dump file); otherwise each
+    # worker cleans what it reads and only documents cross a shuffle (less memory and pickling).
+    workers = config.beam.num_workers if config.beam.runner in ("FnApiRunner", "DirectRunner") else 64
+    spread_records = workers > 1 and len(units) < 2 * workers
+    log.info("corpus: %d read units for %d workers (%s)", len(units), workers,
+             "records reshuffled" if spread_records else "read and cleaned in place")
+
     p = beam.Pipeline(options=pipeline_options(config.beam, job_name="bertflow-corpus"))
-    records = []
-    for name, urls in files.items():
-        records.append(
-            p
-            | f"Files[{name}]" >> beam.Create(urls)
-            | f"Read[{name}]" >> ReadFiles(name)
-            | f"Reshuffle[{name}]" >> beam.Reshuffle()
-        )
-    rows = (
-        tuple(records)
-        | "FlattenSources" >> beam.Flatten()
-        | "Clean" >> CleanDocuments(config)
+    read = (
+        p
+        | "Units" >> beam.Create(units)
+        | "SpreadUnits" >> beam.Reshuffle()
+        | "Read" >> ReadUnits(config)
     )
+    records = read.records
+    if spread_records:
+        records = records | "SpreadRecords" >> beam.Reshuffle()
+    rejects = [read[REJECTS_FOLDER]]
+    cleaned = records | "Clean" >> CleanDocuments(config, with_rejects=True)
+    rows = cleaned.rows
+    rejects.append(cleaned[REJECTS_FOLDER])
     if config.dedup_sentences:
-        rows = rows | "DedupDocuments" >> DedupDocuments()
-    rows = rows | "UniqueDocIds" >> UniqueDocIds() | "CountOutput" >> beam.ParDo(_CountOutput())
+        dedup = rows | "DedupDocuments" >> DedupDocuments(with_rejects=True)
+        rows = dedup.rows
+        rejects.append(dedup[REJECTS_FOLDER])
+    if config.near_dup_threshold > 0:
+        near = rows | "NearDedup" >> NearDedupDocuments(config.near_dup_threshold)
+        rows = near.rows
+        rejects.append(near[REJECTS_FOLDER])
+    unique = rows | "UniqueDocIds" >> UniqueDocIds(with_rejects=True)
+    rejects.append(unique[REJECTS_FOLDER])
+    rows = unique.rows | "CountOutput" >> beam.ParDo(_CountOutput())
     for name in files:
         _ = (
             rows
@@ -339,23 +511,27 @@ def run_corpus(config: CorpusConfig, inputs: dict[str, str], output_url: str) ->
                 join_url(output_url, name), DOCUMENT_SCHEMA, config.num_shards,
                 key_fn=lambda row: row["doc_id"])
         )
+    _ = (
+        tuple(rejects)
+        | "FlattenRejects" >> beam.Flatten()
+        | "WriteRejects" >> WriteShards(join_url(output_url, REJECTS_FOLDER), REJECT_SCHEMA,
+                                        config.num_shards, key_fn=lambda row: row["reject_id"])
+    )
     result = p.run()
     result.wait_until_finish()
 
-    for name in files:
-        fill_empty_shards(join_url(output_url, name), DOCUMENT_SCHEMA, config.num_shards)
-    found = counters(result, NAMESPACE)
-    counts: dict[str, float] = {reason: 0 for reason in REJECT_REASONS}
-    for name in files:
-        for what in ("read", "documents", "sentences", "chars"):
-            counts[f"{name}_{what}"] = 0
-    counts.update(found)
-    for what in ("documents", "sentences", "chars"):
-        counts[what] = sum(counts[f"{name}_{what}"] for name in files)
-    out_files = [
-        describe_file(output_url, rel, rows=parquet_rows(join_url(output_url, rel)))
-        for rel in list_files(output_url)
-    ]
+    for name in list(files) + [REJECTS_FOLDER]:
+        schema = REJECT_SCHEMA if name == REJECTS_FOLDER else DOCUMENT_SCHEMA
+        fill_empty_shards(join_url(output_url, name), schema, config.num_shards)
+    counts = _counts(counters(result, NAMESPACE), files)
+    out_files, rejects_written = [], 0
+    for rel in list_files(output_url):
+        n = parquet_rows(join_url(output_url, rel))
+        if rel.startswith(REJECTS_FOLDER + "/"):
+            rejects_written += n
+        else:
+            out_files.append(describe_file(output_url, rel, rows=n))
+    counts["rejects_written"] = rejects_written
     seconds = time.monotonic() - started
     manifest = write_manifest(
         stage="corpus",
@@ -366,6 +542,21 @@ def run_corpus(config: CorpusConfig, inputs: dict[str, str], output_url: str) ->
         files=out_files,
         seconds=seconds,
     )
-    log.info("corpus: %d documents, %d sentences in %.1f s; rejects %s", counts["documents"],
-             counts["sentences"], seconds, {r: counts[r] for r in REJECT_REASONS if counts[r]})
+    log.info("corpus: %d documents, %d sentences in %.1f s; rejects %s (rows in %s)",
+             counts["documents"], counts["sentences"], seconds,
+             {r: counts[r] for r in REJECT_REASONS if counts[r]}, join_url(output_url, REJECTS_FOLDER))
     return manifest
+
+
+def _counts(found: dict[str, int], files: dict[str, list[str]]) -> dict[str, float]:
+    counts: dict[str, float] = {reason: 0 for reason in REJECT_REASONS + NOTES}
+    for name in files:
+        for what in ("read", "documents", "sentences", "chars"):
+            counts[f"{name}_{what}"] = 0
+    counts.update(found)
+    for what in ("read", "documents", "sentences", "chars"):
+        counts[what] = sum(counts[f"{name}_{what}"] for name in files)
+    counts["records_rejected"] = sum(counts[r] for r in RECORD_REJECTS)
+    counts["file_faults"] = sum(counts[r] for r in FILE_EVENTS)
+    counts["parts_dropped"] = sum(counts[r] for r in PART_DROPS)
+    return counts

@@ -1,33 +1,59 @@
-"""Streaming readers for the raw corpora: MediaWiki XML exports and folders of plain-text books.
+"""Raw corpus inputs: URL expansion, the record types readers yield, and plain-text books.
 
 Design choices:
-1. A dump is read with ``xml.etree.ElementTree.iterparse`` and every finished ``<page>`` is
-   cleared from the tree, so memory stays constant whatever the file size (an enwiki part is
-   gigabytes). Tags are matched by their local name, so any export schema version
-   (``http://www.mediawiki.org/xml/export-0.10/``, ``-0.11/`` ...) or none at all parses.
+1. Dumps are scanned page by page in :mod:`pipeline.dumps` (bounded memory, resynchronising at
+   the next ``<page>`` after a fault); this module holds the types both share and
+   :func:`iter_pages`, a strict wrapper for callers that want an error instead of events.
 2. Files are opened through fsspec with compression inferred from the name, so ``.xml``,
    ``.xml.bz2`` (and ``.gz``), local or ``gs://``, all read alike.
 3. An input URL may name a file, a folder or a glob; :func:`expand_inputs` turns it into a sorted
    list of files, each one unit of parallel work in the Beam job (dumps come in many parts).
-4. A broken file raises :class:`CorpusReadError` naming the file (and the line/column for XML);
-   the Beam job counts it as a reject and logs it instead of crashing.
+4. Books are UTF-8; another encoding is detected (``charset-normalizer``) and accepted only when
+   it decodes to clean text, a binary file is rejected with its reason, and one too large to
+   hold is rejected instead of blowing up a worker. Every refusal is a :class:`CorpusReadError`
+   with a ``reason`` the corpus job counts.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
 import xml.etree.ElementTree as ET
 from typing import Iterator
 
 import fsspec
 
 WIKI_SUFFIXES = (".xml", ".xml.bz2", ".xml.gz")
-BOOK_SUFFIXES = (".txt",)
+# Parts of a split dump: enwiki-…-pages-articles-multistream3.xml-p1p41242.bz2
+_WIKI_PART = re.compile(r"\.xml(?:-p\d+p\d+)?(?:\.bz2|\.gz)?$", re.I)
+BOOK_SUFFIXES = (".txt", ".txt.gz", ".txt.bz2")
+DEFAULT_MAX_BOOK_BYTES = 256 << 20
 _GLOB_CHARS = ("*", "?", "[")
 
 
 class CorpusReadError(RuntimeError):
-    """A raw input file could not be read or parsed; the message names the file."""
+    """A raw input file or record could not be read or parsed; the message names it."""
+
+    def __init__(self, message: str, reason: str = "unreadable_file"):
+        super().__init__(message)
+        self.reason = reason
+
+
+@dataclasses.dataclass(frozen=True)
+class ReadEvent:
+    """Something a reader met besides a good record, in file order.
+
+    kind "page": a record read and rejected (it counts as read); "file": a fault of the file
+    itself (truncated, unreadable: no record); "note": a repair, the record was kept.
+    """
+
+    kind: str
+    reason: str
+    url: str
+    record_id: str
+    title: str
+    detail: str
+    sample: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,6 +75,7 @@ class Book:
     title: str
     text: str
     url: str
+    encoding: str = "utf-8"  # as read; another one was detected
 
 
 # -- inputs ------------------------------------------------------------------------------------
@@ -57,6 +84,12 @@ def _to_url(fs, path: str, like: str) -> str:
     if "://" not in like:
         return path
     return fs.unstrip_protocol(path)
+
+
+def is_wiki_file(name: str) -> bool:
+    """A dump file by its name: ``.xml``, ``.xml.bz2``, ``.xml.gz`` or a split part
+    ``….xml-p1p41242.bz2`` (index files ``….txt.bz2`` are not)."""
+    return bool(_WIKI_PART.search(name))
 
 
 def _hidden(rel: str) -> bool:
@@ -83,7 +116,8 @@ def expand_inputs(url: str, suffixes: tuple[str, ...] | None = None) -> list[str
             if _hidden(rel):
                 continue
             if suffixes and not p.lower().endswith(suffixes):
-                continue
+                if not (suffixes == WIKI_SUFFIXES and is_wiki_file(p)):
+                    continue
             found.append(p)
     else:
         found = []
@@ -97,7 +131,7 @@ def _local(tag: str) -> str:
     return tag.rsplit("}", 1)[-1]
 
 
-def _page_from_element(elem: ET.Element, url: str) -> Page:
+def page_from_element(elem: ET.Element, url: str) -> Page:
     page_id = title = None
     ns = 0
     redirect = None
@@ -112,7 +146,8 @@ def _page_from_element(elem: ET.Element, url: str) -> Page:
             try:
                 ns = int((child.text or "0").strip())
             except ValueError:
-                raise CorpusReadError(f"{url}: page {title!r} has a non-integer <ns> {child.text!r}")
+                raise CorpusReadError(
+                    f"{url}: page {title!r} has a non-integer <ns> {child.text!r}", "malformed_page")
         elif tag == "redirect":
             redirect = child.get("title") or ""
         elif tag == "revision":  # a full-history export has several: the last one wins
@@ -120,37 +155,29 @@ def _page_from_element(elem: ET.Element, url: str) -> Page:
                 if _local(sub.tag) == "text":
                     text = sub.text or ""
     if not page_id:
-        raise CorpusReadError(f"{url}: page {title!r} has no <id>")
+        raise CorpusReadError(f"{url}: page {title!r} has no <id>", "malformed_page")
     return Page(page_id=page_id, title=title or "", ns=ns, redirect=redirect, text=text)
 
 
 def iter_pages(url: str) -> Iterator[Page]:
     """Stream the pages of a MediaWiki export (``.xml`` or compressed), in file order.
 
-    Memory stays constant: each page element is dropped from the tree once yielded.
-    Raises CorpusReadError naming the file (and line/column) on malformed XML or a corrupt
-    archive; pages before the fault have been yielded by then.
+    Strict: raises CorpusReadError naming the file, the page and the fault at the first rejected
+    page or file fault (pages before it have been yielded). The corpus job uses
+    :func:`pipeline.dumps.iter_wiki`, which reports those as events and goes on.
     """
-    try:
-        with fsspec.open(url, "rb", compression="infer") as f:
-            root = None
-            for event, elem in ET.iterparse(f, events=("start", "end")):
-                if root is None:
-                    root = elem
-                    continue
-                if event == "end" and _local(elem.tag) == "page":
-                    page = _page_from_element(elem, url)
-                    root.clear()  # drops this page (and siteinfo): constant memory
-                    yield page
-    except ET.ParseError as exc:
-        line, col = getattr(exc, "position", (None, None))
-        raise CorpusReadError(f"{url}: malformed XML at line {line}, column {col}: {exc}") from exc
-    except (OSError, EOFError, ValueError) as exc:
-        raise CorpusReadError(f"{url}: unreadable file: {exc}") from exc
+    from pipeline.dumps import iter_wiki
+
+    for item in iter_wiki(url):
+        if isinstance(item, Page):
+            yield item
+        elif item.kind != "note":
+            named = f" page {item.title!r} (id {item.record_id})" if item.record_id else ""
+            raise CorpusReadError(f"{url}:{named} {item.reason}: {item.detail}", item.reason)
 
 
 # -- books -------------------------------------------------------------------------------------
-def _stem(url: str) -> str:
+def book_stem(url: str) -> str:
     name = url.rstrip("/").rsplit("/", 1)[-1]
     for suffix in BOOK_SUFFIXES:
         if name.lower().endswith(suffix):
@@ -172,24 +199,93 @@ def _book_title(text: str, stem: str) -> str:
     return stem
 
 
-def read_book(url: str) -> Book:
-    """Read one book as strict UTF-8 (a leading BOM is dropped).
+# Encodings the detector may choose from (a closed list: on short text it otherwise picks exotic
+# code pages that decode anything, such as cp1006).
+_CANDIDATE_ENCODINGS = (
+    "utf_8", "cp1252", "cp1250", "cp1251", "koi8_r", "cp1253", "cp1254", "cp1255", "cp1256",
+    "cp1257", "shift_jis", "euc_jp", "gb18030", "big5", "euc_kr", "utf_16",
+)
+_LATIN_FAMILY = frozenset({"cp1250", "cp1252", "latin_1", "iso8859_15", "iso8859_2", "cp1257"})
 
-    Raises CorpusReadError naming the file and the byte offset when it is not valid UTF-8.
+
+def looks_binary(data: bytes) -> bool:
+    head = data[:65536]
+    if b"\x00" in head:
+        return True
+    controls = sum(1 for b in head if b < 32 and b not in (9, 10, 12, 13, 27))
+    return controls > len(head) * 0.05
+
+
+def _printable_share(text: str) -> float:
+    sample = text[:200_000]
+    if not sample:
+        return 1.0
+    good = sum(1 for ch in sample if ch.isprintable() or ch in "\n\r\t")
+    return good / len(sample)
+
+
+def decode_book(data: bytes, url: str) -> tuple[str, str]:
+    """(text, encoding) of a book's bytes: UTF-8 (a BOM dropped), or another encoding that
+    ``charset-normalizer`` detects and that decodes to printable text.
+
+    Raises CorpusReadError with reason ``binary_file`` or ``undecodable``, naming the file and
+    the first bad byte.
+    """
+    if looks_binary(data):
+        raise CorpusReadError(f"{url}: binary data, not a text file", "binary_file")
+    try:
+        return data.decode("utf-8-sig"), "utf-8"
+    except UnicodeDecodeError as exc:
+        first_bad = exc
+    try:
+        from charset_normalizer import from_bytes
+    except ImportError:  # the detector is optional: refuse rather than guess
+        best = None
+    else:
+        best = from_bytes(data[:1 << 20], cp_isolation=list(_CANDIDATE_ENCODINGS)).best()
+    if best is not None and best.encoding and best.encoding != "utf_8":
+        # cp1250 and cp1252 differ in a few letters the detector confuses on short text; the
+        # Western one is far the likelier for books (latin-1 Gutenberg texts are the usual case).
+        encoding = "cp1252" if best.encoding in _LATIN_FAMILY else best.encoding
+        try:
+            text = data.decode(encoding)
+        except (UnicodeDecodeError, LookupError):
+            text = None
+        if text is not None and _printable_share(text) >= 0.98:
+            return text, encoding
+    raise CorpusReadError(
+        f"{url}: not valid UTF-8 at byte {first_bad.start} ({first_bad.reason}) and no other "
+        "encoding decodes it to text", "undecodable")
+
+
+def read_book(url: str, max_bytes: int = DEFAULT_MAX_BOOK_BYTES) -> Book:
+    """Read one book: UTF-8, or a detected encoding (see :func:`decode_book`).
+
+    Raises CorpusReadError naming the file (reasons ``unreadable_file``, ``file_too_large``,
+    ``binary_file``, ``undecodable``).
     """
     try:
         with fsspec.open(url, "rb", compression="infer") as f:
-            data = f.read()
+            data = f.read(max_bytes + 1)
     except (OSError, EOFError, ValueError) as exc:
         raise CorpusReadError(f"{url}: unreadable file: {exc}") from exc
-    try:
-        text = data.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        raise CorpusReadError(
-            f"{url}: not valid UTF-8 at byte {exc.start}: {exc.reason}"
-        ) from exc
-    stem = _stem(url)
-    return Book(name=stem, title=_book_title(text, stem), text=text, url=url)
+    if len(data) > max_bytes:
+        raise CorpusReadError(f"{url}: larger than {max_bytes} bytes (max_book_bytes)",
+                              "file_too_large")
+    text, encoding = decode_book(data, url)
+    stem = book_stem(url)
+    return Book(name=stem, title=_book_title(text, stem), text=text, url=url, encoding=encoding)
+
+
+def iter_book_lines(url: str) -> Iterator[tuple[int, str]]:
+    """(line number, line) of a one-document-per-line file, streamed (memory flat in the file
+    size); blank lines are skipped, invalid UTF-8 bytes replaced."""
+    with fsspec.open(url, "rt", compression="infer", encoding="utf-8-sig", errors="replace",
+                     newline=None) as f:
+        for number, line in enumerate(f, 1):
+            line = line.strip()
+            if line:
+                yield number, line
 
 
 def iter_books(url: str) -> Iterator[Book]:

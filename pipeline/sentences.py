@@ -1,20 +1,25 @@
-"""Rule-based sentence splitting, and paragraphs of plain-text books.
+"""Rule-based sentence splitting for any script, and paragraphs of plain-text books.
 
-Design choice: a small deterministic rule set instead of a trained splitter (punkt, spaCy), so
-the corpus job has no model to download, runs the same on every worker and is fast. A candidate
-boundary is terminal punctuation (``.``, ``?``, ``!``, ``...``, ``…``), optionally followed by
-closing quotes or brackets, then whitespace, then something that can start a sentence (an
-upper-case letter, a digit, an opening quote or bracket). A period is no boundary after a known
-abbreviation (Mr., Dr., St., e.g., i.e., etc. before a lower-case word ...), a single-letter
-initial (J. R. R. Tolkien) or a dotted acronym (U.S., a.m.). Decimals (3.14) never qualify since
-no whitespace follows their point. The cost: "moved to the U.S. He ..." stays one sentence.
+Design choice: a small deterministic rule set instead of a trained splitter (punkt, spaCy) or a
+library (pysbd, blingfire: measured in docs/corpus.md, slower or wrong on Cyrillic/CJK cases),
+so the corpus job has no model to download, runs the same on every worker and is fast.
+
+A candidate boundary is terminal punctuation (``.``, ``?``, ``!``, ``...``, ``…``, and the
+Devanagari, Arabic, Armenian and Ethiopic full stops), optionally followed by closing quotes or
+brackets, then whitespace, then something that can start a sentence: any character that is not
+a lower-case letter (a capital of any script, Latin, Cyrillic, Greek ...; a letter of a script
+without case; a digit; an opening quote or bracket). Chinese and Japanese full-width ``。！？``
+end a sentence with no space after them. A period is no boundary after a known abbreviation
+(Mr., Dr., St., e.g., т.е., z.B. ...), a single-capital initial of any script (J. R. R. Tolkien,
+А. С. Пушкин) or a dotted acronym (U.S., a.m.). Decimals (3.14) never qualify since no
+whitespace follows their point. The cost: "moved to the U.S. He ..." stays one sentence.
 """
 
 from __future__ import annotations
 
 import re
 
-__all__ = ["split_sentences", "book_paragraphs", "ABBREVIATIONS"]
+__all__ = ["split_sentences", "book_paragraphs", "strip_boilerplate", "ABBREVIATIONS"]
 
 # Lower-cased, without the final period. A period after these never ends a sentence.
 ABBREVIATIONS = frozenset(
@@ -25,34 +30,64 @@ ABBREVIATIONS = frozenset(
         "dept", "univ", "assn", "bros", "corp", "co", "jan", "feb", "mar", "apr", "jun", "jul",
         "aug", "sep", "sept", "oct", "nov", "dec", "e.g", "i.e", "viz", "est", "b", "d", "c",
         "messrs", "mme", "mlle", "rd", "ave", "blvd",
+        # German, French, Spanish, Italian
+        "z.b", "bzw", "vgl", "nr", "hr", "fr", "usw", "u.a", "d.h", "sra", "sig",
+        # Russian, Bulgarian, Ukrainian (Cyrillic)
+        "т.е", "т.к", "т.н", "т.нар", "напр", "им", "ул", "пр", "см", "стр", "проф", "акад",
+        "д-р", "ок", "тыс", "млн", "млрд", "руб", "св", "гр", "ген", "доц", "т", "с", "ср",
+        # Greek
+        "κ", "π.χ", "δηλ", "κλπ",
     }
 )
 # Abbreviations that may also end a sentence: a boundary only when a capital follows, e.g.
-# "apples, pears etc. The ..." but "etc. and more" is not.
-_SOFT_ABBREVIATIONS = frozenset({"etc", "inc", "ltd"})
+# "apples, pears etc. The ..." but "etc. and more" is not; "в 1990 г. Он ..." ends one.
+_SOFT_ABBREVIATIONS = frozenset({"etc", "inc", "ltd", "г", "гг", "в", "вв", "т.д", "т.п", "др"})
 
-_CANDIDATE = re.compile(r"(?:\.{3}|…|[.?!]+)[\"'”’»)\]]*(?=\s+(\S))")
-_STARTER = re.compile(r"[A-Z0-9\"'“‘«(\[À-ÖØ-Þ¿¡]")
-_ACRONYM = re.compile(r"^(?:[A-Za-z]\.)+[A-Za-z]$")  # "U.S" of "U.S.", "e.g" of "e.g."
-_INITIAL = re.compile(r"^[A-Z]$")
+_CLOSERS = "\"'”’»)\]」』）〉》】"
+_CANDIDATE = re.compile(
+    r"(?:\.{3}|…|[.?!]+|[।॥؟։።]+)[" + _CLOSERS + r"]*(?=\s+(\S))"  # needs a space after
+    r"|[。！？]+[" + _CLOSERS + r"]*(?=\s*(\S))"  # full-width CJK: no space needed
+)
+_QUOTATIVE = ("と", "っ", "な")  # 「…。」と言った, 「…。」って
+_OPENERS = "\"'“‘«„‚([¿¡「『（〈《【"
+
+
+def _can_start(ch: str) -> bool:
+    """A sentence may start here: not a lower-case letter (any script), nor punctuation that
+    continues one (a comma, a dash)."""
+    if ch.isalpha():
+        return not ch.islower()
+    return ch.isdigit() or ch in _OPENERS
+
+
+def _is_initial(word: str) -> bool:
+    return len(word) == 1 and word.isupper()
+
+
+def _is_acronym(word: str) -> bool:
+    """"U.S" of "U.S.", "e.g" of "e.g.", "Т.Е" ...: single letters joined by periods."""
+    parts = word.split(".")
+    return len(parts) >= 2 and all(len(p) == 1 and p.isalpha() for p in parts)
 
 
 def _is_boundary(text: str, m: re.Match) -> bool:
+    if m.group(2) is not None:  # 。！？: a quotation followed by と/って continues the sentence
+        return not (m.group(0)[-1] in _CLOSERS and m.group(2) in _QUOTATIVE)
     punct = m.group(0)
     nxt = m.group(1)
-    if not _STARTER.match(nxt):
+    if not _can_start(nxt[0]):
         return False
     if not punct.startswith(".") or punct.startswith("..."):
         return True  # ? ! … ... (an ellipsis followed by a capital starts a new sentence)
-    if punct.rstrip("\"'”’»)]") != ".":
+    if punct.rstrip(_CLOSERS) != ".":
         return True  # "?." or ".." and the like
     # A single period: look at the word it ends.
     start = text.rfind(" ", 0, m.start()) + 1
-    word = text[start : m.start()].lstrip("\"'“‘«([")
+    word = text[start : m.start()].lstrip(_OPENERS)
     if not word:
         return True
     low = word.lower()
-    if _INITIAL.match(word) or _ACRONYM.match(word):
+    if _is_initial(word) or _is_acronym(word):
         return False
     if low in _SOFT_ABBREVIATIONS:
         return nxt[0].isupper()
@@ -82,6 +117,46 @@ def split_sentences(paragraph: str) -> list[str]:
 
 
 # -- books -------------------------------------------------------------------------------------
+# Project Gutenberg markers (all their variants since 1990s texts): the book lies between them.
+_PG_START = re.compile(
+    r"^\W*\*{3}\s*START OF (?:THE|THIS) PROJECT GUTENBERG.*$|^\*END\*THE SMALL PRINT.*$", re.I | re.M)
+_PG_END = re.compile(
+    r"^\W*\*{3}\s*END OF (?:THE|THIS) PROJECT GUTENBERG.*$|^\W*End of (?:the )?Project Gutenberg.*$",
+    re.I | re.M)
+# Front-matter lines outside the markers, or in books copied without them.
+_FRONT_MATTER = re.compile(
+    r"^(?:Produced by|Transcribed from|This e-?book is for the use of|Release Date:|Posting Date:|"
+    r"Language:|Character set encoding:|Title:|Author:|Translator:|Illustrator:|Credits:|"
+    r"Last updated:|\[E-?text #|\[E-?book #|Copyright \(C\)|All rights reserved).*$", re.I | re.M)
+
+
+def strip_boilerplate(text: str) -> str:
+    """The body of a book without Project Gutenberg-style header, licence and footer.
+
+    Text between the START and END markers is kept when they are present (the licence follows
+    END); front-matter lines ("Produced by ...", "Release Date: ...") are dropped anywhere in the
+    first 100 lines. The text of a book without markers is otherwise unchanged.
+    """
+    start = _PG_START.search(text)
+    if start:
+        text = text[start.end():]
+    end = _PG_END.search(text)
+    if end:
+        text = text[: end.start()]
+    head, sep, rest = _split_lines(text, 100)
+    return _FRONT_MATTER.sub("", head) + sep + rest
+
+
+def _split_lines(text: str, n: int) -> tuple[str, str, str]:
+    pos = 0
+    for _ in range(n):
+        k = text.find("\n", pos)
+        if k < 0:
+            return text, "", ""
+        pos = k + 1
+    return text[: pos - 1], "\n", text[pos:]
+
+
 _HEADING_LINE = re.compile(
     r"^(?:(?:chapter|part|book|volume|section|canto)\b.{0,60}|prologue|epilogue|preface|"
     r"introduction|contents|the end|[ivxlcdm]+\.?|\d+\.?)$",

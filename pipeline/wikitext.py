@@ -8,21 +8,30 @@ Design choices:
    stack, so the cost is linear in the text. No backtracking regex ever spans nested markup.
 2. Links are resolved innermost first, a bounded number of passes (a ``[[File:..]]`` caption
    holding ``[[links]]`` needs two), each pass one linear ``re.sub``.
-3. Every template becomes a space (a few argument-less ones their character: ``{{snd}}`` a
-   spaced dash, ``{{nbsp}}`` a space), including inline ones such as ``{{convert|5|km}}`` or
-   ``{{lang|fr|mot}}``: expanding them needs the template definitions, which a dump does not
-   carry in the page. A few words of prose are lost in exchange for never emitting template
-   syntax; the sentence filters downstream drop what becomes too short.
+3. Every template becomes a space except the inline ones whose value the sentence needs
+   (``{{convert}}``, ``{{lang}}``, ``{{IPA}}``, ``{{nihongo}}``, dates, ``{{nbsp}}`` ...): those
+   are rendered by :mod:`pipeline.templates`. Expanding templates in general needs their
+   definitions, which a dump does not carry in the page.
 4. Order matters and is fixed: comments, then tags whose content is dropped (refs, math,
    gallery ...), then braces, then line structure (headings, non-prose sections, lists), then
    links and inline markup, and HTML entities last, so that ``&lt;ref&gt;`` written as text in
    an article is never mistaken for markup.
+5. Markup is searched and cut in the same string, never in a case-mapped copy: ``"İ".lower()``
+   is two characters, so offsets found in ``text.lower()`` cut ``text`` in the wrong place.
+   Case-insensitive matching uses ``re.IGNORECASE`` on the text itself; case mapping, NFC and
+   other length-changing maps are applied only to keys (section names, tag names) or to the
+   finished paragraph.
+6. ``mwparserfromhell`` was measured as the alternative (docs/corpus.md): it builds a node
+   tree per page and was several times slower for the same or more residue, so this scanner stays.
 """
 
 from __future__ import annotations
 
 import html
 import re
+import unicodedata
+
+from pipeline.templates import render_template
 
 __all__ = ["clean_wikitext", "strip_braces", "NON_PROSE_SECTIONS"]
 
@@ -50,19 +59,19 @@ _KEEP_TAGS = (
     "rp", "wbr", "br", "hr", "samp", "time", "data", "caption", "li", "ul", "ol", "dl", "dd", "dt",
 )
 
-# Argument-less templates that stand for a character; every other template becomes a space.
-_INLINE_TEMPLATES = {
-    "ndash": "–", "mdash": "—", "snd": " – ", "spnd": " – ", "spaced ndash": " – ",
-    "spaced en dash": " – ", "sndash": " – ", "nbsp": " ", "sp": " ", "-": "-", "née": "née",
-    "nee": "née", "!": "|", "=": "=", "'": "'", "apos": "'", "·": " · ", "dot": " · ",
-}
-
 _COMMENT = re.compile(r"<!--.*?(?:-->|\Z)", re.S)
 _DROP_NAMES = sorted({t.split()[0] for t in _DROP_TAGS}, key=len, reverse=True)
 # An opening drop-tag, self-closing or not. [^<>]* cannot backtrack across tags.
 # Attributes must have values (name="v", name='v', name=v), so "a<b and c>d" is no tag.
 _ATTRS = r"""(?:\s+[\w:-]+\s*=\s*(?:"[^"<>]*"|'[^'<>]*'|[^\s<>"'/]+))*\s*"""
-_DROP_OPEN = re.compile(r"<(" + "|".join(_DROP_NAMES) + r")\b" + _ATTRS + r"(/?)>", re.I)
+# Drop-tags also take valueless attributes (<syntaxhighlight lang=py inline>): their names are
+# specific enough that "a<ref and b>" in prose is not a risk worth losing a code block to.
+_LOOSE_ATTRS = r"""(?:\s+[\w:-]+(?:\s*=\s*(?:"[^"<>]*"|'[^'<>]*'|[^\s<>"'/]+))?)*\s*"""
+_DROP_OPEN = re.compile(r"<(" + "|".join(_DROP_NAMES) + r")\b" + _LOOSE_ATTRS + r"(/?)>", re.I)
+_DROP_CLOSE = {name: re.compile(r"</" + name + r"\s*>", re.I) for name in _DROP_NAMES}
+# <math>x</math> and <chem>H2O</chem> are kept when short and plain (a variable, a formula
+# without TeX commands): dropping them leaves "is a variable" with no subject.
+_PLAIN_MATH = re.compile(r"^[\w\s=+\-*/().,^'′]{1,40}$")
 _KEEP_TAG = re.compile(
     r"</?(?:" + "|".join(sorted(_KEEP_TAGS, key=len, reverse=True)) + r")\b" + _ATTRS + r"/?>",
     re.I,
@@ -90,8 +99,11 @@ _LEFTOVER = re.compile(r"\[\[|\]\]|\{\{|\}\}")
 
 # -- 1. comments and tags ----------------------------------------------------------------------
 def _drop_tags(text: str) -> str:
-    """Remove drop-tags with their content; linear (one search for each tag's closing)."""
-    lower = text.lower()
+    """Remove drop-tags with their content; linear (one search for each tag's closing).
+
+    Closings are searched in ``text`` itself with a case-insensitive pattern, never in
+    ``text.lower()``, whose offsets differ after characters such as "İ".
+    """
     out: list[str] = []
     pos = 0
     no_close_after: dict[str, int] = {}  # tag -> position after which no closing tag exists
@@ -104,96 +116,104 @@ def _drop_tags(text: str) -> str:
         if m.group(2):  # <ref name="x" />
             pos = m.end()
             continue
-        close = -1
+        close = None
         if m.end() < no_close_after.get(name, len(text) + 1):
-            close = lower.find("</" + name, m.end())
-            if close < 0:
+            close = _DROP_CLOSE[name].search(text, m.end())
+            if close is None:
                 no_close_after[name] = m.end()
-        if close < 0:  # unclosed: drop only the opening tag, as MediaWiki shows the rest
+        if close is None:  # unclosed: drop only the opening tag, as MediaWiki shows the rest
             pos = m.end()
             continue
-        end = lower.find(">", close)
-        pos = len(text) if end < 0 else end + 1
+        if name in ("math", "chem", "ce"):
+            inner = text[m.end() : close.start()]
+            if _PLAIN_MATH.match(inner):
+                out.append(inner)
+        pos = close.end()
     out.append(text[pos:])
     return _STRAY_CLOSE.sub("", "".join(out))
 
 
 # -- 2. templates and tables -------------------------------------------------------------------
-def strip_braces(text: str) -> str:
+def strip_braces(text: str, _depth: int = 0) -> str:
     """Remove templates, template parameters and tables, however nested, in linear time.
 
-    A brace run counts each brace (``{{{`` opens 3, ``}}}}`` closes up to 4), so parameters and
-    templates nest freely; ``{|`` and ``|}`` count only at a line start, and ``|}`` closes a table
-    only when a table is the innermost open construct (``|}}`` ending a template stays braces).
-    An unclosed template is treated as literal text from its opening braces (which are dropped),
-    as MediaWiki does; an unclosed table runs to the end of the page.
+    One scan pushes every opening brace run and table start on a stack; a closing run pops
+    (``{{{`` opens 3, ``}}}}`` closes up to 4), so parameters and templates nest freely. ``{|`` and
+    ``|}`` count only at a line start, and ``|}`` closes a table only when a table is the innermost
+    open construct (``|}}`` ending a template stays braces); a ``}}`` closes an unclosed table
+    inside its template. Openers never closed are literal text (their braces are dropped, what
+    they enclose is kept: matched constructs inside it are still removed), as MediaWiki does; an
+    unclosed table runs to the end of the page. Each outermost template is replaced by its
+    visible text (:func:`pipeline.templates.render_template`, mostly a space).
     """
-    pieces: list[str] = []
-    while True:
-        kept, rest = _strip_braces_once(text)
-        pieces.append(kept)
-        if rest is None:
-            return "".join(pieces)
-        text = rest
-
-
-def _strip_braces_once(text: str) -> tuple[str, str | None]:
-    """(text kept, None) or, after an unclosed template, (text kept before it, text to rescan)."""
-    out: list[str] = []
-    start = 0  # start of the text not yet copied
-    pos = 0
-    stack: list[list] = []  # entries: ["B", open brace count, start pos] or ["T", 0, start pos]
     n = len(text)
+    stack: list[list] = []  # ["B", braces still open, start, braces opened] or ["T", 0, start, 0]
+    spans: list[tuple[int, int, int]] = []  # (start, end, kind): 2 template, 3+ param, 0 table/literal
+    pos = 0
+    open_b = 0  # "B" entries on the stack
     while pos < n:
         m = _BRACE_TOKEN.search(text, pos)
         if m is None:
             break
         opening, closing, table = m.group(1), m.group(2), m.group(3)
         if opening:
-            if not stack:
-                out.append(text[start : m.start()])
-            if stack and stack[-1][0] == "B":
-                stack[-1][1] += len(opening)
-            else:
-                stack.append(["B", len(opening), m.start()])
+            stack.append(["B", len(opening), m.start(), len(opening)])
+            open_b += 1
             pos = m.end()
         elif closing:
-            if stack and stack[-1][0] == "B":
-                used = min(len(closing), stack[-1][1])
-                stack[-1][1] -= used
-                pos = m.start() + used
-                if stack[-1][1] == 0:
-                    opened = stack.pop()[2]
-                    if not stack:
-                        name = text[opened:pos].strip("{} \n").lower()
-                        out.append(_INLINE_TEMPLATES.get(name, " "))
-                        start = pos
-            else:
-                pos = m.end()
+            left = len(closing)
+            at = m.start()
+            while left >= 2 and stack:
+                if stack[-1][0] == "T":
+                    if open_b:
+                        stack.pop()  # a table left open inside a template ends with it
+                        continue
+                    break
+                entry = stack[-1]
+                used = min(left, entry[1])
+                entry[1] -= used
+                left -= used
+                at += used
+                if entry[1] <= 1:  # closed; a single brace left over is a literal "{"
+                    stack.pop()
+                    open_b -= 1
+                    start = entry[2] + entry[1]
+                    spans.append((start, at, entry[3] - entry[1]))
+            pos = m.end() if left else at
+            if left and at < m.end():
+                spans.append((at, m.end(), 0))  # stray closing braces
         elif table == "{|":
-            if not stack:
-                out.append(text[start : m.start()])
-            stack.append(["T", 0, m.start()])
+            stack.append(["T", 0, m.start(3), 0])
             pos = m.end()
         else:  # "|}"
             if stack and stack[-1][0] == "T":
-                stack.pop()
+                entry = stack.pop()
+                spans.append((entry[2], m.end(), 0))
                 pos = m.end()
-                if not stack:
-                    start = pos
             else:
                 pos = m.start(3) + 1  # rescan from the brace: "|}}" may close a template
-    if not stack:
-        out.append(text[start:])
-        return "".join(out), None
-    kind, _, opened = stack[0]
-    if kind == "T":
-        return "".join(out), None
-    # An unclosed template: its braces were literal. Drop them, keep and rescan what follows.
-    skip = opened
-    while skip < n and text[skip] == "{":
-        skip += 1
-    return "".join(out), text[skip:]
+    for kind, open_left, start, opened in stack:  # bottom up: never closed
+        if kind == "T":
+            spans.append((start, n, 0))
+            break
+        spans.append((start, start + open_left, 0))
+    if not spans:
+        return text
+    spans.sort(key=lambda s: (s[0], -s[1]))
+    out: list[str] = []
+    cur = 0
+    for start, end, kind in spans:
+        if start < cur:
+            continue  # inside an outer construct already removed
+        out.append(text[cur:start])
+        if kind == 2:
+            out.append(render_template(text[start + 2 : end - 2],
+                                       lambda arg: strip_braces(arg, _depth + 1), _depth))
+        elif kind >= 3:
+            out.append(" ")
+        cur = end
+    out.append(text[cur:])
+    return "".join(out)
 
 
 # -- 3. links ----------------------------------------------------------------------------------
@@ -220,11 +240,13 @@ def _link_text(m: re.Match) -> str:
 
 
 def _resolve_links(text: str) -> str:
-    for _ in range(6):  # nesting depth; captions rarely nest more than twice
+    for _ in range(6 if "[[" in text else 0):  # nesting depth; captions rarely nest more than twice
         new = _INTERNAL_LINK.sub(_link_text, text)
         if new == text:
             break
         text = new
+    if "//" not in text and "mailto:" not in text:
+        return text  # no URL: skip both scans
     text = _EXTERNAL_LINK.sub(lambda m: m.group(1) or "", text)
     return _BARE_URL.sub("", text)
 
@@ -248,19 +270,42 @@ def _prose_lines(text: str) -> list[str | None]:
         if skip_level:
             continue
         if not line or line[0] in "*#:;|!" or line.startswith("----"):
+            if line and line[0] in "*#;" and lines and lines[-1] and lines[-1].endswith(":"):
+                lines[-1] = _drop_list_intro(lines[-1])  # "Towns on the river include:"
             lines.append(None)
             continue
         lines.append(line)
     return lines
 
 
+_LAST_BOUNDARY = re.compile(r".*[.!?…。！？][\"'”’»)\]]*\s")
+
+
+def _drop_list_intro(line: str) -> str | None:
+    """A line without its last sentence, the one that introduced a list now dropped."""
+    m = _LAST_BOUNDARY.match(line)
+    return m.group(0).rstrip() if m else None
+
+
 # -- 5. inline cleanup -------------------------------------------------------------------------
+# Control and invisible format characters dropped from prose (ZWJ/ZWNJ stay: Persian, Indic).
+_INVISIBLE = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u00ad\u200b\u2060\ufeff\ufffd\ufffe]")
+
+
+_PARA_SEP = "\ue000"
+
+
 def _tidy(paragraph: str) -> str:
-    text = html.unescape(paragraph)
+    text = html.unescape(paragraph) if "&" in paragraph else paragraph
+    text = _INVISIBLE.sub("", text)
+    if not unicodedata.is_normalized("NFC", text):
+        text = unicodedata.normalize("NFC", text)
     text = _WS.sub(" ", text)  # also folds &nbsp; (U+00A0) and other Unicode spaces
-    text = _LEFTOVER.sub("", text)
-    text = _PAREN_LEAD.sub("(", text)
-    text = _EMPTY_PARENS.sub("", text)
+    if "[[" in text or "]]" in text or "{{" in text or "}}" in text:
+        text = _LEFTOVER.sub("", text)
+    if "(" in text:
+        text = _PAREN_LEAD.sub("(", text)
+        text = _EMPTY_PARENS.sub("", text)
     text = _SPACE_AFTER_OPEN.sub(r"\1", text)
     text = _SPACE_BEFORE_PUNCT.sub(r"\1", text)
     return _WS.sub(" ", text).strip()
@@ -277,23 +322,30 @@ def clean_wikitext(text: str) -> list[str]:
     if not text:
         return []
     text = text.replace("\r\n", "\n").replace("\r", "\n")
-    text = _COMMENT.sub("", text)
+    if "<!--" in text:
+        text = _COMMENT.sub("", text)
     text = _drop_tags(text)
     text = strip_braces(text)
     text = _resolve_links(text)  # before line splitting: [[File:..]] captions may span lines
-    text = _KEEP_TAG.sub(lambda m: " " if m.group(0)[1:3].lower() in ("br", "hr") else "", text)
-    text = _MAGIC_WORD.sub("", text)
-    text = _QUOTES.sub("", text)
+    if "<" in text:
+        text = _KEEP_TAG.sub(lambda m: " " if m.group(0)[1:3].lower() in ("br", "hr") else "", text)
+    if "__" in text:
+        text = _MAGIC_WORD.sub("", text)
+    if "''" in text:
+        text = _QUOTES.sub("", text)
 
-    paragraphs: list[str] = []
+    raw: list[str] = []
     current: list[str] = []
     for line in _prose_lines(text) + [None]:
         if line is None:
             if current:
-                para = _tidy(" ".join(current))
-                if para:
-                    paragraphs.append(para)
+                raw.append(" ".join(current))
                 current = []
         else:
             current.append(line)
-    return paragraphs
+    if not raw:
+        return []
+    # One pass of the inline cleanup over all paragraphs (a private-use separator, which no
+    # pattern treats as space or punctuation), not one per paragraph: a page has dozens.
+    tidied = _tidy(_PARA_SEP.join(p.replace(_PARA_SEP, " ") for p in raw))
+    return [p.strip() for p in tidied.split(_PARA_SEP) if p.strip()]

@@ -1,6 +1,7 @@
 """The corpus job: pure record functions, composites on TestPipeline, run_corpus end to end."""
 
 import bz2
+import collections
 import dataclasses
 import json
 
@@ -15,6 +16,7 @@ import pipeline.corpus as corpus
 from pipeline.config import BeamConfig, CorpusConfig
 from pipeline.corpus import (
     CleanDocuments,
+    CorpusInputError,
     DedupDocuments,
     UniqueDocIds,
     build_document,
@@ -146,7 +148,8 @@ def make_inputs(root):
     (books / "dup_of_cats.txt").write_text(  # same text as the Cats page: books:... < wiki:6
         "The cat is a small mammal. Cats purr & sleep a lot.\n\nThey were domesticated long ago.\n"
     )
-    (books / "latin1.txt").write_bytes("Caf\xe9 society was busy.".encode("latin-1"))
+    (books / "latin1.txt").write_bytes("Caf\xe9 society was busy. The waiters ran about.".encode("latin-1"))
+    (books / "cover.bin").write_bytes(bytes(range(256)) * 4)  # binary among the books
     return {"wiki": str(wiki), "books": str(books)}
 
 
@@ -173,7 +176,7 @@ def test_run_corpus_end_to_end(tmp_path, monkeypatch, caplog):
 
     # the manifest is written last, after every shard (empty ones included)
     shards = ["part-00000-of-00002.parquet", "part-00001-of-00002.parquet"]
-    assert seen_at_manifest["files"] == sorted(shards * 2)
+    assert seen_at_manifest["files"] == sorted(shards * 3)  # books/, wiki/, rejects/
     assert not stale.exists()
     on_disk = read_manifest(out)
     assert on_disk.fingerprint == manifest.fingerprint
@@ -184,14 +187,15 @@ def test_run_corpus_end_to_end(tmp_path, monkeypatch, caplog):
     books = sorted(read_rows(out + "/books"), key=lambda r: r["doc_id"])
     assert [r["doc_id"] for r in wiki] == ["wiki:1"]
     assert wiki[0]["sentences"] == ADA_SENTENCES and wiki[0]["title"] == "Ada Lovelace"
-    assert [r["doc_id"] for r in books] == ["books:dup_of_cats", "books:red_house"]
-    assert books[1]["title"] == "THE RED HOUSE"
-    assert books[1]["sentences"] == [
+    assert [r["doc_id"] for r in books] == ["books:dup_of_cats", "books:latin1", "books:red_house"]
+    assert books[2]["title"] == "THE RED HOUSE"
+    assert books[2]["sentences"] == [
         "It was a dark and stormy night outside.",
         "The wind blew through the old trees.",
         "She opened the door slowly.",
     ]
-    assert sum(f.rows for f in on_disk.files) == 3
+    assert books[1]["sentences"][0] == "Café society was busy."  # latin-1 detected, not dropped
+    assert sum(f.rows for f in on_disk.files) == 4
 
     c = on_disk.counts
     assert c["redirect"] == 1
@@ -200,16 +204,26 @@ def test_run_corpus_end_to_end(tmp_path, monkeypatch, caplog):
     assert c["duplicate_document"] == 2  # wiki:5 (= wiki:1) and wiki:6 (= books:dup_of_cats)
     # sentence rejects are counted before document dedup: wiki:1 and its copy wiki:5 both count
     assert c["duplicate_sentence"] == 2 and c["sentence_too_short"] == 2
-    assert c["unreadable_file"] == 2  # the malformed dump part and the Latin-1 book
-    assert c["duplicate_doc_id"] == 0
-    assert (c["wiki_documents"], c["books_documents"], c["documents"]) == (1, 2, 3)
-    assert c["sentences"] == 3 + 3 + 3
+    assert c["truncated_page"] == 1  # the malformed dump part: its one unclosed page
+    assert c["binary_file"] == 1 and c["books_reencoded"] == 1
+    assert c["unreadable_file"] == 0 and c["duplicate_doc_id"] == 0
+    assert (c["wiki_documents"], c["books_documents"], c["documents"]) == (1, 3, 4)
+    assert c["sentences"] == 3 + 3 + 3 + 2
     assert c["chars"] == sum(r["num_chars"] for r in wiki + books)
-    assert c["wiki_read"] == 6 and c["books_read"] == 2
+    assert c["wiki_read"] == 7 and c["books_read"] == 4
+    # nothing lost silently: every record read is a document or a reject with a reason
+    assert c["read"] == c["documents"] + c["records_rejected"]
+    rejects = read_rows(out + "/rejects")
+    assert len(rejects) == c["records_rejected"] + c["file_faults"] == c["rejects_written"]
+    by_reason = collections.Counter(r["reason"] for r in rejects)
+    assert by_reason == {"redirect": 1, "non_article_namespace": 1, "empty_after_cleaning": 1,
+                         "duplicate_document": 2, "truncated_page": 1, "binary_file": 1}
+    broken = next(r for r in rejects if r["reason"] == "truncated_page")
+    assert broken["url"].endswith("enwiki-p3.xml") and broken["title"] == "Broken"
     assert set(on_disk.inputs) == {"wiki", "books"}
     assert on_disk.config == json.loads(json.dumps(dataclasses.asdict(CFG)))
     assert any("latin1.txt" in r.getMessage() for r in caplog.records)
-    assert any("enwiki-p3.xml" in r.getMessage() for r in caplog.records)
+    assert any("cover.bin" in r.getMessage() for r in caplog.records)
 
 
 def test_run_corpus_is_deterministic_across_parallelism(tmp_path):
@@ -221,15 +235,17 @@ def test_run_corpus_is_deterministic_across_parallelism(tmp_path):
         m = run_corpus(cfg, inputs, str(out))
         outputs.append(({f.path: f.sha256 for f in m.files}, m.counts))
     assert outputs[0] == outputs[1]  # same bytes and same counters with 1 and 2 workers
-    assert len(outputs[0][0]) == 6
+    assert len(outputs[0][0]) == 6  # documents; rejects/ is left out of the manifest
 
 
 def test_run_corpus_glob_input_and_bad_names(tmp_path):
     inputs = make_inputs(tmp_path / "raw")
-    m = run_corpus(CFG, {"wiki": inputs["wiki"] + "/*.bz2"}, str(tmp_path / "c"))
-    assert m.counts["unreadable_file"] == 0  # the malformed .xml part is not matched
+    wiki_only = dataclasses.replace(CFG, sources=("wiki",))
+    m = run_corpus(wiki_only, {"wiki": inputs["wiki"] + "/*.bz2"}, str(tmp_path / "c"))
+    assert m.counts["truncated_page"] == 0  # the malformed .xml part is not matched
     assert m.counts["wiki_documents"] == 2 and "books_documents" not in m.counts
     with pytest.raises(ValueError, match="'news'"):
         run_corpus(CFG, {"news": inputs["wiki"]}, str(tmp_path / "d"))
-    with pytest.raises(FileNotFoundError, match="missing"):
-        run_corpus(CFG, {"wiki": str(tmp_path / "missing")}, str(tmp_path / "d"))
+    with pytest.raises(CorpusInputError, match="missing matches no files"):
+        run_corpus(wiki_only, {"wiki": str(tmp_path / "missing")}, str(tmp_path / "d"))
+    assert not (tmp_path / "d").exists()  # refused before any work

@@ -36,6 +36,31 @@ def test_split_sentences(text, expected):
     assert split_sentences(text) == expected
 
 
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("Кирил създава азбуката, чието име носи и днес. Той поправя превода.",
+         ["Кирил създава азбуката, чието име носи и днес.", "Той поправя превода."]),
+        ("А. С. Пушкин родился в Москве. Он писал стихи.",
+         ["А. С. Пушкин родился в Москве.", "Он писал стихи."]),
+        ("Это было, т.е. давно. Потом всё прошло.", ["Это было, т.е. давно.", "Потом всё прошло."]),
+        ("Он родился в 1799 г. В Москве жил долго.", ["Он родился в 1799 г.", "В Москве жил долго."]),
+        ("Ο Σωκράτης ήταν φιλόσοφος. Έζησε στην Αθήνα.",
+         ["Ο Σωκράτης ήταν φιλόσοφος.", "Έζησε στην Αθήνα."]),
+        ("Er kam z.B. Montag. Dann ging er.", ["Er kam z.B. Montag.", "Dann ging er."]),
+        ("東京は日本の首都です。人口は多い！本当？はい。", ["東京は日本の首都です。", "人口は多い！", "本当？", "はい。"]),
+        ("他说：“我来了。”然后走了。", ["他说：“我来了。”", "然后走了。"]),
+        ("「行こう。」と彼は言った。次へ。", ["「行こう。」と彼は言った。", "次へ。"]),
+        ("यह एक वाक्य है। यह दूसरा है।", ["यह एक वाक्य है।", "यह दूसरा है।"]),
+        ("هل أنت هنا؟ نعم.", ["هل أنت هنا؟", "نعم."]),
+        ("Il pesait 3,5 kg. Le prix était 2.50 euros. Fin.",
+         ["Il pesait 3,5 kg.", "Le prix était 2.50 euros.", "Fin."]),
+    ],
+)
+def test_split_sentences_any_script(text, expected):
+    assert split_sentences(text) == expected
+
+
 def test_split_sentences_keeps_every_character():
     text = "Dr. A. Smith (b. 1950) said: \"Yes.\" Then e.g. this! And 2.5 km... Fine?"
     assert " ".join(split_sentences(text)) == text

@@ -116,8 +116,10 @@ def test_entities_quotes_and_spacing():
 
 
 def test_template_leftovers_do_not_leave_empty_parens():
-    text = "'''Ada''' ({{IPA|x}}; born {{birth date|1815|12|10}}) was a writer {{citation needed}}."
-    assert clean(text) == "Ada (born) was a writer."
+    text = "'''Ada''' ({{efn|x}}; born {{birth date|1815|12|10}}) was a writer {{citation needed}}."
+    assert clean(text) == "Ada (born 10 December 1815) was a writer."
+    assert clean("'''Ada''' ({{sfn|P|1982}}{{IPAc-en|lang|ˈ|eɪ|d|ə}}) wrote.") == "Ada (/ˈeɪdə/) wrote."
+    assert clean("'''Ada''' ({{efn|a}}; {{cite|b}}) wrote.") == "Ada wrote."
 
 
 def test_paragraphs_join_wrapped_lines():
@@ -160,3 +162,80 @@ def test_throughput_is_linear():
     clean_wikitext(big)
     t2 = time.perf_counter()
     assert (t2 - t1) < 30 * max(t1 - t0, 1e-3)  # 10x the text, not 100x the time
+
+
+# -- residue found on real pages (issue 6) --------------------------------------------------------
+LENGTH_CHANGING = ["İ", "ß", "ﬁ", "ŉ", "ΐ", "ǰ"]  # lower() or upper() of each is 2+ characters
+
+
+@pytest.mark.parametrize("char", LENGTH_CHANGING)
+def test_case_mapping_never_shifts_cut_offsets(char):
+    page = (
+        "@stanbul and @zmir are cities.<ref>{{cite|x}}</ref> He said it was \"clearly\".<ref>x</ref>\n"
+        "=== Death ===\nOn 17 April he died.{{Sfnp|Pais|1982|p=3}}<REF name=a>y</REF> "
+        "It passed to the next.{{rp|158}} <Math>\\pi</MATH> @@ <Source lang=c>int @;</SOURCE> end.\n"
+        "[[File:@.jpg|thumb|@ caption]] {{lang|tr|@zmir}} is @@ [[Category:@]]"
+    )
+    plain = clean_wikitext(page.replace("@", "Q"))
+    assert clean_wikitext(page.replace("@", char)) == [p.replace("Q", char) for p in plain]
+    joined = " ".join(plain)
+    for residue in ("===", "rp|", "Sfnp", "158", "thumb", "{{", "}}", "<", ">", "Death"):
+        assert residue not in joined
+
+
+def test_inline_templates_keep_their_visible_value():
+    assert clean("At {{convert|52419|sqmi|km2}}, Alabama is large.") == (
+        "At 52,419 square miles, Alabama is large.")
+    assert clean("It runs {{convert|5|to|10|km|abbr=on}} and {{cvt|1|mi}} then {{convert|1|ft}}.") == (
+        "It runs 5 to 10 km and 1 mi then 1 foot.")
+    assert clean("{{lang|de|Albert}} was born in {{lang-de|Ulm}}.") == "Albert was born in Ulm."
+    assert clean("{{nihongo|Tokyo|東京|Tōkyō}} is big.") == "Tokyo (東京) is big."
+    assert clean("{{math|''x'' + 1}} is odd; {{mvar|y}} is {{frac|1|2}}.") == "x + 1 is odd; y is 1/2."
+    assert clean("Let <math>x</math> be {{nowrap|{{lang|fr|très}} grand}}.") == "Let x be très grand."
+    assert clean("{{circa|1900}} and {{as of|2020}}, {{formatnum:1234567}}.") == (
+        "c. 1900 and As of 2020, 1,234,567.")
+
+
+def test_tags_with_valueless_attributes_and_charts():
+    text = (
+        "Code <source lang=python inline>x = {1}</source> here and <syntaxhighlight lang=c line>"
+        "int x;</syntaxhighlight> done.\n"
+        "{{chart top|Family}}\n{{chart|border=0|AAA | | BBB |AAA=[[Foo]]|BBB=Bar}}\n"
+        "{{chart| |!| }}\n{{chart bottom}}\nProse here."
+    )
+    assert clean_wikitext(text) == ["Code here and done.", "Prose here."]
+
+
+def test_unicode_nfc_and_control_characters():
+    assert clean("Cafe\u0301 soft\u00adhyphen zero\u200bwidth bell\x07 end.") == (
+        "Café softhyphen zerowidth bell end.")
+
+
+def test_unclosed_and_nested_braces_are_linear():
+    """Operations, not seconds: the scanner's search count grows linearly with the openers."""
+    import pipeline.wikitext as wt
+
+    calls = []
+    real = wt._BRACE_TOKEN
+
+    class Counting:
+        def search(self, text, pos):
+            calls.append(pos)
+            return real.search(text, pos)
+
+    wt._BRACE_TOKEN = Counting()
+    try:
+        for k in (2500, 10000):
+            calls.clear()
+            assert strip_braces("{{a " * k + "x").split() == ["a"] * k + ["x"]
+            unclosed = len(calls)
+            calls.clear()
+            strip_braces("{{lang|x|" * k + "y" + "}}" * k)
+            assert unclosed <= 2 * k + 2 and len(calls) <= 4 * (2 * k + 2)
+    finally:
+        wt._BRACE_TOKEN = real
+
+
+def test_sentence_introducing_a_dropped_list_goes_with_it():
+    text = "Rivers flow here. The main rivers are:\n* A\n* B\nAfter the list.\n\nOnly:\n# x\nNot a list intro: fine."
+    assert clean_wikitext(text) == ["Rivers flow here.", "After the list.", "Not a list intro: fine."]

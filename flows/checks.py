@@ -54,7 +54,16 @@ def preflight(
     from pipeline.schema import fingerprint_input
 
     for stage in stages:
-        for name, url in stage_inputs(stage, cfg, root, given).items():
+        inputs = stage_inputs(stage, cfg, root, given)
+        if stage == "corpus":  # its sources may be optional (corpus.sources): the stage's own check
+            from pipeline.corpus import CorpusInputError, check_corpus_inputs
+
+            try:
+                check_corpus_inputs(cfg.corpus, inputs)
+            except CorpusInputError as exc:
+                raise FileNotFoundError(str(exc)) from None
+            continue
+        for name, url in inputs.items():
             if written_by_this_run(name, url, root):
                 continue  # an earlier stage of this run writes it
             try:

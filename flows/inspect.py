@@ -50,7 +50,11 @@ def _rows(url: str, n: int, columns=None) -> list[dict]:
 def inspect_url(url: str, n: int = 5) -> str:
     stage, folder = _stage_of(url)
     if stage == "corpus":
-        return _documents(url, n)
+        from pipeline.preview import format_preview, preview_corpus
+
+        source = url.rstrip("/").rsplit("/", 1)[-1] if url.rstrip("/") != folder else None
+        return format_preview(preview_corpus(folder, n, source=source if source in ("wiki", "books") else None,
+                                             rejects=source == "rejects"))
     if stage == "examples":
         return _examples(url, folder, n)
     if stage == "vocab":
@@ -61,16 +65,6 @@ def inspect_url(url: str, n: int = 5) -> str:
             return f.read()
     manifest = read_manifest(folder)
     return _predictions(folder, manifest, n)
-
-
-def _documents(url: str, n: int) -> str:
-    lines = []
-    for row in _rows(url, n):
-        lines.append(f"== {row['doc_id']}  {row['title']!r}  ({row['num_sentences']} sentences)")
-        lines += [f"  {i:3d}. {s}" for i, s in enumerate(row["sentences"][:8])]
-        if row["num_sentences"] > 8:
-            lines.append(f"  ... {row['num_sentences'] - 8} more")
-    return "\n".join(lines)
 
 
 def _examples(url: str, folder: str, n: int) -> str:

@@ -176,7 +176,7 @@ STAGES: dict[str, Stage] = {
             "corpus", "corpus",
             inputs=lambda cfg, root: {"wiki": resolve_data(cfg.data).wiki, "books": resolve_data(cfg.data).books},
             config=lambda cfg, inputs: dataclasses.asdict(cfg.corpus),
-            run=_run_corpus, figures=("documents", "sentences", "duplicate_document"),
+            run=_run_corpus, figures=("documents", "sentences", "read", "records_rejected"),
             retries=1, timeout_s=48 * 3600,
             doc="Beam: clean the Wikipedia dump and the books into sentence-split documents (Parquet)",
         ),

@@ -46,7 +46,7 @@ def test_a_missing_dump_is_named_before_any_server_starts(tmp_path, capsys):
     missing = tmp_path / "enwiki-20261101-pages-articles.xml.bz2"
     assert main(["run", "--root", str(tmp_path / "r"), "--set", f"data.wiki={missing}"]) == 2
     err = capsys.readouterr().err
-    assert "stage corpus, input wiki" in err and str(missing) in err
+    assert "the wiki input" in err and str(missing) in err
     assert not (tmp_path / "r" / "mlflow.db").exists()
 
 

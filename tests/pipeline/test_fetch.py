@@ -129,3 +129,14 @@ def test_select_dump_files_and_parse_checksums():
     assert parts == sorted(names[2:4])
     assert select_dump_files(names, "en", "1", multistream=False) == ["enwiki-1-pages-articles.xml.bz2"]
     assert parse_checksums("ab" * 20 + "  x.bz2\nnoise line\n") == {"x.bz2": "ab" * 20}
+
+
+def test_the_cli_fetches_and_names_the_next_command(server, tmp_path, capsys):
+    from flows.cli import main
+
+    base, dump, _ = server
+    out = tmp_path / "raw"
+    assert main(["fetch-wiki", "--lang", "xx", "--date", DATE, "--out", str(out), "--base-url", base]) == 0
+    printed = capsys.readouterr().out
+    assert dump.name in printed and f"data.wiki={out}" in printed
+    assert main(["fetch-wiki", "--lang", "yy", "--date", DATE, "--out", str(out), "--base-url", base]) == 1

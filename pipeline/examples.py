@@ -62,15 +62,17 @@ from pipeline.schema import (
     read_manifest,
     write_manifest,
 )
-from pipeline.shards import KEY, RunWriter, merge_runs
+from pipeline.shards import KEY, RunWriter, merge_runs, use_lean_memory_pool
 from pipeline.wordpiece import VOCAB_FILE, build_text_tokenizer, read_vocab, write_vocab
 
 NAMESPACE = "examples"
 WORK_DIR = "_work"
 """Intermediate files (token files, sorted runs) under the stage folder; removed at the end."""
-TOKENIZE_DOCS = 256
-"""Documents tokenized per ``encode_batch`` call."""
-FLUSH_TOKENS = 2_000_000
+READ_DOCS = 16
+"""Documents read per batch (a book is thousands of sentences)."""
+ENCODE_SENTENCES = 2048
+"""Sentences per ``encode_batch`` call: its Encodings cost ~100 bytes a token, so bounded."""
+FLUSH_TOKENS = 500_000
 """Tokens a TokenizeToBuckets worker buffers (over all buckets) before writing them out."""
 COUNTERS = (
     "documents",
@@ -80,6 +82,7 @@ COUNTERS = (
     "docs_single_sentence",
     "duplicate_doc_ids_dropped",
     "unk_tokens",
+    "document_tokens",
 )
 STATS = (
     "examples",
@@ -117,11 +120,12 @@ def token_schema(vocab_size: int) -> pa.Schema:
     )
 
 
-def read_documents(url: str, batch_docs: int = TOKENIZE_DOCS) -> Iterator[tuple[list, list]]:
+def read_documents(url: str, batch_docs: int = READ_DOCS) -> Iterator[tuple[list, list]]:
     """(doc_ids, sentences) batches of one document Parquet file."""
     fs, path = fsspec.core.url_to_fs(url)
     with fs.open(path, "rb") as f:
-        pf = pq.ParquetFile(f)
+        # Buffered column reads: a corpus file may be one row group of hundreds of MB.
+        pf = pq.ParquetFile(f, pre_buffer=False, buffer_size=1 << 20)
         for batch in pf.iter_batches(columns=["doc_id", "sentences"], batch_size=batch_docs):
             yield batch.column(0).to_pylist(), batch.column(1).to_pylist()
 
@@ -143,8 +147,10 @@ class TokenizeToBuckets(beam.DoFn):
         self.skipped = Metrics.counter(NAMESPACE, "docs_skipped_too_short")
         self.single = Metrics.counter(NAMESPACE, "docs_single_sentence")
         self.unknown = Metrics.counter(NAMESPACE, "unk_tokens")
+        self.tokens = Metrics.counter(NAMESPACE, "document_tokens")
 
     def setup(self):
+        use_lean_memory_pool()
         # No truncation: truncate_seq_pair cuts examples, not sentences.
         self.tokenizer = build_text_tokenizer(self.vocab, self.lowercase)
         self.unk_id = self.tokenizer.token_to_id("[UNK]")
@@ -157,10 +163,16 @@ class TokenizeToBuckets(beam.DoFn):
         held = 0
         for doc_ids, docs in read_documents(url):
             flat = [s for doc in docs for s in doc]
-            encodings = self.tokenizer.encode_batch(flat, add_special_tokens=False)
+            encoded = [
+                e.ids
+                for i in range(0, len(flat), ENCODE_SENTENCES)
+                for e in self.tokenizer.encode_batch(
+                    flat[i : i + ENCODE_SENTENCES], add_special_tokens=False
+                )
+            ]
             at = 0
             for doc_id, sentences in zip(doc_ids, docs, strict=True):
-                ids = [e.ids for e in encodings[at : at + len(sentences)] if e.ids]
+                ids = [e for e in encoded[at : at + len(sentences)] if e]
                 at += len(sentences)
                 self._count(sentences, ids)
                 if not ids:
@@ -188,6 +200,7 @@ class TokenizeToBuckets(beam.DoFn):
         elif len(ids) == 1:
             self.single.inc()  # allowed: its examples are all random-next
         self.unknown.inc(sum(s.count(self.unk_id) for s in ids))
+        self.tokens.inc(sum(map(len, ids)))
 
     def _flush(self, buffers, writers, file_index: int) -> None:
         for bucket, (doc_ids, docs) in sorted(buffers.items()):
@@ -289,6 +302,9 @@ class CreateBucketExamples(beam.DoFn):
             for n in config.max_seq_lengths
         }
 
+    def setup(self):
+        use_lean_memory_pool()
+
     def process(self, element):
         bucket, urls = element
         doc_ids, docs, duplicates = bucket_documents(list(urls))
@@ -347,6 +363,9 @@ class MergeShards(beam.DoFn):
         self.output_url = output_url
         self.schemas = schemas
         self.num_shards = num_shards
+
+    def setup(self):
+        use_lean_memory_pool()
 
     def process(self, element):
         name, runs = element

@@ -173,9 +173,10 @@ def create_instances_from_document(
 
     ``mask=False`` (dynamic masking: the loader masks each epoch with
     :func:`create_masked_lm_predictions`) leaves the tokens as they are, with empty
-    ``masked_positions``/``masked_ids``. Each row also carries ``multi_sentence_chunk`` (not a
-    column): whether A came from a chunk of two or more sentences, the examples for which B is
-    random with ``random_next_prob`` (a one-sentence chunk is always random-next).
+    ``masked_positions``/``masked_ids``. Each row also carries two keys that are not columns:
+    ``multi_sentence_chunk``, whether A came from a chunk of two or more sentences (the examples
+    for which B is random with ``random_next_prob``; a one-sentence chunk is always
+    random-next), and ``target_seq_length``, the document's (short with ``short_seq_prob``).
 
     Sentences are gathered into chunks of about ``target_seq_length`` tokens; each chunk is cut
     at a random sentence boundary into A and B. B is the real continuation, or (with
@@ -241,6 +242,7 @@ def create_instances_from_document(
                         "masked_ids": labels,
                         "is_random_next": is_random_next,
                         "multi_sentence_chunk": len(current_chunk) >= 2,
+                        "target_seq_length": target_seq_length,
                     }
                 )
             current_chunk = []

@@ -88,6 +88,7 @@ class VocabConfig:
 
 
 MASKING_MODES = ("static", "dynamic")
+SEGMENTERS = ("none", "jieba", "fugashi")  # pipeline.segment.SEGMENTERS
 
 
 @dataclass(frozen=True)
@@ -110,6 +111,9 @@ class ExamplesConfig:
     pipeline.masking.create_masked_lm_predictions."""
     whole_word_mask: bool = False
     """Mask a word and all its ## pieces together (the reference's do_whole_word_mask)."""
+    segmenter: str = "none"
+    """Word boundaries for whole-word masking of CJK ideographs: "none", "jieba" (Chinese) or
+    "fugashi" (Japanese, with unidic-lite); needs the 'cjk' extra and whole_word_mask."""
     seed: int = 12345
     num_shards: int = 4
     """Parquet files per sequence length (row counts within one of each other)."""
@@ -141,6 +145,16 @@ class ExamplesConfig:
             self.masking in MASKING_MODES,
             "examples.masking",
             f"must be one of {MASKING_MODES}, got {self.masking!r}",
+        )
+        check(
+            self.segmenter in SEGMENTERS,
+            "examples.segmenter",
+            f"must be one of {SEGMENTERS}, got {self.segmenter!r}",
+        )
+        check(
+            self.segmenter == "none" or self.whole_word_mask,
+            "examples.segmenter",
+            "word boundaries only serve whole-word masking: set examples.whole_word_mask",
         )
         check(self.docs_per_bucket >= 2, "examples.docs_per_bucket", "must be >= 2")
         check(self.bucket_chars >= 1 << 20, "examples.bucket_chars", "must be >= 1 MiB")

@@ -27,6 +27,7 @@ Design choices:
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 import time
@@ -51,6 +52,7 @@ from pipeline.beam_io import (
 from pipeline.config import ExamplesConfig, to_dict
 from pipeline.example_view import decode_examples, histogram_bin, histogram_bins  # noqa: F401
 from pipeline.masking import VocabIds, create_instances_from_document, example_rng
+from pipeline.segment import Segmenter, continuation_flags, has_cjk
 from pipeline.schema import (
     Manifest,
     clear_stage,
@@ -113,6 +115,23 @@ def seq_name(max_seq_length: int) -> str:
     return f"seq{max_seq_length}"
 
 
+def id_space(vocab_size: int, segmenter: str) -> int:
+    """Ids in token files: the vocabulary, twice over when a segmenter marks continuations."""
+    return vocab_size * (2 if segmenter != "none" else 1)
+
+
+def word_marked_vocab(ids: VocabIds, vocab_size: int) -> VocabIds:
+    """VocabIds for marked ids (``id + vocab_size``): every marked id continues a word."""
+    marked = frozenset(range(vocab_size, 2 * vocab_size))
+    return dataclasses.replace(ids, continuation=ids.continuation | marked)
+
+
+def unmark(row: dict[str, Any], vocab_size: int) -> None:
+    """Remove the word marks from an example's ids, in place."""
+    for column in ("input_ids", "masked_ids"):
+        row[column] = [t - vocab_size if t >= vocab_size else t for t in row[column]]
+
+
 def token_schema(vocab_size: int) -> pa.Schema:
     id_type = pa.uint16() if vocab_size <= 1 << 16 else pa.uint32()
     return pa.schema(
@@ -136,8 +155,11 @@ class TokenizeToBuckets(beam.DoFn):
     Documents are tokenized (empty sentences and documents dropped and counted) and appended to
     one token file per bucket, flushed as row groups so the worker holds a bounded buffer."""
 
-    def __init__(self, vocab: list[str], lowercase: bool, num_buckets: int, work_url: str):
+    def __init__(
+        self, vocab: list[str], lowercase: bool, num_buckets: int, work_url: str, segmenter: str = "none"
+    ):
         self.vocab = vocab
+        self.segmenter = segmenter
         self.lowercase = lowercase
         self.num_buckets = num_buckets
         self.work_url = work_url
@@ -154,7 +176,8 @@ class TokenizeToBuckets(beam.DoFn):
         # No truncation: truncate_seq_pair cuts examples, not sentences.
         self.tokenizer = build_text_tokenizer(self.vocab, self.lowercase)
         self.unk_id = self.tokenizer.token_to_id("[UNK]")
-        self.schema = token_schema(len(self.vocab))
+        self.schema = token_schema(id_space(len(self.vocab), self.segmenter))
+        self.words = Segmenter(self.segmenter) if self.segmenter != "none" else None
 
     def process(self, element):
         file_index, url = element
@@ -164,10 +187,12 @@ class TokenizeToBuckets(beam.DoFn):
         for doc_ids, docs in read_documents(url):
             flat = [s for doc in docs for s in doc]
             encoded = [
-                e.ids
+                self._ids(text, e)
                 for i in range(0, len(flat), ENCODE_SENTENCES)
-                for e in self.tokenizer.encode_batch(
-                    flat[i : i + ENCODE_SENTENCES], add_special_tokens=False
+                for text, e in zip(
+                    flat[i : i + ENCODE_SENTENCES],
+                    self.tokenizer.encode_batch(flat[i : i + ENCODE_SENTENCES], add_special_tokens=False),
+                    strict=True,
                 )
             ]
             at = 0
@@ -190,6 +215,15 @@ class TokenizeToBuckets(beam.DoFn):
             file.close()
             yield bucket, out_url
 
+    def _ids(self, text: str, encoding) -> list[int]:
+        """The token ids; with a segmenter, an ideograph continuing a word gets + vocab size."""
+        ids = encoding.ids
+        if self.words is None or not has_cjk(text):
+            return ids
+        flags = continuation_flags(text, encoding.offsets, self.words.word_spans(text))
+        v = len(self.vocab)
+        return [t + v if cont else t for t, cont in zip(ids, flags, strict=True)]
+
     def _count(self, sentences: list[str], ids: list[list[int]]) -> None:
         self.documents.inc()
         self.sentences.inc(len(sentences))
@@ -199,7 +233,7 @@ class TokenizeToBuckets(beam.DoFn):
             self.skipped.inc()  # nothing to make an example from
         elif len(ids) == 1:
             self.single.inc()  # allowed: its examples are all random-next
-        self.unknown.inc(sum(s.count(self.unk_id) for s in ids))
+        self.unknown.inc(sum(s.count(self.unk_id) for s in ids))  # marked ids are ideographs
         self.tokens.inc(sum(map(len, ids)))
 
     def _flush(self, buffers, writers, file_index: int) -> None:
@@ -311,6 +345,8 @@ class CreateBucketExamples(beam.DoFn):
         self.duplicates.inc(duplicates)
         cfg = self.config
         special = (self.vocab.cls_id, self.vocab.sep_id)
+        marked = cfg.segmenter != "none"
+        vocab = word_marked_vocab(self.vocab, self.vocab_size) if marked else self.vocab
         for length, max_predictions in zip(cfg.max_seq_lengths, cfg.max_predictions_per_seq, strict=True):
             name = seq_name(length)
             writer = RunWriter(
@@ -328,12 +364,14 @@ class CreateBucketExamples(beam.DoFn):
                         masked_lm_prob=cfg.masked_lm_prob,
                         max_predictions_per_seq=max_predictions,
                         random_next_prob=cfg.random_next_prob,
-                        vocab=self.vocab,
+                        vocab=vocab,
                         rng=rng,
                         whole_word_mask=cfg.whole_word_mask,
                         mask=cfg.masking == "static",
                     )
                     for k, row in enumerate(instances):
+                        if marked:
+                            unmark(row, self.vocab_size)
                         self._count(length, row, special)
                         row[KEY] = example_key(doc_id, copy, k)
                         writer.add(row)
@@ -407,7 +445,9 @@ class ExamplesFromDocuments(beam.PTransform):
             files
             | "SpreadFiles" >> beam.Reshuffle()
             | "TokenizeToBuckets"
-            >> beam.ParDo(TokenizeToBuckets(self.vocab, self.lowercase, self.num_buckets, work))
+            >> beam.ParDo(
+                TokenizeToBuckets(self.vocab, self.lowercase, self.num_buckets, work, cfg.segmenter)
+            )
             | "GroupByBucket" >> beam.GroupByKey()
             | "CreateExamples"
             >> beam.ParDo(

@@ -41,7 +41,7 @@ RUN_ROW_GROUP = 1024
 """Row-group size of run files: the unit the merge reads, so what it holds per run."""
 SHARD_ROW_GROUP = 8192
 """Row-group size of the final shards."""
-MERGE_BUDGET_BYTES = 256 << 20
+MERGE_BUDGET_BYTES = 64 << 20
 """Arrow bytes the merge may hold across all runs' current batches."""
 
 
@@ -125,7 +125,7 @@ class _Run:
     def __init__(self, url: str, batch_rows: int):
         fs, path = fsspec.core.url_to_fs(url)
         self.file = fs.open(path, "rb")
-        pf = pq.ParquetFile(self.file, pre_buffer=False, buffer_size=1 << 18)
+        pf = pq.ParquetFile(self.file, pre_buffer=False, buffer_size=1 << 16)
         self.batches = pf.iter_batches(batch_size=batch_rows)
         self.batch: pa.RecordBatch | None = None
         self.keys: np.ndarray | None = None

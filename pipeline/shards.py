@@ -33,13 +33,13 @@ import pyarrow.parquet as pq
 
 KEY = "sort_key"
 """Transient uint64 column: picks the order (and so the shard) of a row; dropped on write."""
-RUN_BUDGET_BYTES = 16 << 20
+RUN_BUDGET_BYTES = 8 << 20
 """Arrow bytes a RunWriter holds before it sorts and writes a run."""
-CONVERT_ROWS = 1024
+CONVERT_ROWS = 512
 """Python row dicts held before they are converted to one Arrow record batch."""
 RUN_ROW_GROUP = 1024
 """Row-group size of run files: the unit the merge reads, so what it holds per run."""
-SHARD_ROW_GROUP = 8192
+SHARD_ROW_GROUP = 4096
 """Row-group size of the final shards."""
 MERGE_BUDGET_BYTES = 64 << 20
 """Arrow bytes the merge may hold across all runs' current batches."""

@@ -1,9 +1,9 @@
 """``bertflow inspect URL``: a few rows of any stage's output, decoded for a person.
 
-Documents show their sentences; examples show ``[CLS] A [SEP] B [SEP]`` with each masked
-position as ``[MASK>orig]`` (or ``{shown>orig}`` for the 10% random / 10% kept) and the NSP
-label; fine-tuning outputs show their predictions; the vocab its first pieces; the model its
-config. The stage is read off the folder's manifest (or its parent's, for ``examples/seq128``).
+Documents show their sentences (``pipeline.preview``); examples show ``[CLS] A [SEP] B [SEP]``
+with each masked position as ``[MASK]→orig`` (or ``<shown>→orig`` for the 10% random / 10% kept;
+``pipeline.example_view``); fine-tuning outputs show their predictions; the vocab its first
+pieces; the model its config. The stage is read off the folder's manifest (or its parent's, for ``examples/seq128``).
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 
 import fsspec
-import pyarrow.parquet as pq
 
 from pipeline.schema import ManifestError, has_manifest, join_url, read_manifest
 
@@ -28,25 +27,6 @@ def _stage_of(url: str) -> tuple[str, str]:
     raise ManifestError(f"{url}: no stage manifest here or in the two folders above (not a finished stage output)")
 
 
-def _parquet_files(url: str) -> list[str]:
-    fs, path = fsspec.core.url_to_fs(url)
-    files = sorted(p for p in fs.find(path) if p.endswith(".parquet") and "/rejects/" not in p)
-    protocol = url.split("://", 1)[0] + "://" if "://" in url else ""
-    return [protocol + p if protocol and not p.startswith(protocol) else p for p in files]
-
-
-def _rows(url: str, n: int, columns=None) -> list[dict]:
-    out: list[dict] = []
-    for f in _parquet_files(url):
-        with fsspec.open(f, "rb") as fh:
-            pf = pq.ParquetFile(fh)
-            for batch in pf.iter_batches(batch_size=max(n, 1), columns=columns):
-                out += batch.to_pylist()[: n - len(out)]
-                if len(out) >= n:
-                    return out
-    return out
-
-
 def inspect_url(url: str, n: int = 5) -> str:
     stage, folder = _stage_of(url)
     if stage == "corpus":
@@ -56,7 +36,11 @@ def inspect_url(url: str, n: int = 5) -> str:
         return format_preview(preview_corpus(folder, n, source=source if source in ("wiki", "books") else None,
                                              rejects=source == "rejects"))
     if stage == "examples":
-        return _examples(url, folder, n)
+        from pipeline.example_view import decode_examples
+
+        sub = url.rstrip("/").rsplit("/", 1)[-1]
+        length = int(sub[3:]) if sub.startswith("seq") and sub[3:].isdigit() else None
+        return "\n".join(decode_examples(folder, n, max_seq_length=length))
     if stage == "vocab":
         with fsspec.open(join_url(folder, "vocab.txt"), "r") as f:
             return "\n".join(f.read().split("\n")[: max(n, 1)])
@@ -65,25 +49,6 @@ def inspect_url(url: str, n: int = 5) -> str:
             return f.read()
     manifest = read_manifest(folder)
     return _predictions(folder, manifest, n)
-
-
-def _examples(url: str, folder: str, n: int) -> str:
-    vocab_url = join_url(folder.rsplit("/", 1)[0], "vocab", "vocab.txt")
-    with fsspec.open(vocab_url, "r") as f:
-        vocab = f.read().split("\n")
-    lines = []
-    for row in _rows(url, n):
-        masked = dict(zip(row["masked_positions"], row["masked_ids"]))
-        shown = []
-        for i, t in enumerate(row["input_ids"]):
-            token = vocab[t] if t < len(vocab) else f"<{t}>"
-            if i in masked:
-                orig = vocab[masked[i]]
-                token = f"[MASK>{orig}]" if token == "[MASK]" else f"{{{token}>{orig}}}"
-            shown.append(token)
-        nsp = "random next" if row["is_random_next"] else "actual next"
-        lines.append(f"({nsp}, {len(row['input_ids'])} tokens, {len(masked)} masked) " + " ".join(shown))
-    return "\n".join(lines)
 
 
 def _predictions(folder: str, manifest, n: int) -> str:

@@ -191,7 +191,8 @@ STAGES: dict[str, Stage] = {
             "examples", "examples",
             inputs=lambda cfg, root: {"corpus": _at(root, "corpus"), "vocab": _at(root, "vocab")},
             config=lambda cfg, inputs: dataclasses.asdict(cfg.examples),
-            run=_run_examples, figures=("*.examples",), retries=1, timeout_s=48 * 3600,
+            run=_run_examples, retries=1, timeout_s=48 * 3600,
+            figures=("*.examples", "*.masked_share_of_eligible", "*.random_next_share_multi_sentence"),
             doc="Beam: masked A/B pretraining examples, Parquet shards per sequence length",
         ),
         Stage(

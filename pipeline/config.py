@@ -125,8 +125,17 @@ class VocabConfig:
     """[unused0..N-1] slots after [PAD], as in Google's released vocabularies."""
     max_sentences: int = 0
     """Train on at most this many sentences (0: all)."""
+    sample_fraction: float = 1.0
+    """Train on this share of the documents, picked by a stable digest of doc_id (the same
+    documents on every run, spread over the whole corpus rather than its first files)."""
 
     def __post_init__(self):
+        check(
+            0.0 < self.sample_fraction <= 1.0,
+            "vocab.sample_fraction",
+            f"must lie in (0, 1], got {self.sample_fraction}",
+        )
+        check(self.max_sentences >= 0, "vocab.max_sentences", "must be >= 0 (0: all)")
         check(self.num_unused >= 0, "vocab.num_unused", "must be >= 0")
         check(
             self.vocab_size > self.num_unused + 5 + 100,
@@ -134,6 +143,10 @@ class VocabConfig:
             f"must exceed the {self.num_unused + 5} special entries by at least 100",
         )
         check(self.min_frequency >= 1, "vocab.min_frequency", "must be >= 1")
+
+
+MASKING_MODES = ("static", "dynamic")
+SEGMENTERS = ("none", "jieba", "fugashi")  # pipeline.segment.SEGMENTERS
 
 
 @dataclass(frozen=True)
@@ -148,11 +161,26 @@ class ExamplesConfig:
     short_seq_prob: float = 0.1
     random_next_prob: float = 0.5
     dupe_factor: int = 5
-    """Static copies of each document, each masked differently."""
+    """Copies of each document: each masked differently ("static"), or each a different draw of
+    A/B pairs left unmasked ("dynamic")."""
+    masking: str = "static"
+    """"static": masks written in the shards (the paper). "dynamic": unmasked pairs in the shards
+    (empty masked_positions/masked_ids), masked each epoch by the loader (RoBERTa) with
+    pipeline.masking.create_masked_lm_predictions."""
     whole_word_mask: bool = False
+    """Mask a word and all its ## pieces together (the reference's do_whole_word_mask)."""
+    segmenter: str = "none"
+    """Word boundaries for whole-word masking of CJK ideographs: "none", "jieba" (Chinese) or
+    "fugashi" (Japanese, with unidic-lite); needs the 'cjk' extra and whole_word_mask."""
     seed: int = 12345
     num_shards: int = 4
-    """Parquet files per sequence length."""
+    """Parquet files per sequence length (row counts within one of each other)."""
+    docs_per_bucket: int = 4096
+    """Documents per random-next bucket, on average: random-next spans come from the other
+    documents of a document's bucket (a stable hash of doc_id), not the whole corpus."""
+    bucket_chars: int = 128 << 20
+    """At most about this many characters of text per bucket (more buckets when documents are
+    long): a bucket's tokens are what a worker holds in memory at once."""
     beam: BeamConfig = field(default_factory=BeamConfig)
 
     def __post_init__(self):
@@ -171,6 +199,23 @@ class ExamplesConfig:
             check(0.0 <= v <= 1.0, f"examples.{name}", f"must lie in [0, 1], got {v}")
         check(self.dupe_factor >= 1, "examples.dupe_factor", "must be >= 1")
         check(self.num_shards >= 1, "examples.num_shards", "must be >= 1")
+        check(
+            self.masking in MASKING_MODES,
+            "examples.masking",
+            f"must be one of {MASKING_MODES}, got {self.masking!r}",
+        )
+        check(
+            self.segmenter in SEGMENTERS,
+            "examples.segmenter",
+            f"must be one of {SEGMENTERS}, got {self.segmenter!r}",
+        )
+        check(
+            self.segmenter == "none" or self.whole_word_mask,
+            "examples.segmenter",
+            "word boundaries only serve whole-word masking: set examples.whole_word_mask",
+        )
+        check(self.docs_per_bucket >= 2, "examples.docs_per_bucket", "must be >= 2")
+        check(self.bucket_chars >= 1 << 20, "examples.bucket_chars", "must be >= 1 MiB")
 
 
 def to_dict(cfg) -> dict:

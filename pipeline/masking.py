@@ -167,8 +167,16 @@ def create_instances_from_document(
     vocab: VocabIds,
     rng: random.Random,
     whole_word_mask: bool = False,
+    mask: bool = True,
 ) -> list[dict[str, Any]]:
     """The examples of ``docs[doc_index]`` (a list of tokenized sentences, none empty).
+
+    ``mask=False`` (dynamic masking: the loader masks each epoch with
+    :func:`create_masked_lm_predictions`) leaves the tokens as they are, with empty
+    ``masked_positions``/``masked_ids``. Each row also carries two keys that are not columns:
+    ``multi_sentence_chunk``, whether A came from a chunk of two or more sentences (the examples
+    for which B is random with ``random_next_prob``; a one-sentence chunk is always
+    random-next), and ``target_seq_length``, the document's (short with ``short_seq_prob``).
 
     Sentences are gathered into chunks of about ``target_seq_length`` tokens; each chunk is cut
     at a random sentence boundary into A and B. B is the real continuation, or (with
@@ -220,9 +228,12 @@ def create_instances_from_document(
                 assert tokens_a and tokens_b, "empty segment: documents must hold no empty sentence"
 
                 tokens = [vocab.cls_id, *tokens_a, vocab.sep_id, *tokens_b, vocab.sep_id]
-                output, positions, labels = create_masked_lm_predictions(
-                    tokens, masked_lm_prob, max_predictions_per_seq, vocab, rng, whole_word_mask
-                )
+                if mask:
+                    output, positions, labels = create_masked_lm_predictions(
+                        tokens, masked_lm_prob, max_predictions_per_seq, vocab, rng, whole_word_mask
+                    )
+                else:
+                    output, positions, labels = tokens, [], []
                 instances.append(
                     {
                         "input_ids": output,
@@ -230,6 +241,8 @@ def create_instances_from_document(
                         "masked_positions": positions,
                         "masked_ids": labels,
                         "is_random_next": is_random_next,
+                        "multi_sentence_chunk": len(current_chunk) >= 2,
+                        "target_seq_length": target_seq_length,
                     }
                 )
             current_chunk = []

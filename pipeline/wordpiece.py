@@ -25,6 +25,8 @@ Words with a dropped character tokenize to ``[UNK]``.
 from __future__ import annotations
 
 import collections
+import hashlib
+import json
 import re
 import time
 import unicodedata
@@ -58,6 +60,8 @@ MAX_ALPHABET = 1000
 """Most single characters kept in the vocabulary (Hugging Face's BertWordPieceTokenizer default)."""
 VOCAB_FILE = "vocab.txt"
 TOKENIZER_FILE = "tokenizer.json"
+TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
+"""What ``transformers.BertTokenizerFast.from_pretrained(vocab_dir)`` reads besides the two above."""
 
 
 def special_tokens(num_unused: int) -> list[str]:
@@ -241,6 +245,22 @@ def build_tokenizer(vocab: list[str], lowercase: bool, max_length: int = 512) ->
     return tok
 
 
+def tokenizer_config(lowercase: bool, max_length: int = 512) -> dict:
+    """The Hugging Face tokenizer_config.json of a vocabulary: BERT's class and options."""
+    return {
+        "tokenizer_class": "BertTokenizer",
+        "do_lower_case": lowercase,
+        "tokenize_chinese_chars": True,
+        "strip_accents": None,
+        "model_max_length": max_length,
+        "unk_token": UNK,
+        "sep_token": SEP,
+        "pad_token": PAD,
+        "cls_token": CLS,
+        "mask_token": MASK,
+    }
+
+
 def write_vocab(vocab: list[str], url: str) -> None:
     fs, path = fsspec.core.url_to_fs(url)
     fs.makedirs(fs._parent(path), exist_ok=True)
@@ -256,21 +276,38 @@ def read_vocab(url: str) -> list[str]:
     return text[:-1].split("\n") if text.endswith("\n") else text.split("\n")
 
 
-class ParquetSentences:
-    """The sentences of document Parquet files, re-iterable (each ``iter`` reads them afresh)."""
+def in_sample(doc_id: str, fraction: float) -> bool:
+    """Whether a document is in a ``fraction`` sample, from a stable digest of its id."""
+    if fraction >= 1.0:
+        return True
+    digest = hashlib.blake2b(doc_id.encode("utf-8"), digest_size=8).digest()
+    return int.from_bytes(digest, "big") < fraction * 2**64
 
-    def __init__(self, urls: list[str], max_sentences: int = 0):
+
+class ParquetSentences:
+    """The sentences of document Parquet files, re-iterable (each ``iter`` reads them afresh).
+
+    Streams: a batch of documents at a time, column chunks read through a small buffer, so
+    memory does not grow with the corpus. ``sample_fraction`` keeps a stable sample of the
+    documents (:func:`in_sample`); ``max_sentences`` stops after that many."""
+
+    def __init__(self, urls: list[str], max_sentences: int = 0, sample_fraction: float = 1.0):
         self.urls = list(urls)
         self.max_sentences = max_sentences
+        self.sample_fraction = sample_fraction
 
     def __iter__(self) -> Iterator[str]:
         n = 0
         for url in self.urls:
             fs, path = fsspec.core.url_to_fs(url)
             with fs.open(path, "rb") as f:
-                pf = pq.ParquetFile(f)
-                for batch in pf.iter_batches(columns=["sentences"], batch_size=1024):
-                    for doc in batch.column(0).to_pylist():
+                pf = pq.ParquetFile(f, pre_buffer=False, buffer_size=1 << 20)
+                for batch in pf.iter_batches(columns=["doc_id", "sentences"], batch_size=256):
+                    for doc_id, doc in zip(
+                        batch.column(0).to_pylist(), batch.column(1).to_pylist(), strict=True
+                    ):
+                        if not in_sample(doc_id, self.sample_fraction):
+                            continue
                         for sentence in doc:
                             if self.max_sentences and n >= self.max_sentences:
                                 return
@@ -283,7 +320,9 @@ def run_vocab(config: VocabConfig, corpus_url: str, output_url: str) -> Manifest
     start = time.time()
     corpus = read_manifest(corpus_url)
     inputs = {"corpus": fingerprint_input(corpus_url)}
-    sentences = ParquetSentences(corpus.file_urls(".parquet"), config.max_sentences)
+    sentences = ParquetSentences(
+        corpus.file_urls(".parquet"), config.max_sentences, config.sample_fraction
+    )
     clear_stage(output_url)
 
     vocab, counts = train_vocab_with_stats(sentences, config)
@@ -292,6 +331,9 @@ def run_vocab(config: VocabConfig, corpus_url: str, output_url: str) -> Manifest
     fs, path = fsspec.core.url_to_fs(join_url(output_url, TOKENIZER_FILE))
     with fs.open(path, "w", encoding="utf-8") as f:
         f.write(tok.to_str(pretty=True))
+    fs, path = fsspec.core.url_to_fs(join_url(output_url, TOKENIZER_CONFIG_FILE))
+    with fs.open(path, "w", encoding="utf-8") as f:
+        f.write(json.dumps(tokenizer_config(config.lowercase), indent=2, sort_keys=True) + "\n")
 
     return write_manifest(
         stage="vocab",

@@ -2,7 +2,6 @@
 server, and secrets that would be recorded."""
 
 import json
-import os
 import signal
 import subprocess
 import sys

@@ -125,7 +125,7 @@ def test_status_lists_every_stage_done_and_inspect_decodes_outputs(chain, cli, c
         assert res.returncode == 0, res.stderr
         return res.stdout
 
-    assert "[MASK>" in inspect(root / "examples" / "seq64") and "[CLS]" in inspect(root / "examples")
+    assert "[MASK]→" in inspect(root / "examples" / "seq64") and "[CLS]" in inspect(root / "examples")
     corpus = inspect(root / "corpus")
     assert corpus.startswith(("books:", "wiki:")) and " sentences)" in corpus
     assert "eval_exact_match" in inspect(root / "finetune" / "squad1")

@@ -10,7 +10,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline.config import BeamConfig, ExamplesConfig, VocabConfig
-from pipeline.examples import example_key, num_buckets_for, run_examples
+from pipeline.example_view import histogram_bin, histogram_bins
+from pipeline.examples import decode_examples, example_key, num_buckets_for, run_examples
 from pipeline.schema import (
     DOCUMENT_SCHEMA,
     ManifestError,
@@ -27,7 +28,12 @@ WORDS = (
 ).split()
 NUM_DOCS = 300
 CONFIG = ExamplesConfig(
-    max_seq_lengths=(32, 64), max_predictions_per_seq=(5, 10), dupe_factor=2, num_shards=3, seed=7
+    max_seq_lengths=(32, 64),
+    max_predictions_per_seq=(5, 10),
+    dupe_factor=2,
+    num_shards=3,
+    seed=7,
+    docs_per_bucket=128,
 )
 
 
@@ -99,22 +105,38 @@ def test_manifest_counts_match_the_files(stages):
     root, docs, _, vocab, manifest = stages
     assert read_manifest(manifest.url).fingerprint == manifest.fingerprint
     assert sorted(f.path for f in manifest.files) == sorted(
-        f"seq{n}/part-{k:05d}-of-00003.parquet" for n in (32, 64) for k in range(3)
+        [f"seq{n}/part-{k:05d}-of-00003.parquet" for n in (32, 64) for k in range(3)] + ["vocab.txt"]
     )
+    assert read_vocab(manifest.url + "/vocab.txt") == read_vocab(vocab + "/vocab.txt")
     for n in (32, 64):
         rows = read_rows(manifest, n)
-        assert manifest.counts[f"seq{n}.examples"] == len(rows) > NUM_DOCS
-        assert sum(f.rows for f in manifest.files if f.path.startswith(f"seq{n}/")) == len(rows)
-        assert all(f.rows > 0 for f in manifest.files)  # the digest key spreads rows over shards
-        assert manifest.counts[f"seq{n}.tokens"] == sum(len(r["input_ids"]) for r in rows)
-        assert manifest.counts[f"seq{n}.masked_tokens"] == sum(len(r["masked_ids"]) for r in rows)
-        assert manifest.counts[f"seq{n}.random_next"] == sum(r["is_random_next"] for r in rows)
-        assert 0.45 < manifest.counts[f"seq{n}.random_next_share"] < 0.7
-        assert manifest.counts[f"seq{n}.masked_share"] == pytest.approx(0.15, abs=0.02)
+        c = manifest.counts
+        assert c[f"seq{n}.examples"] == len(rows) > NUM_DOCS
+        shard_rows = [f.rows for f in manifest.files if f.path.startswith(f"seq{n}/")]
+        assert sum(shard_rows) == len(rows) and max(shard_rows) - min(shard_rows) <= 1  # balanced
+        assert c[f"seq{n}.tokens"] == sum(len(r["input_ids"]) for r in rows)
+        assert c[f"seq{n}.eligible_tokens"] == sum(len(r["input_ids"]) - 3 for r in rows)
+        assert c[f"seq{n}.masked_tokens"] == sum(len(r["masked_ids"]) for r in rows)
+        assert c[f"seq{n}.random_next"] == sum(r["is_random_next"] for r in rows)
+        assert 0.45 < c[f"seq{n}.random_next_share"] < 0.7
+        assert 0.35 < c[f"seq{n}.random_next_share_multi_sentence"] < 0.65
+        assert c[f"seq{n}.random_next_multi"] <= c[f"seq{n}.multi_sentence_chunk"] < len(rows)
+        assert c[f"seq{n}.masked_share"] == pytest.approx(0.15, abs=0.02)
+        hist = {k: v for k, v in c.items() if k.startswith(f"seq{n}.length_hist.")}
+        assert sum(hist.values()) == len(rows)
+        lengths = [len(r["input_ids"]) for r in rows]
+        for lo in histogram_bins(n):
+            assert hist[f"seq{n}.length_hist.{lo:04d}"] == sum(histogram_bin(x, n) == histogram_bins(n).index(lo) for x in lengths)
     assert manifest.counts["documents"] == len(docs)
     assert manifest.counts["docs_skipped_too_short"] == 2
     assert manifest.counts["duplicate_doc_ids_dropped"] == 1
-    assert manifest.counts["num_buckets"] == num_buckets_for(len(docs)) == 2
+    assert manifest.counts["num_buckets"] == num_buckets_for(len(docs), 0, CONFIG) == 3
+    v = read_vocab(vocab + "/vocab.txt")
+    assert [manifest.counts[k] for k in ("pad_id", "cls_id", "sep_id", "mask_id")] == [
+        v.index(t) for t in ("[PAD]", "[CLS]", "[SEP]", "[MASK]")
+    ]
+    assert manifest.counts["vocab_fingerprint"] == read_manifest(vocab).fingerprint
+    assert manifest.config["masking"] == "static" and manifest.config["whole_word_mask"] is False
     assert manifest.inputs == {
         "corpus": read_manifest(stages[2]).fingerprint,
         "vocab": read_manifest(vocab).fingerprint,
@@ -166,5 +188,29 @@ def test_refuses_unfinished_inputs(stages, tmp_path):
 def test_example_key_is_unique_and_stable():
     keys = {example_key(d, c, i) for d in ("a", "a|1", "b") for c in range(3) for i in range(12)}
     assert len(keys) == 3 * 3 * 12
-    assert example_key("wiki:1", 2, 3) == example_key("wiki:1", 2, 3)
-    assert example_key("wiki:1", 2, 3).endswith("|wiki:1|0002|000003")
+    assert example_key("wiki:1", 2, 3) == example_key("wiki:1", 2, 3) < 1 << 64
+
+
+def test_dynamic_masking_writes_unmasked_pairs(stages, tmp_path):
+    _, _, corpus, vocab, static = stages
+    cfg = ExamplesConfig(**{**CONFIG.__dict__, "masking": "dynamic"})
+    dyn = run_examples(cfg, corpus, vocab, str(tmp_path / "dyn"))
+    assert dyn.config["masking"] == "dynamic"
+    mask = read_vocab(vocab + "/vocab.txt").index("[MASK]")
+    for n in (32, 64):
+        rows = read_rows(dyn, n)
+        assert dyn.counts[f"seq{n}.masked_tokens"] == 0
+        assert all(r["masked_positions"] == [] and r["masked_ids"] == [] for r in rows)
+        assert all(mask not in r["input_ids"] for r in rows)
+        assert len(rows) > NUM_DOCS
+
+
+def test_decode_examples_shows_masks(stages):
+    _, _, _, vocab, manifest = stages
+    lines = decode_examples(manifest.url, 4)
+    assert len(lines) == 4
+    for line in lines:
+        assert line.startswith("(actual-next") or line.startswith("(random-next")
+        assert "[CLS]" in line and line.count("[SEP]") == 2
+        assert "→" in line  # every static example has a masked position
+    assert len(decode_examples(manifest.url, 3, max_seq_length=64)) == 3

@@ -12,13 +12,14 @@ import pyarrow.parquet as pq
 import pytest
 from tokenizers import Tokenizer, pre_tokenizers
 
-from pipeline.config import VocabConfig
+from pipeline.config import ConfigError, VocabConfig
 from pipeline.schema import DOCUMENT_SCHEMA, ManifestError, read_manifest, write_manifest
 from pipeline.wordpiece import (
     _normalizer,
     build_text_tokenizer,
     build_tokenizer,
     count_alphabet,
+    in_sample,
     read_vocab,
     run_vocab,
     train_vocab,
@@ -234,7 +235,7 @@ def test_run_vocab_writes_vocab_tokenizer_and_manifest(tmp_path, vocab):
 
     again = read_manifest(str(out))
     assert again.stage == "vocab" and again.fingerprint == manifest.fingerprint
-    assert sorted(f.path for f in again.files) == ["tokenizer.json", "vocab.txt"]
+    assert sorted(f.path for f in again.files) == ["tokenizer.json", "tokenizer_config.json", "vocab.txt"]
     assert again.counts["vocab_size"] == 600
     assert again.counts["sentences_used"] == len(SENTENCES)
     assert again.inputs["corpus"] == read_manifest(str(corpus)).fingerprint
@@ -243,8 +244,79 @@ def test_run_vocab_writes_vocab_tokenizer_and_manifest(tmp_path, vocab):
     capped = run_vocab(VocabConfig(vocab_size=600, max_sentences=100), str(corpus), str(out))
     assert capped.counts["sentences_used"] == 100
 
+    half = VocabConfig(vocab_size=600, sample_fraction=0.5)
+    sampled = run_vocab(half, str(corpus), str(out)).counts["sentences_used"]
+    kept = [d for i, d in enumerate(docs) if in_sample(f"t:{i:04d}", 0.5)]
+    assert sampled == sum(map(len, kept)) and 0.3 * len(SENTENCES) < sampled < 0.7 * len(SENTENCES)
+    assert run_vocab(half, str(corpus), str(out)).counts["sentences_used"] == sampled  # stable
+
+
+def test_sample_fraction_is_validated():
+    with pytest.raises(ConfigError, match="vocab.sample_fraction"):
+        VocabConfig(sample_fraction=0.0)
+
 
 def test_run_vocab_refuses_an_unfinished_corpus(tmp_path):
     (tmp_path / "corpus").mkdir()
     with pytest.raises(ManifestError):
         run_vocab(CONFIG, str(tmp_path / "corpus"), str(tmp_path / "vocab"))
+
+
+# -- Google's layout at full size, and Hugging Face tokenising exactly as the pipeline ---------
+def test_google_layout_at_30522_entries():
+    rng = random.Random(4)
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    words = ["".join(rng.choice(letters) for _ in range(rng.randint(5, 9))) for _ in range(20000)]
+    sentences = [" ".join(words[i : i + 10]) + "." for i in range(0, len(words), 10)] * 2
+    vocab = train_vocab(sentences, VocabConfig(vocab_size=30522))
+    assert len(vocab) == 30522 == len(set(vocab))
+    assert vocab[0] == "[PAD]" and vocab[1:100] == [f"[unused{i}]" for i in range(99)]
+    assert vocab[100:104] == ["[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+
+
+TRICKY = [
+    "Café déjà vu: Ångström naïve façade, ÉCOLE Über.",
+    "北京大学的学生在东京大学学习。漢字と日本語のテキスト!",
+    "Punctuation!? (brackets) [square] {curly} -- em—dash … «quotes» 'single' \"double\" #hash @at",
+    "a" * 150 + " supercalifragilisticexpialidocious " + "x" * 99 + " tail",
+    "Mixed CASE WoRdS and numbers 12345 3.14 2,000",
+]
+
+
+def tricky_corpus(seed: int = 2) -> list[str]:
+    rng = random.Random(seed)
+    out = list(TRICKY) * 3
+    for _ in range(400):
+        out.append(" ".join(rng.choice(TRICKY).split()[: rng.randint(2, 9)]))
+    return out + SENTENCES[:400]
+
+
+@pytest.mark.parametrize("lowercase", [True, False])
+def test_hugging_face_tokenizes_exactly_as_the_pipeline(tmp_path, lowercase):
+    transformers = pytest.importorskip("transformers")
+    corpus = tmp_path / "corpus"
+    sentences = tricky_corpus()
+    write_corpus(corpus, [sentences[i : i + 20] for i in range(0, len(sentences), 20)])
+    out = tmp_path / "vocab"
+    run_vocab(VocabConfig(vocab_size=800, min_frequency=1, lowercase=lowercase), str(corpus), str(out))
+    vocab = read_vocab(str(out / "vocab.txt"))
+    ours = build_text_tokenizer(vocab, lowercase)
+    pair = build_tokenizer(vocab, lowercase)
+    from_dir = transformers.BertTokenizerFast.from_pretrained(str(out))
+    # As Google releases a model: vocab.txt (and the config), no tokenizer.json.
+    txt_only = tmp_path / "txt_only"
+    txt_only.mkdir()
+    for name in ("vocab.txt", "tokenizer_config.json"):
+        (txt_only / name).write_bytes((out / name).read_bytes())
+    from_txt = transformers.BertTokenizerFast.from_pretrained(str(txt_only))
+    assert from_txt.backend_tokenizer.get_vocab_size() == len(vocab)
+    checked_unk = False
+    for text in TRICKY + SENTENCES[:50]:
+        expected = ours.encode(text, add_special_tokens=False).ids
+        for hf in (from_dir, from_txt):
+            assert hf.encode(text, add_special_tokens=False) == expected, (text, lowercase)
+        assert from_dir(text, "karo mitu")["input_ids"] == pair.encode(text, "karo mitu").ids
+        checked_unk |= 100 in expected  # the 150-letter word is [UNK], as in BERT
+    assert checked_unk
+    assert ("北" in vocab) and ("##京" not in vocab)  # ideographs are words of their own
+    assert ("é" in vocab) != lowercase  # accents kept only when cased

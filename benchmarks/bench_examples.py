@@ -1,0 +1,171 @@
+"""Benchmark: the examples job next to the bare ``tokenizers`` rate, with the process tree's peak RSS.
+
+For each generated corpus size: the synthetic corpus, the corpus and vocab stages (not timed
+here), then, side by side,
+- ``encode_batch`` of ``tokenizers`` over the same sentences with the same vocabulary (the bare
+  tokenising rate: what any example job must at least do), one process on one core;
+- our examples job at 1 worker (pinned to one core, as the bare rate) and at 2 workers (two
+  cores), at each ``dupe_factor``;
+each in its own process, its peak RSS summed over the whole process tree (the job forks its
+workers), sampled every 50 ms from /proc. ``input tok/s`` is the corpus's tokens over the job's
+wall time, comparable with the bare rate (``vs bare``); ``instances/s`` and ``example tok/s``
+count what the job writes.
+
+    python benchmarks/bench_examples.py --sizes 20MB,100MB --dupe-factors 1,5 --workers 1,2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+JOB = """
+import json, sys, time
+from pipeline.config import BeamConfig, ExamplesConfig
+from pipeline.examples import run_examples
+a = json.loads(sys.argv[1])
+cfg = ExamplesConfig(max_seq_lengths=(a["seq"],), max_predictions_per_seq=(a["pred"],),
+                     dupe_factor=a["dupe"], num_shards=4, masking=a["masking"],
+                     beam=BeamConfig(num_workers=a["workers"]))
+t = time.time()
+m = run_examples(cfg, a["corpus"], a["vocab"], a["out"])
+print(json.dumps({"seconds": time.time() - t, "counts": m.counts}))
+"""
+
+BARE = """
+import json, sys, time
+import pyarrow.parquet as pq
+from pipeline.schema import read_manifest, join_url
+from pipeline.wordpiece import build_text_tokenizer, read_vocab
+a = json.loads(sys.argv[1])
+sentences = [s for u in read_manifest(a["corpus"]).file_urls(".parquet")
+             for doc in pq.read_table(u, columns=["sentences"]).column(0).to_pylist() for s in doc]
+tok = build_text_tokenizer(read_vocab(join_url(a["vocab"], "vocab.txt")), True)
+t = time.time(); tokens = 0
+for i in range(0, len(sentences), 4096):
+    tokens += sum(len(e.ids) for e in tok.encode_batch(sentences[i:i + 4096], add_special_tokens=False))
+print(json.dumps({"seconds": time.time() - t, "tokens": tokens, "sentences": len(sentences)}))
+"""
+
+
+def tree_rss_bytes(root: int) -> int:
+    """Resident bytes of ``root`` and all its descendants, from /proc."""
+    children: dict[int, list[int]] = {}
+    rss: dict[int, int] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            children.setdefault(int(fields[1]), []).append(int(name))
+            rss[int(name)] = int(fields[21]) * os.sysconf("SC_PAGE_SIZE")
+        except (OSError, IndexError, ValueError):
+            continue
+    total, todo = 0, [root]
+    while todo:
+        pid = todo.pop()
+        total += rss.get(pid, 0)
+        todo += children.get(pid, [])
+    return total
+
+
+def run_measured(code: str, args: dict, cores: str) -> tuple[dict, int]:
+    """Run ``code`` in a child pinned to ``cores``; its JSON result and the tree's peak RSS."""
+    cmd = ["taskset", "-c", cores, sys.executable, "-c", code, json.dumps(args)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    peak = [0]
+
+    def sample():
+        while proc.poll() is None:
+            peak[0] = max(peak[0], tree_rss_bytes(proc.pid))
+            time.sleep(0.05)
+
+    t = threading.Thread(target=sample, daemon=True)
+    t.start()
+    out, _ = proc.communicate()
+    t.join()
+    if proc.returncode:
+        raise RuntimeError(f"{cmd[:4]} failed with {proc.returncode}")
+    return json.loads(out.strip().splitlines()[-1]), peak[0]
+
+
+def prepare(work: str, size: str) -> tuple[str, str, float]:
+    """The corpus and vocab stages of a synthetic corpus of ``size`` (reused when present)."""
+    from pipeline.config import CorpusConfig, VocabConfig  # noqa: PLC0415
+    from pipeline.corpus import run_corpus  # noqa: PLC0415
+    from pipeline.schema import has_manifest  # noqa: PLC0415
+    from pipeline.wordpiece import run_vocab  # noqa: PLC0415
+    from synth.corpus import parse_size, write_corpus  # noqa: PLC0415
+
+    root = os.path.join(work, size)
+    raw, corpus, vocab = (os.path.join(root, d) for d in ("raw", "corpus", "vocab"))
+    meta = os.path.join(root, "size.json")
+    if not os.path.exists(meta):
+        counts = write_corpus(raw, parse_size(size), seed=1)
+        with open(meta, "w") as f:
+            json.dump(counts, f)
+    with open(meta) as f:
+        mb = json.load(f)["bytes"] / 1e6
+    if not has_manifest(corpus):
+        run_corpus(CorpusConfig(num_shards=4), {"wiki": os.path.join(raw, "wiki"), "books": os.path.join(raw, "books")}, corpus)
+    if not has_manifest(vocab):
+        run_vocab(VocabConfig(vocab_size=30522), corpus, vocab)
+    return corpus, vocab, mb
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="20MB,100MB")
+    parser.add_argument("--dupe-factors", default="1,5")
+    parser.add_argument("--workers", default="1,2")
+    parser.add_argument("--seq", type=int, default=128)
+    parser.add_argument("--masking", default="static")
+    parser.add_argument("--work", default=None, help="folder for corpora (kept, reused); default: a temp folder")
+    args = parser.parse_args()
+    work = args.work or tempfile.mkdtemp(prefix="bertflow-bench-examples-")
+    env_path = os.environ.get("PYTHONPATH", "")
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (os.getcwd(), env_path) if p)
+    header = (
+        f"| {'corpus':>7} | {'job':<22} | {'seconds':>7} | {'instances/s':>11} | {'example tok/s':>13} "
+        f"| {'input tok/s':>11} | {'vs bare':>7} | {'peak RSS MiB':>12} |"
+    )
+    print(header)
+    print("|" + "|".join("-" * (len(c)) for c in header.split("|")[1:-1]) + "|")
+    for size in args.sizes.split(","):
+        corpus, vocab, mb = prepare(work, size)
+        bare, bare_rss = run_measured(BARE, {"corpus": corpus, "vocab": vocab}, "0")
+        bare_rate = bare["tokens"] / bare["seconds"]
+        print(
+            f"| {mb:5.0f}MB | {'bare encode_batch':<22} | {bare['seconds']:7.1f} | {'-':>11} | {'-':>13} "
+            f"| {bare_rate:11,.0f} | {1:7.2f} | {bare_rss / 2**20:12,.0f} |",
+            flush=True,
+        )
+        for dupe in (int(d) for d in args.dupe_factors.split(",")):
+            for workers in (int(w) for w in args.workers.split(",")):
+                job = {
+                    "corpus": corpus, "vocab": vocab, "out": os.path.join(work, size, "examples"),
+                    "seq": args.seq, "pred": max(1, round(args.seq * 0.15625)), "dupe": dupe,
+                    "workers": workers, "masking": args.masking,
+                }
+                res, rss = run_measured(JOB, job, ",".join(str(c) for c in range(workers)))
+                c, s = res["counts"], res["seconds"]
+                name = f"seq{args.seq}"
+                rate = c["document_tokens"] / s
+                print(
+                    f"| {mb:5.0f}MB | {f'ours dupe={dupe} workers={workers}':<22} | {s:7.1f} "
+                    f"| {c[name + '.examples'] / s:11,.0f} | {c[name + '.tokens'] / s:13,.0f} "
+                    f"| {rate:11,.0f} | {rate / bare_rate / workers:7.2f} | {rss / 2**20:12,.0f} |",
+                    flush=True,
+                )
+    print(f"\n'vs bare' is per worker (input tok/s / workers / bare rate). Work folder: {work}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,80 @@
+"""Sorted runs and their streaming merge: global key order, balanced shards, same bytes
+whatever the runs' split."""
+
+from __future__ import annotations
+
+import random
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from pipeline import shards
+from pipeline.beam_io import shard_name
+from pipeline.shards import KEY, RunWriter, merge_runs
+
+SCHEMA = pa.schema([pa.field("k", pa.uint64()), pa.field("ids", pa.list_(pa.uint16()))])
+
+
+def make_rows(n: int, seed: int = 3) -> list[dict]:
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(n):
+        key = rng.getrandbits(64)
+        rows.append({"k": key, "ids": [rng.randrange(1000) for _ in range(rng.randint(1, 9))], KEY: key})
+    return rows
+
+
+def write_runs(tmp_path, rows, parts: int, budget: int) -> list[tuple[str, int]]:
+    runs = []
+    for p in range(parts):
+        w = RunWriter(SCHEMA, lambda r, p=p: str(tmp_path / f"p{p}-r{r:03d}.parquet"), budget_bytes=budget)
+        for row in rows[p::parts]:
+            w.add(dict(row))
+        runs += w.close()
+    return sorted(runs)
+
+
+def read_shards(folder, k):
+    return [pq.read_table(folder / shard_name(j, k)) for j in range(k)]
+
+
+def test_runs_are_sorted_and_bounded(tmp_path, monkeypatch):
+    monkeypatch.setattr(shards, "CONVERT_ROWS", 100)
+    rows = make_rows(5000)
+    runs = write_runs(tmp_path, rows, parts=1, budget=20_000)
+    assert len(runs) > 3 and sum(n for _, n in runs) == 5000
+    for url, n in runs:
+        keys = pq.read_table(url).column(KEY).to_pylist()
+        assert keys == sorted(keys) and len(keys) == n
+
+
+def test_merge_gives_the_global_order_in_balanced_shards(tmp_path, monkeypatch):
+    monkeypatch.setattr(shards, "CONVERT_ROWS", 128)
+    monkeypatch.setattr(shards, "SHARD_ROW_GROUP", 300)
+    monkeypatch.setattr(shards, "MERGE_BUDGET_BYTES", 40_000)  # small read batches: many rounds
+    rows = make_rows(7003)
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    one = write_runs(tmp_path / "a", rows, parts=1, budget=1 << 30)
+    many = write_runs(tmp_path / "b", rows, parts=5, budget=30_000)
+    assert len(one) == 1 and len(many) > 5
+    for runs, out in ((one, tmp_path / "one"), (many, tmp_path / "many")):
+        counts = merge_runs(runs, str(out), SCHEMA, 4, shard_name, row_bytes=64)
+        assert counts == [1750, 1751, 1751, 1751]
+        tables = read_shards(out, 4)
+        assert [t.num_rows for t in tables] == counts
+        assert all(t.schema.equals(SCHEMA) for t in tables)  # the key column is dropped
+        got = [r for t in tables for r in t.to_pylist()]
+        assert got == sorted(({"k": r["k"], "ids": r["ids"]} for r in rows), key=lambda r: r["k"])
+    for j in range(4):  # the split into runs leaves no trace in the bytes
+        name = shard_name(j, 4)
+        assert (tmp_path / "one" / name).read_bytes() == (tmp_path / "many" / name).read_bytes()
+
+
+def test_fewer_rows_than_shards_leaves_empty_shards(tmp_path):
+    rows = make_rows(2)
+    runs = write_runs(tmp_path, rows, parts=1, budget=1 << 20)
+    counts = merge_runs(runs, str(tmp_path / "out"), SCHEMA, 5, shard_name)
+    assert sorted(counts) == [0, 0, 0, 1, 1]
+    assert [t.num_rows for t in read_shards(tmp_path / "out", 5)] == counts
+    assert merge_runs([], str(tmp_path / "none"), SCHEMA, 2, shard_name) == [0, 0]

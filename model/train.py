@@ -312,7 +312,10 @@ def fit(s: Session) -> None:
     phase_ends = {sum(p.steps for p in cfg.phases[: i + 1]) for i in range(len(cfg.phases))}
     session_start, seconds_before = time.perf_counter(), st.seconds
     peak = peak_tflops(cfg.peak_tflops, be.device, be.precision)
-    trace = os.environ.get("BERTFLOW_TRACE_DATA")  # debugging/tests: the examples each rank saw
+    trace = os.environ.get("BERTFLOW_TRACE_DATA")  # debugging/tests: what each rank saw and holds
+    if trace:
+        with open(os.path.join(trace, f"rank{be.rank}.pid"), "w") as f:
+            f.write(str(os.getpid()))
     with StopSignals() as stop:
         for phase_index in range(st.phase_index, len(cfg.phases)):
             phase = cfg.phases[phase_index]
@@ -355,6 +358,9 @@ def fit(s: Session) -> None:
                 if stopping:
                     raise Preempted(stop.requested or signal.SIGTERM, st.global_step)
     st.seconds = seconds_before + time.perf_counter() - session_start
+    if trace:  # every rank's weights, to check that the replicas agree
+        torch.save({k: v.detach().cpu() for k, v in unwrap(s.model).state_dict().items()},
+                   os.path.join(trace, f"rank{be.rank}.weights.pt"))
 
 
 def _train_step(s: Session, loader: StreamingLoader, window: Window) -> None:

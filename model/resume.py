@@ -10,7 +10,8 @@ fall into three kinds:
   the run continues from the checkpoint under the new values, with a warning naming them;
   the schedule is rebuilt for the new step counts.
 - **binding** (the model's shape, the examples, seed, masking, data parts, phases' names,
-  lengths and batch sizes, the optimiser kind, ``init_from``): the checkpoint cannot continue
+  lengths and batch sizes, the optimiser kind, ddp/fsdp (their optimizer states differ),
+  ``init_from``): the checkpoint cannot continue
   this run. ``restart=True`` (``--force pretrain``) clears the run and starts over; without it
   the error says exactly that.
 """
@@ -24,7 +25,7 @@ from model.config import BertConfig, PretrainConfig
 from pipeline.schema import config_digest
 
 FREE = ("log_every", "checkpoint_every", "backend", "eval_every", "eval_batches", "loader_workers",
-        "precision", "peak_tflops", "keep_checkpoints", "parallel")
+        "precision", "peak_tflops", "keep_checkpoints")
 TUNABLE = ("learning_rate", "warmup_steps", "weight_decay", "beta1", "beta2", "eps", "max_grad_norm")
 
 

@@ -215,18 +215,20 @@ def setup(config: PretrainConfig, model_config: BertConfig, examples_url: str, o
     model.to(backend.device)
     model.tie_weights()
     model.sparse_prediction = backend.name != "xla"  # XLA wants static shapes
+    record = run_record(config, model_config, examples_fp, data_parts, init_from)
+    state = TrainState(run_digest=exact_digest(record), record=record)
+    found = load_latest_good(output_url)
+    if found is not None:  # weights before wrapping: DDP broadcasts rank 0's, FSDP shards them
+        state = _check_resume(found[0], found[2], state)
+        load_hf_state_dict(model, found[1], source=found[0])
+    train_model = backend.wrap(model)  # FSDP swaps in sharded parameters: build the optimizer after
     optimizer = build_optimizer(model, config.learning_rate, config.weight_decay, (config.beta1, config.beta2),
                                 config.eps, config.optimizer)
     scheduler = warmup_linear_schedule(optimizer, config.warmup_steps, config.total_steps)
     if backend.rank:  # distinct dropout per rank; the weights are rank 0's (DDP broadcasts)
         torch.manual_seed(stable_seed(config.seed, "rank", backend.rank))
-
-    record = run_record(config, model_config, examples_fp, data_parts, init_from)
-    state = TrainState(run_digest=exact_digest(record), record=record)
-    found = load_latest_good(output_url)
     if found is not None:
-        state = _restore(found, model, optimizer, scheduler, backend, state, config)
-    train_model = backend.wrap(model)
+        _restore(found, model, optimizer, scheduler, backend, state, config)
     train_model.train()
     return Session(config, model_config, backend, examples, examples_fp, output_url, model, train_model,
                    optimizer, scheduler, state, data_parts, pad_id, mask_fn, log_fn, t_start)
@@ -244,9 +246,8 @@ def _micro_batches(phase: PhaseConfig, world_size: int, data_parts: int) -> int:
     return local // micro
 
 
-def _restore(found, model, optimizer, scheduler, backend: Backend, fresh: TrainState,
-             config: PretrainConfig) -> TrainState:
-    url, weights, saved = found
+def _check_resume(url: str, saved: dict, fresh: TrainState) -> TrainState:
+    """The saved state, if its config may continue under the current one (``model/resume.py``)."""
     state = TrainState(**saved["train"])
     if state.run_digest != fresh.run_digest:
         binding, tunable = compare(state.record or {}, fresh.record)
@@ -256,8 +257,19 @@ def _restore(found, model, optimizer, scheduler, backend: Backend, fresh: TrainS
                 "continue under this config. Rerun with --force pretrain (restart=true in the training "
                 "spec) to start this stage over")
         log.warning("resuming %s under changed settings: %s", url, ", ".join(tunable))
-    load_hf_state_dict(model, weights, source=url)
-    optimizer.load_state_dict(saved["optimizer"])
+    state.run_digest, state.record = fresh.run_digest, fresh.record
+    return state
+
+
+def _restore(found, model, optimizer, scheduler, backend: Backend, state: TrainState,
+             config: PretrainConfig) -> None:
+    url, _, saved = found
+    if backend.parallel == "fsdp" and backend.world_size > 1:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+        set_optimizer_state_dict(model, optimizer, saved["optimizer"], options=StateDictOptions(full_state_dict=True))
+    else:
+        optimizer.load_state_dict(saved["optimizer"])
     scheduler.load_state_dict(saved["scheduler"])
     # the current config's hyper-parameters and schedule (identical values on an exact resume)
     lam = scheduler.lr_lambdas[0]
@@ -275,9 +287,34 @@ def _restore(found, model, optimizer, scheduler, backend: Backend, fresh: TrainS
         backend.set_rng_state(rng["device"])
     else:  # other ranks: a fresh dropout stream per (rank, step); exact resume is for rank 0's
         torch.manual_seed(stable_seed(config.seed, "rank", backend.rank, state.global_step))
-    state.run_digest, state.record = fresh.run_digest, fresh.record
     log.info("resuming from %s (step %d)", url, state.global_step)
-    return state
+
+
+def _sharded(s: "Session") -> bool:
+    return s.backend.parallel == "fsdp" and s.backend.world_size > 1
+
+
+def _full_model(s: "Session") -> torch.nn.Module | None:
+    """A CPU model with all weights on rank 0 (None elsewhere); a collective under FSDP."""
+    if not _sharded(s):
+        return unwrap(s.model) if s.backend.is_main else None
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    full = get_model_state_dict(s.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if not s.backend.is_main:
+        return None
+    model = BertForPreTraining(s.model_config)
+    model.load_state_dict(full, strict=False)  # the tied decoder weight comes with the embeddings
+    model.tie_weights()
+    return model
+
+
+def _optimizer_state(s: "Session") -> dict:
+    if not _sharded(s):
+        return s.optimizer.state_dict()
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    return get_optimizer_state_dict(s.model, s.optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
 def _buckets(backend: Backend, length: int) -> tuple[int, ...]:
@@ -359,8 +396,10 @@ def fit(s: Session) -> None:
                     raise Preempted(stop.requested or signal.SIGTERM, st.global_step)
     st.seconds = seconds_before + time.perf_counter() - session_start
     if trace:  # every rank's weights, to check that the replicas agree
-        torch.save({k: v.detach().cpu() for k, v in unwrap(s.model).state_dict().items()},
-                   os.path.join(trace, f"rank{be.rank}.weights.pt"))
+        model = _full_model(s) if _sharded(s) else unwrap(s.model)
+        if model is not None:
+            torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()},
+                       os.path.join(trace, f"rank{be.rank}.weights.pt"))
 
 
 def _train_step(s: Session, loader: StreamingLoader, window: Window) -> None:
@@ -374,7 +413,10 @@ def _train_step(s: Session, loader: StreamingLoader, window: Window) -> None:
     for i, batch in enumerate(micro):
         tokens, (b, width) = int(batch["attention_mask"].sum()), batch["input_ids"].shape
         batch = {k: v.to(be.device, non_blocking=True) for k, v in batch.items()}
-        sync = contextlib.nullcontext() if (not ddp or i == len(micro) - 1) else s.train_model.no_sync()
+        last = i == len(micro) - 1
+        if _sharded(s):  # reduce-scatter gradients on the last micro-batch only
+            s.train_model.set_requires_gradient_sync(last)
+        sync = contextlib.nullcontext() if (not ddp or last) else s.train_model.no_sync()
         with sync:
             with be.autocast():
                 out = s.train_model(**batch)
@@ -448,11 +490,12 @@ def _report(s: Session, metrics: dict[str, float], phase: PhaseConfig) -> None:
 
 def _checkpoint(s: Session, phase_name: str, phase_ends: set[int]) -> None:
     be = s.backend
+    model, optim_state = _full_model(s), _optimizer_state(s)  # collectives under FSDP: every rank
     if be.is_main:
         url = checkpoint_url(s.output_url, phase_name, s.state.global_step)
-        save_checkpoint(url, unwrap(s.model), {
+        save_checkpoint(url, model, {
             "train": dataclasses.asdict(s.state),
-            "optimizer": s.optimizer.state_dict(),
+            "optimizer": optim_state,
             "scheduler": s.scheduler.state_dict(),
             "rng": {"python": random.getstate(), "torch": torch.get_rng_state(), "device": be.rng_state()},
         })
@@ -465,8 +508,9 @@ def finish(s: Session) -> Manifest:
     """Write ``final/`` (HF layout) and the stage manifest, last."""
     be, st = s.backend, s.state
     final_url = join_url(s.output_url, "final")
+    model = _full_model(s)
     if be.is_main:
-        save_pretrained(unwrap(s.model), final_url)
+        save_pretrained(model, final_url)
     be.barrier()
     first, last = st.first_window or {}, st.last_window or {}
     counts: dict[str, float] = {
@@ -479,7 +523,7 @@ def finish(s: Session) -> Manifest:
         "mlm_accuracy": last.get("mlm_accuracy", float("nan")),
         "nsp_accuracy": last.get("nsp_accuracy", float("nan")),
         "seconds": st.seconds,
-        "parameters": count_parameters(unwrap(s.model)),
+        "parameters": count_parameters(s.model),  # DTensor numel is the global size
         **(st.last_eval or {}),
     }
     stage_config = manifest_config(s.config, s.model_config)

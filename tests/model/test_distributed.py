@@ -44,19 +44,26 @@ def test_command_and_threads():
     assert training_env(2, {"OMP_NUM_THREADS": "7"})["OMP_NUM_THREADS"] == "7"
 
 
-def test_two_processes_match_one(examples, tmp_path):
-    runs = {}
-    for n in (1, 2):
-        trace = tmp_path / f"trace{n}"
-        trace.mkdir()
-        with open(tmp_path / f"out{n}.log", "w") as out:
-            code = launch_pretrain(spec(examples, tmp_path / f"run{n}"), nproc=n,
-                                   env={"BERTFLOW_TRACE_DATA": str(trace), "OMP_NUM_THREADS": "1"}, output=out)
-        log = (tmp_path / f"out{n}.log").read_text()
-        assert code == 0, log
-        runs[n] = (trace, log)
-    trace1, _ = runs[1]
-    trace2, log2 = runs[2]
+def launch(examples, root, name, nproc, steps=6, **kw):
+    trace = root / f"trace-{name}"
+    trace.mkdir(exist_ok=True)
+    with open(root / f"{name}.log", "w") as out:
+        code = launch_pretrain(spec(examples, root / name, steps, **kw), nproc=nproc,
+                               env={"BERTFLOW_TRACE_DATA": str(trace), "OMP_NUM_THREADS": "1"}, output=out)
+    log = (root / f"{name}.log").read_text()
+    assert code == 0, log
+    return trace, log
+
+
+@pytest.fixture(scope="module")
+def single(examples, tmp_path_factory):
+    """One process, the same 2 data parts: the reference the multi-process runs must match."""
+    return launch(examples, tmp_path_factory.mktemp("single"), "run", 1)[0]
+
+
+def test_two_processes_match_one(examples, single, tmp_path):
+    trace1 = single
+    trace2, log2 = launch(examples, tmp_path, "ddp", 2)
     w0 = torch.load(trace2 / "rank0.weights.pt")
     w1 = torch.load(trace2 / "rank1.weights.pt")
     single = torch.load(trace1 / "rank0.weights.pt")
@@ -96,3 +103,15 @@ def test_sigterm_stops_the_whole_tree_after_a_checkpoint(examples, tmp_path):
         with pytest.raises(ProcessLookupError):  # no orphan trainer
             os.kill(pid, 0)
     assert "writing a checkpoint" in log
+
+
+@pytest.mark.slow
+def test_fsdp_matches_one_process_and_resumes(examples, single, tmp_path):
+    trace, log = launch(examples, tmp_path, "fsdp", 2, parallel="fsdp")
+    w = torch.load(trace / "rank0.weights.pt")
+    ref = torch.load(single / "rank0.weights.pt")
+    for k in ref:
+        torch.testing.assert_close(w[k], ref[k], atol=2e-5, rtol=0, msg=k)
+    # more steps: resumes from the sharded run's full checkpoint (optimizer state included)
+    _, log = launch(examples, tmp_path, "fsdp", 2, steps=8, parallel="fsdp")
+    assert "resuming from" in log and "step 8/8" in log

@@ -7,8 +7,12 @@ device RNG state for exact resume, and the data-parallel seam (rank / world size
 environment ``torchrun`` sets; rank 0 alone logs and saves).
 
 Design choices: ``torch_xla`` is imported lazily, only for ``"xla"``, so CPU and CUDA runs never
-need it (it pins torch 2.9; see pyproject's ``xla`` extra). XLA runs single-process (one
-device); multi-replica XLA is not wired in. Several CPU/CUDA processes (torchrun) share the
+need it (it pins torch 2.9; see pyproject's ``xla`` extra). On XLA one process drives all the
+devices of its host through SPMD: ``xr.use_spmd()``, a 1-D ``data`` mesh over the devices, and
+every batch tensor sharded along its batch axis (``xs.mark_sharding``), so the loader serves
+the host's whole batch and XLA splits it (the weights stay replicated, the gradient all-reduce
+is compiled in). Multi-replica XLA (one process per device) is not used: on the CPU device its
+all-reduce hangs, and SPMD is torch-xla's recommended path on TPU pods. Several CPU/CUDA processes (torchrun) share the
 model through DDP, or FSDP (``fully_shard`` per encoder layer and the root) for large models.
 Precision "auto" is bfloat16 autocast on CUDA and XLA (the loss in float32, master weights
 float32) and float32 on CPU, where bf16 autocast made the L=4/H=256 step 20x slower here.
@@ -63,6 +67,23 @@ class Backend:
     precision: str = "fp32"
     """The resolved precision: fp32 | bf16 (autocast; parameters and optimizer stay fp32)."""
     parallel: str = "ddp"
+    mesh: object = None
+    """XLA SPMD: the device mesh batches are sharded over (None: one device, no sharding)."""
+
+    @property
+    def devices(self) -> int:
+        """Devices this process drives (XLA SPMD: all of the host's)."""
+        return len(self.mesh.device_ids) if self.mesh is not None else 1
+
+    def put_batch(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Move a batch to the device; under SPMD shard every tensor along its batch axis."""
+        out = {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
+        if self.mesh is not None:
+            import torch_xla.distributed.spmd as xs
+
+            for v in out.values():
+                xs.mark_sharding(v, self.mesh, ("data",) + (None,) * (v.dim() - 1))
+        return out
 
     @property
     def is_main(self) -> bool:
@@ -161,6 +182,9 @@ def setup_backend(name: str, precision: str = "auto", parallel: str = "ddp") -> 
         raise NotImplementedError(
             "multi-process XLA is not wired in: run one process per host with SPMD sharding"
         )
+    mesh = None
+    if name == "xla":
+        mesh = _spmd_mesh()
     device = select_device(name)
     if name == "cuda":
         torch.cuda.set_device(device)
@@ -168,7 +192,25 @@ def setup_backend(name: str, precision: str = "auto", parallel: str = "ddp") -> 
         torch.backends.cudnn.allow_tf32 = True
     if world_size > 1 and not torch.distributed.is_initialized():
         torch.distributed.init_process_group("nccl" if name == "cuda" else "gloo")
-    return Backend(name, device, rank, world_size, local_rank, resolve_precision(name, precision), parallel)
+    return Backend(name, device, rank, world_size, local_rank, resolve_precision(name, precision), parallel, mesh)
+
+
+def _spmd_mesh():
+    """A 1-D ``data`` mesh over every XLA device of this host, or None with a single device.
+
+    ``xr.use_spmd()`` must run before any XLA tensor exists, so this is called before the model
+    is built; with one device SPMD is left off (plain single-device XLA).
+    """
+    _torch_xla()
+    import numpy as np
+    import torch_xla.distributed.spmd as xs
+    import torch_xla.runtime as xr
+
+    n = xr.global_runtime_device_count()
+    if n <= 1:
+        return None
+    xr.use_spmd()
+    return xs.Mesh(np.arange(n), (n,), ("data",))
 
 
 def unwrap(model: nn.Module) -> nn.Module:

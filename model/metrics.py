@@ -102,5 +102,5 @@ def summary(window: Window, backend, lr: float, phase_index: int, peak: float) -
         "phase_index": float(phase_index),
     }
     if peak:
-        out["mfu"] = out["model_tflops_per_sec"] / (peak * w)
+        out["mfu"] = out["model_tflops_per_sec"] / (peak * w * backend.devices)
     return out

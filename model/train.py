@@ -189,6 +189,12 @@ def setup(config: PretrainConfig, model_config: BertConfig, examples_url: str, o
             raise ValueError(f"pretrain.eval_every: phase {p.name} has {len(urls)} shard(s); held-out "
                              "evaluation reserves the last shard and needs at least 2")
         _micro_batches(p, backend.world_size, data_parts)
+    if backend.devices > 1:  # SPMD splits every micro-batch over the host's devices
+        for p in config.phases:
+            micro = p.micro_batch_size or p.batch_size // backend.world_size
+            if micro % backend.devices:
+                raise ValueError(f"pretrain.phases[{p.name}]: micro-batch {micro} does not split over "
+                                 f"{backend.devices} XLA devices")
     if _dynamic(config, examples) and mask_fn is None:
         raise ValueError("dynamic masking needs mask_fn (flows.train_entry builds it from the vocabulary)")
     counts = examples.counts
@@ -412,7 +418,7 @@ def _train_step(s: Session, loader: StreamingLoader, window: Window) -> None:
     ddp = hasattr(s.train_model, "no_sync")
     for i, batch in enumerate(micro):
         tokens, (b, width) = int(batch["attention_mask"].sum()), batch["input_ids"].shape
-        batch = {k: v.to(be.device, non_blocking=True) for k, v in batch.items()}
+        batch = be.put_batch(batch)
         last = i == len(micro) - 1
         if _sharded(s):  # reduce-scatter gradients on the last micro-batch only
             s.train_model.set_requires_gradient_sync(last)
@@ -445,7 +451,7 @@ def evaluate(s: Session, phase: PhaseConfig) -> dict[str, float]:
     with torch.no_grad():
         for _ in range(s.config.eval_batches):
             for batch in loader.next_step():
-                batch = {k: v.to(be.device) for k, v in batch.items()}
+                batch = be.put_batch(batch)
                 with be.autocast():
                     out = s.train_model(**batch)
                 correct, total = mlm_correct(out.prediction_logits, batch["labels"])

@@ -115,3 +115,33 @@ def test_fsdp_matches_one_process_and_resumes(examples, single, tmp_path):
     # more steps: resumes from the sharded run's full checkpoint (optimizer state included)
     _, log = launch(examples, tmp_path, "fsdp", 2, steps=8, parallel="fsdp")
     assert "resuming from" in log and "step 8/8" in log
+
+
+def test_a_killed_launcher_leaves_no_orphan_trainer(examples, tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    trace = tmp_path / "trace"
+    trace.mkdir()
+    code = ("import json, sys; from flows.launch import launch_pretrain; "
+            "sys.exit(launch_pretrain(json.loads(sys.argv[1]), 1, {'BERTFLOW_TRACE_DATA': sys.argv[2]}))")
+    launcher = subprocess.Popen([sys.executable, "-c", code, json.dumps(spec(examples, tmp_path / "run", steps=100_000)),
+                                 str(trace)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while not (trace / "rank0.txt").exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    trainer = int((trace / "rank0.pid").read_text())
+    launcher.kill()  # SIGKILL: no chance to forward anything
+    launcher.wait()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            os.kill(trainer, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.2)
+    else:
+        os.kill(trainer, signal.SIGKILL)
+        pytest.fail("the trainer outlived its launcher by 60 s")
+    assert find_latest_checkpoint(str(tmp_path / "run")) is not None  # it checkpointed on the way out

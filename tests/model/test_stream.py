@@ -186,3 +186,19 @@ def test_bad_input_is_named(examples, tmp_path):
         next(StreamingLoader(spec(examples, vocab_size=50, num_parts=1)))
     with pytest.raises(ValueError, match="not divisible by the 3 data parts"):
         spec(examples, num_parts=3)
+
+
+def test_reads_through_fsspec_urls(examples):
+    import fsspec
+
+    fs = fsspec.filesystem("memory")
+    remote = []
+    for u in urls(examples):
+        target = f"memory://shards/{u.rsplit('/', 1)[1]}"
+        with open(u, "rb") as src, fs.open(target, "wb") as dst:
+            dst.write(src.read())
+        remote.append(target)
+    local, mem = StreamingLoader(spec(examples, num_parts=2)), StreamingLoader(spec(examples, urls=tuple(remote), num_parts=2))
+    for _ in range(3):
+        a, b = next(local), next(mem)
+        assert all(torch.equal(a[k], b[k]) for k in a)

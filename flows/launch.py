@@ -3,7 +3,9 @@
 ``launch_pretrain(spec, nproc, env)`` is what the pretrain stage calls. It builds the command
 (``python -m flows.train_entry --spec JSON``, or ``python -m torch.distributed.run --standalone
 --nproc_per_node=N -m flows.train_entry ...``), gives every training process an
-``OMP_NUM_THREADS`` (the cores split between the processes unless the caller set it), and owns
+``OMP_NUM_THREADS`` (unless the caller set it: the cores but one, split between the processes;
+the spare core serves the orchestrator and the OS — with one of this machine's 2 cores busy,
+two OpenMP threads made the tiny step 2x slower than one), and owns
 the process tree's lifetime:
 
 - SIGTERM / SIGINT to the launcher (Ctrl-C, a preempted VM, a cancelled Prefect run) is passed
@@ -64,7 +66,7 @@ def training_env(nproc: int = 1, env: dict[str, str] | None = None) -> dict[str,
     """The environment of the training process(es): ours + ``env``, with OMP_NUM_THREADS set."""
     out = {**os.environ, **(env or {})}
     if "OMP_NUM_THREADS" not in out:
-        out["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // nproc))
+        out["OMP_NUM_THREADS"] = str(max(1, ((os.cpu_count() or 1) - 1) // nproc))
     return out
 
 

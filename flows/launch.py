@@ -70,13 +70,15 @@ def training_env(nproc: int = 1, env: dict[str, str] | None = None) -> dict[str,
     return out
 
 
-def launch_pretrain(spec: dict, nproc: int = 1, env: dict[str, str] | None = None, grace_s: float = 60.0,
-                    output=None) -> int:
+def launch_pretrain(spec: dict, nproc: int | None = None, env: dict[str, str] | None = None,
+                    grace_s: float = 60.0, output=None) -> int:
     """Run pretraining in its own process tree; return its exit code (0 done, 143 stopped by a signal).
 
     ``spec`` is train_entry's JSON spec (pretrain, model, examples_url, output_url, and optionally
-    vocab_url, restart, init_from). Blocks until the tree has exited.
+    vocab_url, restart, init_from); ``nproc`` defaults to ``spec["nproc"]`` (else 1). Blocks until
+    the tree has exited.
     """
+    nproc = int(nproc or spec.get("nproc") or 1)
     cmd = build_command(spec, nproc)
     proc = subprocess.Popen(cmd, env=training_env(nproc, env), start_new_session=True,
                             preexec_fn=set_parent_death_signal, stdout=output,

@@ -98,6 +98,13 @@ def main() -> None:
         if code:
             raise SystemExit(f"pretraining exited with {code}")
 
+    if has_manifest(pretrain) and read_manifest(pretrain).counts["steps"] != cfg.pretrain.total_steps:
+        # another schedule: the trainer resumes from the latest checkpoint (steps and warm-up
+        # are tunable, see model/resume.py) and trains on to the new total
+        from pipeline.schema import manifest_url
+
+        fs_path = manifest_url(pretrain)
+        os.remove(fs_path)
     stage("pretrain", pretrain, train)
     stage("export", export, lambda: run_export(pretrain, vocab, export))
     if not os.path.exists(os.path.join(random_init, "model.safetensors")):
@@ -115,7 +122,7 @@ def main() -> None:
         task = TASKS[name]
         scores = []
         for label, model_url in (("pretrained", export), ("random", random_init)):
-            out = join_url(root, "finetune", label, name)
+            out = join_url(root, "finetune", f"{label}-{cfg.pretrain.total_steps}", name)
             t = time.time()
             if has_manifest(out):
                 m = read_manifest(out)

@@ -122,7 +122,8 @@ def main() -> None:
         task = TASKS[name]
         scores = []
         for label, model_url in (("pretrained", export), ("random", random_init)):
-            out = join_url(root, "finetune", f"{label}-{cfg.pretrain.total_steps}", name)
+            tag = f"{label}-{cfg.pretrain.total_steps}" if label == "pretrained" else label  # random: any schedule
+            out = join_url(root, "finetune", tag, name)
             t = time.time()
             if has_manifest(out):
                 m = read_manifest(out)

@@ -103,8 +103,9 @@ def main() -> None:
         # are tunable, see model/resume.py) and trains on to the new total
         from pipeline.schema import manifest_url
 
-        fs_path = manifest_url(pretrain)
-        os.remove(fs_path)
+        for url in (pretrain, export):  # the export follows the pretraining
+            if has_manifest(url):
+                os.remove(manifest_url(url))
     stage("pretrain", pretrain, train)
     stage("export", export, lambda: run_export(pretrain, vocab, export))
     if not os.path.exists(os.path.join(random_init, "model.safetensors")):

@@ -134,6 +134,44 @@ def _tiny() -> RunConfig:
     )
 
 
+def _small() -> RunConfig:
+    """Between tiny and base: L=4, H=256, A=4 on a generated corpus of tens of MB (point
+    ``data.wiki``/``data.books`` at ``bertflow synth-corpus --size 30MB`` output, seed 0, whose
+    world the bundled downstream sets speak of). ~2,000 steps of 64 sequences: under an hour of
+    CPU here; ``benchmarks/bench_transfer.py`` runs it and compares with a random init."""
+    return RunConfig(
+        preset="small",
+        corpus=CorpusConfig(num_shards=4, beam=BeamConfig(num_workers=2)),
+        vocab=VocabConfig(vocab_size=8192, min_frequency=2),
+        examples=ExamplesConfig(
+            max_seq_lengths=(64, 128),
+            max_predictions_per_seq=(10, 20),
+            dupe_factor=5,
+            num_shards=8,
+        ),
+        model=BertConfig(
+            vocab_size=8192,
+            hidden_size=256,
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            intermediate_size=1024,
+            max_position_embeddings=128,
+        ),
+        pretrain=PretrainConfig(
+            phases=(PhaseConfig("phase1", 64, 1800, 64), PhaseConfig("phase2", 128, 200, 64)),
+            learning_rate=5e-4,
+            warmup_steps=200,
+            log_every=50,
+            checkpoint_every=500,
+            eval_every=500,
+            eval_batches=5,
+        ),
+        finetune=FinetuneConfig(learning_rate=2e-4, batch_size=32, epochs=3, max_seq_length=128),
+        finetune_tasks=("sst2", "squad1"),
+        model_name="bert-small",
+    )
+
+
 def _paper(name: str, layers: int, hidden: int, heads: int) -> RunConfig:
     return RunConfig(
         preset=name,
@@ -165,6 +203,7 @@ def _paper(name: str, layers: int, hidden: int, heads: int) -> RunConfig:
 
 PRESETS = {
     "tiny": _tiny,
+    "small": _small,
     "base": lambda: _paper("base", 12, 768, 12),
     "large": lambda: _paper("large", 24, 1024, 16),
 }

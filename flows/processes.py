@@ -70,6 +70,8 @@ def run_in_process(
     on_progress: Callable[[int, int], None] | None = None,
 ) -> Manifest:
     """Run ``call``'s stage in a child process; return the manifest it wrote."""
+    if where == "training":
+        return launch_training(call, env, on_progress)
     proc_env = {**os.environ, **env, "PYTHONUNBUFFERED": "1"}
     if where == "training":
         proc_env.setdefault(ENV_PROGRESS_TOTAL, str(call.cfg.pretrain.total_steps))
@@ -88,6 +90,53 @@ def run_in_process(
         code = _run_streaming(cmd, proc_env, logger, on_progress, get_stage(call.stage).timeout_s)
     if code != 0:
         raise RuntimeError(f"stage {call.stage}: its process exited with code {code} (see its log lines above)")
+    return read_manifest(call.url)
+
+
+def train_spec(call: "StageCall") -> dict:
+    """``flows.train_entry``'s JSON spec for the pretrain row."""
+    from flows.stages import model_config
+
+    cfg = call.cfg
+    return {
+        "pretrain": dataclasses.asdict(cfg.pretrain),
+        "model": dataclasses.asdict(model_config(cfg, call.inputs["vocab"])),
+        "examples_url": call.inputs["examples"],
+        "output_url": call.url,
+        "vocab_url": call.inputs["vocab"],
+        "restart": call.restart,
+        "init_from": cfg.pretrain.init_from,
+        "nproc": cfg.pretrain.nproc,
+    }
+
+
+EXIT_RESUME_REFUSED = 3
+
+
+def launch_training(call: "StageCall", env: dict[str, str], on_progress=None) -> Manifest:
+    """Pretraining through ``flows.launch.launch_pretrain`` (one process, or torchrun with
+    ``pretrain.nproc``), its output streamed through our loggers like any stage process."""
+    from flows.launch import launch_pretrain
+
+    proc_env = {**os.environ, **env, "PYTHONUNBUFFERED": "1",
+                ENV_PROGRESS_TOTAL: str(call.cfg.pretrain.total_steps)}
+    logger = logging.getLogger("bertflow.pretrain")
+    read_fd, write_fd = os.pipe()
+    context = contextvars.copy_context()
+    reader = threading.Thread(target=context.run, daemon=True,
+                              args=(_forward, os.fdopen(read_fd, "r", errors="replace"), logger, on_progress))
+    reader.start()
+    try:
+        code = launch_pretrain(train_spec(call), env=proc_env, output=write_fd)
+    finally:
+        os.close(write_fd)  # the children hold their own copies: EOF once they are gone
+        reader.join(timeout=10)
+    if code == EXIT_RESUME_REFUSED:
+        raise RuntimeError("pretrain: the checkpoints under "
+                           f"{call.url} cannot continue under this config: rerun with --force pretrain to start over")
+    if code != 0:
+        raise RuntimeError(f"pretrain: the training process exited with code {code}"
+                           + (" after a signal; its checkpoint is kept and a rerun resumes" if code in (130, 143) else ""))
     return read_manifest(call.url)
 
 

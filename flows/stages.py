@@ -123,12 +123,10 @@ def _run_examples(c: StageCall) -> Manifest:
 
 
 def _run_pretrain(c: StageCall) -> Manifest:
-    from model.train import run_pretrain
+    from flows.processes import launch_training
+    from model.train import run_pretrain  # noqa: F401 - what the launched process runs (code version)
 
-    return run_pretrain(
-        c.cfg.pretrain, model_config(c.cfg, c.inputs["vocab"]), c.inputs["examples"], c.url,
-        log_fn=c.log_fn, resume=not c.restart,
-    )
+    return launch_training(c, {})
 
 
 def _run_export(c: StageCall) -> Manifest:

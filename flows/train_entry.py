@@ -1,9 +1,19 @@
-"""Entry point of the pretraining process: where model/ meets tracking.
+"""Entry point of the pretraining process: where model/ meets tracking and the masking rule.
 
-The flow starts this module as a subprocess (at scale: under torchrun or the XLA launcher on
-every host). It rebuilds the typed configs from the JSON spec, and, when the flow passed an
-MLflow run id through the environment, hands the training loop a callback that writes metrics
-to that run. Only rank 0 logs; model/ itself never imports MLflow.
+``flows.launch.launch_pretrain`` starts this module (``python -m flows.train_entry --spec JSON``,
+under torchrun for several processes). The spec carries:
+
+- ``pretrain``, ``model``: the typed configs as dicts; ``examples_url``, ``output_url``;
+- ``vocab_url`` (optional): the vocab stage; its ``vocab.txt`` gives the special ids ([PAD] for
+  padding) and, through ``pipeline.masking``, the one masking rule for dynamic masking;
+- ``restart`` (bool): clear existing checkpoints and start over (``--force pretrain``);
+- ``init_from`` (str): a BERT folder in Hugging Face layout to start from;
+- ``nproc``: read by the launcher, ignored here.
+
+Only rank 0 logs at INFO (and to MLflow, when the flow passed a run id through the
+environment); other ranks log warnings and errors only. Exit codes: 0 done, 143/130 stopped by
+SIGTERM/SIGINT after writing a checkpoint (rerun to resume), 3 a checkpoint that cannot continue
+under this config (the message says to use ``--force pretrain``), 1 anything else.
 """
 
 from __future__ import annotations
@@ -11,9 +21,14 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 
+from flows.processes import progress_reporter
 from flows.tracking import log_fn_from_env
+
+log = logging.getLogger("bertflow.pretrain")
+EXIT_RESUME_REFUSED = 3
 
 
 def build_configs(spec: dict):
@@ -24,18 +39,88 @@ def build_configs(spec: dict):
     return PretrainConfig(**pre), BertConfig(**spec["model"])
 
 
+def read_vocab(vocab_url: str) -> list[str]:
+    """The tokens of ``{vocab_url}/vocab.txt``, one per line (line number = id)."""
+    import fsspec
+
+    from pipeline.schema import join_url
+
+    url = join_url(vocab_url, "vocab.txt")
+    fs, path = fsspec.core.url_to_fs(url)
+    if not fs.exists(path):
+        raise FileNotFoundError(f"vocab_url {vocab_url} has no vocab.txt")
+    with fs.open(path, "r", encoding="utf-8") as f:
+        return [line.rstrip("\n") for line in f]
+
+
+class MaskRule:
+    """``pipeline.masking.create_masked_lm_predictions`` in the loader's ``mask_fn`` shape."""
+
+    def __init__(self, vocab: list[str], masked_lm_prob: float = 0.15, whole_word_mask: bool = False):
+        from pipeline.masking import VocabIds
+
+        self.ids = VocabIds.from_vocab(vocab)
+        self.masked_lm_prob, self.whole_word_mask = masked_lm_prob, whole_word_mask
+
+    def __call__(self, tokens, max_predictions, rng):
+        from pipeline.masking import create_masked_lm_predictions
+
+        return create_masked_lm_predictions(tokens, self.masked_lm_prob, max_predictions, self.ids, rng,
+                                            whole_word_mask=self.whole_word_mask)
+
+
+def masking_from(spec: dict) -> tuple[MaskRule | None, int | None]:
+    """(mask_fn, pad id) from the vocabulary and the examples stage's config; (None, None) without a vocab."""
+    if not spec.get("vocab_url"):
+        return None, None
+    from pipeline.schema import read_manifest
+
+    vocab = read_vocab(spec["vocab_url"])
+    if "[PAD]" not in vocab:
+        raise ValueError(f"{spec['vocab_url']}/vocab.txt has no [PAD] token")
+    examples = read_manifest(spec["examples_url"]).config
+    rule = MaskRule(vocab, float(examples.get("masked_lm_prob", 0.15)), bool(examples.get("whole_word_mask", False)))
+    return rule, vocab.index("[PAD]")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="bertflow pretraining process")
-    parser.add_argument("--spec", required=True, help="JSON: pretrain, model, examples_url, output_url")
+    parser.add_argument("--spec", required=True, help="JSON: pretrain, model, examples_url, output_url, "
+                        "vocab_url, restart, init_from")
     args = parser.parse_args(argv)
     spec = json.loads(args.spec)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s | %(message)s", datefmt="%H:%M:%S")
+    rank = int(os.environ.get("RANK", "0"))
+    if "LOCAL_RANK" in os.environ:  # under torchrun: stop with it (its workers run in their own sessions)
+        from flows.launch import set_parent_death_signal
+
+        set_parent_death_signal()
+        if os.getppid() == 1:  # the parent died before we armed it
+            return 1
+    logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING,
+                        format=f"%(asctime)s %(name)s{f' [rank {rank}]' if rank else ''} | %(message)s",
+                        datefmt="%H:%M:%S")
     pretrain_cfg, model_cfg = build_configs(spec)
+    mask_fn, pad_id = masking_from(spec)
 
-    log_fn = log_fn_from_env()
-    from model.train import run_pretrain
+    from model.resume import ResumeError
+    from model.train import Preempted, run_pretrain
 
-    run_pretrain(pretrain_cfg, model_cfg, spec["examples_url"], spec["output_url"], log_fn=log_fn)
+    try:
+        log_fn = progress_reporter(log_fn_from_env()) if rank == 0 else None
+        run_pretrain(pretrain_cfg, model_cfg, spec["examples_url"], spec["output_url"], log_fn=log_fn,
+                     restart=bool(spec.get("restart", False)), mask_fn=mask_fn,
+                     init_from=spec.get("init_from") or "", pad_id=pad_id)
+    except Preempted as exc:
+        log.warning("%s; rerun to resume", exc)
+        return 128 + int(exc.signum)
+    except ResumeError as exc:
+        log.error("%s", exc)
+        return EXIT_RESUME_REFUSED
+    finally:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
     return 0
 
 

@@ -5,7 +5,9 @@ the same format as an export, so any checkpoint loads with ``load_pretrained``),
 (optimizer, scheduler, RNG states, data-loader position, phase index, global step, counters:
 a ``torch.save``'d dict of plain types and tensors, read back with ``weights_only=True``), and a
 ``_complete`` marker written LAST. A folder without the marker (a crash mid-write, a preempted
-VM) is never picked, so resuming can't read half a checkpoint. Step numbers are global, so the
+VM) is never picked, so resuming can't read half a checkpoint; a complete one that does not read
+back (a corrupt file, a bucket that lost an object) is skipped with a warning for the previous
+good one (:func:`load_latest_good`). Step numbers are global, so the
 latest checkpoint is the one with the highest step whatever its phase.
 
 Design choice, at what cost: one folder per checkpoint (no overwrite in place) makes writes
@@ -15,6 +17,7 @@ new one is complete, keeping the last few and every phase-end checkpoint.
 
 from __future__ import annotations
 
+import logging
 import re
 from typing import Any
 
@@ -24,6 +27,8 @@ from torch import nn
 
 from model.export import load_hf_state_dict, read_weights, save_weights
 from pipeline.schema import join_url
+
+log = logging.getLogger("bertflow.checkpoint")
 
 COMPLETE = "_complete"
 STATE_NAME = "state.pt"
@@ -58,12 +63,36 @@ def save_checkpoint(url: str, model: nn.Module, state: dict[str, Any]) -> None:
         f.write("ok\n")
 
 
-def load_checkpoint(url: str, model: nn.Module) -> dict[str, Any]:
-    """Load the weights into ``model`` and return the saved state dict (on CPU)."""
-    load_hf_state_dict(model, read_weights(join_url(url, WEIGHTS_NAME)), source=url)
+def read_checkpoint(url: str) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """(weights, state) of a checkpoint, both read before anything is applied."""
+    weights = read_weights(join_url(url, WEIGHTS_NAME))
     fs, path = fsspec.core.url_to_fs(join_url(url, STATE_NAME))
     with fs.open(path, "rb") as f:
-        return torch.load(f, map_location="cpu", weights_only=True)
+        state = torch.load(f, map_location="cpu", weights_only=True)
+    return weights, state
+
+
+def load_checkpoint(url: str, model: nn.Module) -> dict[str, Any]:
+    """Load the weights into ``model`` and return the saved state dict (on CPU)."""
+    weights, state = read_checkpoint(url)
+    load_hf_state_dict(model, weights, source=url)
+    return state
+
+
+def load_latest_good(run_url: str) -> tuple[str, dict[str, torch.Tensor], dict[str, Any]] | None:
+    """The newest complete checkpoint that reads back: (url, weights, state), or None.
+
+    Unreadable ones are skipped with a warning (never deleted: a person may want to look).
+    """
+    for _, url in reversed(list_checkpoints(run_url)):
+        try:
+            weights, state = read_checkpoint(url)
+        except Exception as exc:  # noqa: BLE001 - any read failure means "not usable"
+            log.warning("skipping unreadable checkpoint %s (%s: %s); trying the previous one",
+                        url, type(exc).__name__, exc)
+            continue
+        return url, weights, state
+    return None
 
 
 def list_checkpoints(run_url: str) -> list[tuple[int, str]]:

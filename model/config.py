@@ -63,10 +63,15 @@ class PhaseConfig:
     max_seq_length: int = 128
     steps: int = 900_000
     batch_size: int = 256
+    """Global batch: sequences per optimizer step over all devices and accumulation micro-batches."""
+    micro_batch_size: int = 0
+    """Sequences per forward/backward on one device; 0: the whole per-device batch (no
+    accumulation). Gradients accumulate over ``batch_size / (devices * micro_batch_size)`` steps."""
 
     def __post_init__(self):
         check(self.steps >= 0, f"pretrain.phases[{self.name}].steps", "must be >= 0")
         check(self.batch_size >= 1, f"pretrain.phases[{self.name}].batch_size", "must be >= 1")
+        check(self.micro_batch_size >= 0, f"pretrain.phases[{self.name}].micro_batch_size", "must be >= 0")
         check(self.max_seq_length >= 16, f"pretrain.phases[{self.name}].max_seq_length", ">= 16")
 
 
@@ -94,7 +99,33 @@ class PretrainConfig:
     checkpoint_every: int = 1000
     """Save resumable state every N steps (and at the end of each phase)."""
     dynamic_masking: bool = False
-    """Re-mask at load time instead of using the static masks in the shards."""
+    """Re-mask at load time instead of using the static masks in the shards (always on when the
+    examples stage wrote unmasked rows, ``masking="dynamic"``)."""
+    optimizer: str = "adamw"
+    """adamw (the paper's) | lamb (layer-wise trust ratio, for batches of 32k-64k)."""
+    precision: str = "auto"
+    """auto (bf16 autocast on cuda/xla, fp32 on cpu) | fp32 | bf16. Master weights stay fp32."""
+    parallel: str = "ddp"
+    """How several processes share the model: ddp (replicated) | fsdp (sharded, for large)."""
+    eval_every: int = 0
+    """Held-out evaluation every N steps on the phase's last shard, kept out of training; 0: off."""
+    eval_batches: int = 10
+    """Batches (of the phase's batch size) per held-out evaluation."""
+    loader_buffer: int = 10_000
+    """Shuffle buffer: examples held in memory per data part (the loader's memory bound)."""
+    loader_workers: int = 0
+    """Loader worker processes per training process (0: build batches in the training process)."""
+    data_parts: int = 0
+    """Disjoint data parts the shards are dealt into; 0: processes x max(1, loader_workers).
+    The batches depend on this number only, not on the number of processes or workers."""
+    peak_tflops: float = 0.0
+    """The device's peak TFLOP/s for model-FLOPs utilisation; 0: known GPUs, else MFU not logged."""
+    keep_checkpoints: int = 2
+    """Periodic checkpoints kept (phase-end ones are always kept)."""
+    nproc: int = 1
+    """Training processes on this host (``torchrun --nproc_per_node``: one per GPU; gloo on CPU)."""
+    init_from: str = ""
+    """A BERT folder in Hugging Face layout whose weights start the run (continued pretraining)."""
 
     def __post_init__(self):
         check(len(self.phases) >= 1, "pretrain.phases", "needs at least one phase")
@@ -107,6 +138,18 @@ class PretrainConfig:
         check(self.backend in ("cpu", "cuda", "xla"), "pretrain.backend", "cpu|cuda|xla")
         check(self.log_every >= 1, "pretrain.log_every", "must be >= 1")
         check(self.checkpoint_every >= 1, "pretrain.checkpoint_every", "must be >= 1")
+        check(self.optimizer in ("adamw", "lamb"), "pretrain.optimizer", "adamw|lamb")
+        check(self.precision in ("auto", "fp32", "bf16"), "pretrain.precision", "auto|fp32|bf16")
+        check(self.parallel in ("ddp", "fsdp"), "pretrain.parallel", "ddp|fsdp")
+        check(self.eval_every >= 0, "pretrain.eval_every", "must be >= 0")
+        check(self.nproc >= 1, "pretrain.nproc", "must be >= 1")
+        check(self.eval_batches >= 1, "pretrain.eval_batches", "must be >= 1")
+        check(self.loader_buffer >= 1, "pretrain.loader_buffer", "must be >= 1")
+        check(self.loader_workers >= 0, "pretrain.loader_workers", "must be >= 0")
+        check(self.data_parts >= 0, "pretrain.data_parts", "must be >= 0")
+        check(self.peak_tflops >= 0, "pretrain.peak_tflops", "must be >= 0")
+        check(self.keep_checkpoints >= 1, "pretrain.keep_checkpoints", "must be >= 1")
+        check(self.max_grad_norm >= 0, "pretrain.max_grad_norm", "must be >= 0 (0: no clipping)")
 
     @property
     def total_steps(self) -> int:

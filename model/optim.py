@@ -8,6 +8,9 @@ Design choice, and what it costs: the reference ``AdamWeightDecayOptimizer`` (an
 ``BertAdam``) skips Adam's bias correction; torch's AdamW applies it. With β2 = 0.999 and a
 10k-step warm-up the two differ only in the first few thousand steps, where the warm-up keeps
 the learning rate small anyway; we take the standard, fused/foreach-capable optimiser.
+:class:`Lamb` (You et al. 2019, the optimiser of BERT's 76-minute, 32k-64k batch runs) is the
+option for very large batches: Adam's update, weight decay added to it, then scaled per tensor
+by the trust ratio ``||w|| / ||update||`` (1 where either norm is 0).
 The schedule matches HF's ``get_linear_schedule_with_warmup``: the factor is ``step / warmup``
 during warm-up (0 at the very first step) and ``(total - step) / (total - warmup)`` after.
 """
@@ -24,27 +27,65 @@ def no_decay(name: str) -> bool:
     return name.endswith("bias") or "LayerNorm" in name or "layer_norm" in name
 
 
+class Lamb(torch.optim.Optimizer):
+    """LAMB: Adam moments with bias correction, decoupled weight decay, a per-tensor trust ratio."""
+
+    def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-6, weight_decay: float = 0.0):
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = closure() if closure is not None else None
+        for group in self.param_groups:
+            b1, b2 = group["betas"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if not state:
+                    state["step"] = torch.zeros((), dtype=torch.float32)
+                    state["exp_avg"] = torch.zeros_like(p)
+                    state["exp_avg_sq"] = torch.zeros_like(p)
+                state["step"] += 1
+                t = float(state["step"])
+                m, v = state["exp_avg"], state["exp_avg_sq"]
+                m.mul_(b1).add_(p.grad, alpha=1 - b1)
+                v.mul_(b2).addcmul_(p.grad, p.grad, value=1 - b2)
+                update = (m / (1 - b1**t)) / ((v / (1 - b2**t)).sqrt().add_(group["eps"]))
+                if group["weight_decay"]:
+                    update.add_(p, alpha=group["weight_decay"])
+                w_norm, u_norm = p.norm(), update.norm()
+                trust = torch.where((w_norm > 0) & (u_norm > 0), w_norm / u_norm, torch.ones_like(w_norm))
+                p.add_(update * trust, alpha=-group["lr"])
+        return loss
+
+
 def build_optimizer(
     model: nn.Module,
     lr: float,
     weight_decay: float,
     betas: tuple[float, float] = (0.9, 0.999),
     eps: float = 1e-6,
-) -> torch.optim.AdamW:
-    """AdamW with two parameter groups: [0] decayed weights, [1] biases and LayerNorm (no decay).
+    name: str = "adamw",
+) -> torch.optim.Optimizer:
+    """AdamW (or LAMB) with two parameter groups: [0] decayed weights, [1] biases and LayerNorm (no decay).
 
     ``named_parameters()`` yields a tied parameter once (under its first name, the word
     embeddings), so the tied MLM decoder weight is optimised exactly once.
     """
     decay, plain = [], []
-    for name, p in model.named_parameters():
+    for pname, p in model.named_parameters():
         if not p.requires_grad:
             continue
-        (plain if no_decay(name) else decay).append(p)
+        (plain if no_decay(pname) else decay).append(p)
     groups = [
         {"params": decay, "weight_decay": weight_decay},
         {"params": plain, "weight_decay": 0.0},
     ]
+    if name == "lamb":
+        return Lamb(groups, lr=lr, betas=betas, eps=eps)
+    if name != "adamw":
+        raise ValueError(f"pretrain.optimizer: unknown optimizer {name!r}, expected adamw|lamb")
     return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps)
 
 

@@ -1,30 +1,39 @@
-"""MLM + NSP pretraining: phases of sequence lengths, one LR schedule, checkpoints, exact resume.
+"""MLM + NSP pretraining in three calls: ``setup`` -> ``fit`` -> ``finish`` (``run_pretrain``).
 
-``run_pretrain`` is the stage entry point. For each phase (e.g. 90% of steps at length 128,
-then 10% at 512) it reads the example stage's ``seq{N}/`` shards, trains with AdamW under one
-warm-up + linear-decay schedule spanning all phases, writes resumable checkpoints every
-``checkpoint_every`` steps and at each phase end, and finally the HF-layout weights in
-``{output}/final/`` and the stage manifest (last).
+For each phase (e.g. 90% of steps at length 128, then 10% at 512) the loop streams the example
+stage's ``seq{N}/`` shards (``model/stream.py``), accumulates gradients over micro-batches up to
+the phase's global batch, clips at ``max_grad_norm``, steps AdamW (or LAMB) under one warm-up +
+linear-decay schedule spanning all phases, and writes resumable checkpoints every
+``checkpoint_every`` steps, at each phase end and when SIGTERM/SIGINT arrives (then raises
+:class:`Preempted`). ``finish`` writes HF-layout weights in ``{output}/final/`` and the manifest.
+
+Global-batch semantics: the MLM loss of a step is the sum over every masked token of the global
+batch divided by their total count (all-reduced before the backward passes), whatever the number
+of processes and micro-batches; so 2 processes x B/2, 1 process x B and 1 process x 2 micro-batches
+of B/2 compute the same gradient up to float rounding (tested), where a mean of per-process means
+would weight the tokens differently.
 
 Exact resume: a checkpoint holds everything the next step depends on (weights, optimizer and
-scheduler state, the CPU / python / device RNG states that drive dropout, the data loader's
-(epoch, batch) position, phase and step). Batches are a pure function of (seed, phase, epoch,
-index), so N steps straight and N/2 + crash + resume + N/2 give bit-identical weights on CPU
-(tested). A checkpoint from a run with a different config or different examples is refused.
+scheduler state, the RNG states that drive dropout, the loader's position, phase and step), so N
+steps straight and N/2 + crash + resume + N/2 give bit-identical weights on CPU (tested). What a
+checkpoint of a different config may do is decided in ``model/resume.py``.
 
-Backend-neutral: the loop talks to a :class:`model.backend.Backend` (device, XLA step sync,
-autocast, DDP wrap, rank). Metrics stay on the device between log steps, so the loop does not
-force a host sync per step (beyond what the sparse MLM gather needs on CUDA). Rank 0 alone
-logs, checkpoints and writes outputs. The orchestrator passes ``log_fn`` (e.g. to MLflow);
-this module never imports a tracker.
+Backend-neutral: the loop talks to a :class:`model.backend.Backend`. Metrics stay on the device
+between log steps. Rank 0 alone logs and writes; the orchestrator passes ``log_fn`` (e.g. to
+MLflow) and ``mask_fn`` (the one masking rule); this module imports neither a tracker nor
+``pipeline.masking``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import math
+import os
 import random
+import signal
+import threading
 import time
 from typing import Any, Callable
 
@@ -33,36 +42,30 @@ import torch
 
 from model.backend import Backend, setup_backend, unwrap
 from model.bert import BertForPreTraining, count_parameters, mlm_correct
-from model.checkpoint import (
-    checkpoint_url,
-    find_latest_checkpoint,
-    load_checkpoint,
-    prune_checkpoints,
-    save_checkpoint,
-)
-from model.config import BertConfig, PretrainConfig
-from model.data import DynamicMasking, ExampleLoader, LoaderPosition, infer_mask_token_id, read_examples, shard_urls, stable_seed
-from model.export import save_pretrained
+from model.checkpoint import checkpoint_url, load_latest_good, prune_checkpoints, save_checkpoint
+from model.config import BertConfig, PhaseConfig, PretrainConfig
+from model.data import IGNORE_INDEX, MaskFn, shard_urls, stable_seed
+from model.export import load_hf_state_dict, load_pretrained, save_pretrained
+from model.metrics import Window, peak_tflops, step_flops, summary
 from model.optim import build_optimizer, warmup_linear_schedule
-from pipeline.schema import (
-    Manifest,
-    clear_stage,
-    config_digest,
-    describe_file,
-    fingerprint_input,
-    join_url,
-    manifest_url,
-    read_manifest,
-    write_manifest,
-)
+from model.resume import ResumeError, compare, exact_digest, run_record
+from model.stream import LoaderSpec, StreamingLoader
+from pipeline.schema import Manifest, clear_stage, describe_file, fingerprint_input, join_url, manifest_url, read_manifest, write_manifest
 
 log = logging.getLogger("bertflow.pretrain")
 
 LogFn = Callable[[dict[str, float], int], None]
-KEEP_LAST_CHECKPOINTS = 2
-"""Periodic checkpoints kept (phase-end ones are always kept)."""
-# Fields that change neither the weights nor the data order: a resume may change them.
-_RESUME_FREE = ("log_every", "checkpoint_every", "backend")
+
+__all__ = ["run_pretrain", "setup", "fit", "evaluate", "finish", "Session", "TrainState", "Preempted",
+           "ResumeError", "manifest_config"]
+
+
+class Preempted(RuntimeError):
+    """Training stopped on a signal after writing a checkpoint; rerun to resume."""
+
+    def __init__(self, signum: int, step: int):
+        super().__init__(f"stopped by {signal.Signals(signum).name} at step {step} (checkpoint written)")
+        self.signum, self.step = signum, step
 
 
 @dataclasses.dataclass
@@ -72,103 +75,133 @@ class TrainState:
     global_step: int = 0
     phase_index: int = 0
     phase_step: int = 0  # steps done in the current phase
-    epoch: int = 0  # the loader's next batch
-    batch: int = 0
+    loader_position: int = 0  # local batches the phase's loader has served
     examples_seen: int = 0
     seconds: float = 0.0  # training time over all sessions
     first_window: dict[str, float] | None = None
     last_window: dict[str, float] | None = None
+    last_eval: dict[str, float] | None = None
     run_digest: str = ""
+    record: dict[str, Any] | None = None  # the config that wrote it (model/resume.py)
 
 
-class Window:
-    """Metric sums over the steps since the last log, kept on the device."""
+class StopSignals:
+    """Records SIGTERM/SIGINT instead of dying, so the loop can checkpoint first.
 
-    KEYS = ("loss", "mlm_loss", "nsp_loss", "mlm_correct", "mlm_total", "nsp_correct", "nsp_total")
+    Installed only in the main thread (Python's rule); a second signal of the same kind while
+    stopping falls back to the default action.
+    """
 
-    def __init__(self, device: torch.device):
-        self.device = device
-        self.reset()
+    def __init__(self):
+        self.requested: int | None = None
+        self._old: dict[int, Any] = {}
 
-    def reset(self) -> None:
-        self.sums = torch.zeros(len(self.KEYS), dtype=torch.float64, device=self.device)
-        self.steps = self.examples = self.tokens = 0
-        self.started = time.perf_counter()
+    def _handle(self, signum, frame):
+        if self.requested is not None:  # asked twice: stop now
+            signal.signal(signum, self._old.get(signum, signal.SIG_DFL))
+            signal.raise_signal(signum)
+            return
+        self.requested = signum
+        log.warning("%s received: finishing this step, writing a checkpoint, then stopping",
+                    signal.Signals(signum).name)
 
-    def add(self, out, batch: dict[str, torch.Tensor], examples: int, tokens: int) -> None:
-        correct, total = mlm_correct(out.prediction_logits.detach(), batch["labels"])
-        nsp_label = batch["next_sentence_label"]
-        nsp_correct = (out.seq_relationship_logits.detach().argmax(-1) == nsp_label).sum()
-        self.sums += torch.stack([
-            out.loss.detach().double(), out.mlm_loss.detach().double(), out.nsp_loss.detach().double(),
-            correct.double(), total.double(), nsp_correct.double(),
-            torch.tensor(float(nsp_label.numel()), dtype=torch.float64, device=self.device),
-        ])
-        self.steps += 1
-        self.examples += examples
-        self.tokens += tokens
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            for s in (signal.SIGTERM, signal.SIGINT):
+                self._old[s] = signal.signal(s, self._handle)
+        return self
 
-    def summary(self, backend: Backend, lr: float, phase_index: int) -> dict[str, float]:
-        backend.wait()
-        elapsed = max(time.perf_counter() - self.started, 1e-9)
-        s = dict(zip(self.KEYS, backend.all_reduce_sum(self.sums).tolist()))
-        n = self.steps * backend.world_size
-        return {
-            "loss": s["loss"] / n,
-            "mlm_loss": s["mlm_loss"] / n,
-            "nsp_loss": s["nsp_loss"] / n,
-            "mlm_accuracy": s["mlm_correct"] / max(s["mlm_total"], 1.0),
-            "nsp_accuracy": s["nsp_correct"] / max(s["nsp_total"], 1.0),
-            "lr": lr,
-            "examples_per_sec": self.examples * backend.world_size / elapsed,
-            "tokens_per_sec": self.tokens * backend.world_size / elapsed,
-            "phase_index": float(phase_index),
-        }
+    def __exit__(self, *exc):
+        for s, old in self._old.items():
+            signal.signal(s, old)
+        return False
 
 
-def _run_digest(config: PretrainConfig, model_config: BertConfig, examples_fp: str) -> str:
-    pretrain = {k: v for k, v in dataclasses.asdict(config).items() if k not in _RESUME_FREE}
-    return config_digest({"pretrain": pretrain, "model": dataclasses.asdict(model_config), "examples": examples_fp})
+@dataclasses.dataclass
+class Session:
+    """Everything ``fit``/``evaluate``/``finish`` share: configs, model, optimiser, state."""
+
+    config: PretrainConfig
+    model_config: BertConfig
+    backend: Backend
+    examples: Manifest
+    examples_fp: str
+    output_url: str
+    model: BertForPreTraining
+    train_model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    state: TrainState
+    data_parts: int
+    pad_id: int
+    mask_fn: MaskFn | None = None
+    log_fn: LogFn | None = None
+    t_start: float = dataclasses.field(default_factory=time.time)
 
 
-def _mask_token_id(examples: Manifest, data) -> int:
-    for key in ("mask_token_id", "mask_id"):
-        if isinstance(examples.config.get(key), int):
-            return examples.config[key]
-    return infer_mask_token_id(data)
-
-
-def run_pretrain(
-    config: PretrainConfig,
-    model_config: BertConfig,
-    examples_url: str,
-    output_url: str,
-    log_fn: LogFn | None = None,
-    resume: bool = True,
-) -> Manifest:
+def run_pretrain(config: PretrainConfig, model_config: BertConfig, examples_url: str, output_url: str,
+                 log_fn: LogFn | None = None, restart: bool = False, mask_fn: MaskFn | None = None,
+                 init_from: str = "", pad_id: int | None = None) -> Manifest:
     """Pretrain BERT on the example stage at ``examples_url``; write checkpoints and final weights.
 
-    ``resume=True`` continues from the latest complete checkpoint under ``output_url`` (a run
-    already finished just rewrites ``final/`` and the manifest); ``resume=False`` deletes
-    ``output_url`` first. ``log_fn(metrics, global_step)`` is called on rank 0 every
-    ``config.log_every`` steps and at each phase end; ``tokens_per_sec`` counts real (non-pad)
-    tokens. The [MASK] id for dynamic masking comes from the example manifest's config
-    (``mask_token_id``) when it has one, else it is read off the static masks.
+    Continues from the latest good checkpoint under ``output_url`` when its config allows
+    (``model/resume.py``); ``restart=True`` clears ``output_url`` first. ``init_from``: a BERT
+    folder in Hugging Face layout whose weights start the run (continued pretraining).
+    ``mask_fn`` is needed for dynamic masking. ``log_fn(metrics, step)`` runs on rank 0.
     """
+    session = setup(config, model_config, examples_url, output_url, log_fn=log_fn, restart=restart,
+                    mask_fn=mask_fn, init_from=init_from, pad_id=pad_id)
+    fit(session)
+    return finish(session)
+
+
+# -- setup ----------------------------------------------------------------------------------------
+def _dynamic(config: PretrainConfig, examples: Manifest) -> bool:
+    return config.dynamic_masking or examples.config.get("masking") == "dynamic"
+
+
+def _max_predictions(examples: Manifest, length: int) -> int:
+    cfg = examples.config
+    lengths, caps = cfg.get("max_seq_lengths") or [], cfg.get("max_predictions_per_seq") or []
+    for n, cap in zip(lengths, caps):
+        if n == length:
+            return int(cap)
+    return max(1, round(length * float(cfg.get("masked_lm_prob", 0.15))))
+
+
+def setup(config: PretrainConfig, model_config: BertConfig, examples_url: str, output_url: str, *,
+          log_fn: LogFn | None = None, restart: bool = False, mask_fn: MaskFn | None = None,
+          init_from: str = "", pad_id: int | None = None) -> Session:
+    """Check everything that can fail before training, build the model and resume or start."""
     t_start = time.time()
-    backend = setup_backend(config.backend)
+    backend = setup_backend(config.backend, config.precision, config.parallel)
     examples = read_manifest(examples_url)
     examples_fp = fingerprint_input(examples_url)
-    for p in config.phases:  # fail before any work: every length present and within positions
-        shard_urls(examples, p.max_seq_length)
+    data_parts = config.data_parts or backend.world_size * max(1, config.loader_workers)
+    if data_parts % backend.world_size:
+        raise ValueError(f"pretrain.data_parts {data_parts} is not divisible by {backend.world_size} processes")
+    for p in config.phases:  # fail before any work
+        urls = shard_urls(examples, p.max_seq_length)
         if p.max_seq_length > model_config.max_position_embeddings:
-            raise ValueError(
-                f"pretrain.phases[{p.name}].max_seq_length {p.max_seq_length} > "
-                f"model.max_position_embeddings {model_config.max_position_embeddings}"
-            )
+            raise ValueError(f"pretrain.phases[{p.name}].max_seq_length {p.max_seq_length} > "
+                             f"model.max_position_embeddings {model_config.max_position_embeddings}")
+        if config.eval_every and len(urls) < 2:
+            raise ValueError(f"pretrain.eval_every: phase {p.name} has {len(urls)} shard(s); held-out "
+                             "evaluation reserves the last shard and needs at least 2")
+        _micro_batches(p, backend.world_size, data_parts)
+    if backend.devices > 1:  # SPMD splits every micro-batch over the host's devices
+        for p in config.phases:
+            micro = p.micro_batch_size or p.batch_size // backend.world_size
+            if micro % backend.devices:
+                raise ValueError(f"pretrain.phases[{p.name}]: micro-batch {micro} does not split over "
+                                 f"{backend.devices} XLA devices")
+    if _dynamic(config, examples) and mask_fn is None:
+        raise ValueError("dynamic masking needs mask_fn (flows.train_entry builds it from the vocabulary)")
+    counts = examples.counts
+    pad_id = pad_id if pad_id is not None else int(counts.get("pad_id", model_config.pad_token_id))
 
     if backend.is_main:
-        if not resume:
+        if restart:
             clear_stage(output_url)
         fs, mpath = fsspec.core.url_to_fs(manifest_url(output_url))
         if fs.exists(mpath):  # a rerun: the folder is unfinished again until the end
@@ -178,161 +211,333 @@ def run_pretrain(
     random.seed(config.seed)
     torch.manual_seed(config.seed)
     model = BertForPreTraining(model_config)
+    if init_from:
+        source = load_pretrained(init_from, BertForPreTraining)
+        if source.config != model_config:
+            raise ValueError(f"init_from {init_from}: its config.json differs from the model config "
+                             f"({source.config} vs {model_config})")
+        model.load_state_dict(source.state_dict())
+        log.info("initialised from %s", init_from)
     model.to(backend.device)
     model.tie_weights()
     model.sparse_prediction = backend.name != "xla"  # XLA wants static shapes
-    optimizer = build_optimizer(
-        model, config.learning_rate, config.weight_decay, (config.beta1, config.beta2), config.eps
-    )
+    record = run_record(config, model_config, examples_fp, data_parts, init_from)
+    state = TrainState(run_digest=exact_digest(record), record=record)
+    found = load_latest_good(output_url)
+    if found is not None:  # weights before wrapping: DDP broadcasts rank 0's, FSDP shards them
+        state = _check_resume(found[0], found[2], state)
+        load_hf_state_dict(model, found[1], source=found[0])
+    train_model = backend.wrap(model)  # FSDP swaps in sharded parameters: build the optimizer after
+    optimizer = build_optimizer(model, config.learning_rate, config.weight_decay, (config.beta1, config.beta2),
+                                config.eps, config.optimizer)
     scheduler = warmup_linear_schedule(optimizer, config.warmup_steps, config.total_steps)
     if backend.rank:  # distinct dropout per rank; the weights are rank 0's (DDP broadcasts)
         torch.manual_seed(stable_seed(config.seed, "rank", backend.rank))
-
-    state = TrainState(run_digest=_run_digest(config, model_config, examples_fp))
-    latest = find_latest_checkpoint(output_url) if resume else None
-    if latest is not None:
-        state = _restore(latest, model, optimizer, scheduler, backend, state.run_digest, config.seed)
-        log.info("resuming from %s (step %d)", latest, state.global_step)
-    train_model = backend.wrap(model)
+    if found is not None:
+        _restore(found, model, optimizer, scheduler, backend, state, config)
     train_model.train()
-
-    phase_ends = {sum(p.steps for p in config.phases[: i + 1]) for i in range(len(config.phases))}
-    session_start = time.perf_counter()
-    seconds_before = state.seconds
-
-    for phase_index in range(state.phase_index, len(config.phases)):
-        phase = config.phases[phase_index]
-        if phase_index != state.phase_index:
-            state.phase_index, state.phase_step, state.epoch, state.batch = phase_index, 0, 0, 0
-        if state.phase_step >= phase.steps:
-            continue
-        data = read_examples(shard_urls(examples, phase.max_seq_length), phase.max_seq_length,
-                             model_config.vocab_size)
-        masking = None
-        if config.dynamic_masking:
-            masking = DynamicMasking(_mask_token_id(examples, data), model_config.vocab_size)
-            log.info("dynamic masking with [MASK] id %d", masking.mask_token_id)
-        loader = ExampleLoader(
-            data, phase.batch_size, phase.max_seq_length, config.seed, key=phase.name,
-            rank=backend.rank, world_size=backend.world_size, dynamic_masking=masking,
-        )
-        loader.set_position(LoaderPosition(state.epoch, state.batch))
-        log.info("phase %s: %d examples of length %d, %d batches of %d per epoch, steps %d..%d",
-                 phase.name, len(data), phase.max_seq_length, loader.batches_per_epoch,
-                 phase.batch_size, state.global_step + 1, state.global_step + phase.steps - state.phase_step)
-        window = Window(backend.device)
-
-        while state.phase_step < phase.steps:
-            batch = next(loader)
-            tokens = int(batch["attention_mask"].sum())
-            batch = {k: v.to(backend.device, non_blocking=True) for k, v in batch.items()}
-            lr = optimizer.param_groups[0]["lr"]
-            with backend.autocast():
-                out = train_model(**batch)
-            out.loss.backward()
-            if config.max_grad_norm > 0:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
-            backend.step_done()
-
-            state.global_step += 1
-            state.phase_step += 1
-            state.examples_seen += phase.batch_size
-            state.epoch, state.batch = loader.position.epoch, loader.position.batch
-            window.add(out, batch, loader.local_batch_size, tokens)
-
-            phase_end = state.phase_step == phase.steps
-            if state.global_step % config.log_every == 0 or phase_end:
-                metrics = window.summary(backend, lr, phase_index)
-                _report(metrics, state, phase, config, backend, log_fn)
-                window.reset()
-            if state.global_step % config.checkpoint_every == 0 or phase_end:
-                state.seconds = seconds_before + time.perf_counter() - session_start
-                _checkpoint(output_url, phase.name, model, optimizer, scheduler, backend, state, phase_ends)
-
-    state.seconds = seconds_before + time.perf_counter() - session_start
-    return _finish(config, model_config, model, output_url, examples_fp, state, backend, t_start)
+    return Session(config, model_config, backend, examples, examples_fp, output_url, model, train_model,
+                   optimizer, scheduler, state, data_parts, pad_id, mask_fn, log_fn, t_start)
 
 
-def _report(metrics, state: TrainState, phase, config: PretrainConfig, backend: Backend, log_fn) -> None:
-    if not math.isfinite(metrics["loss"]):
-        raise FloatingPointError(f"loss is {metrics['loss']} at step {state.global_step} (phase {phase.name})")
-    if state.first_window is None:
-        state.first_window = metrics
-    state.last_window = metrics
-    if not backend.is_main:
-        return
-    log.info(
-        "phase %s step %d/%d loss %.4f (mlm %.4f, nsp %.4f) mlm_acc %.3f lr %.3g %.1f ex/s %.0f tok/s",
-        phase.name, state.global_step, config.total_steps, metrics["loss"], metrics["mlm_loss"],
-        metrics["nsp_loss"], metrics["mlm_accuracy"], metrics["lr"], metrics["examples_per_sec"],
-        metrics["tokens_per_sec"],
-    )
-    if log_fn is not None:
-        log_fn(metrics, state.global_step)
+def _micro_batches(phase: PhaseConfig, world_size: int, data_parts: int) -> int:
+    name = f"pretrain.phases[{phase.name}]"
+    if phase.batch_size % data_parts:
+        raise ValueError(f"{name}.batch_size {phase.batch_size} is not divisible by the {data_parts} data parts")
+    local = phase.batch_size // world_size
+    micro = phase.micro_batch_size or local
+    if local % micro:
+        raise ValueError(f"{name}.micro_batch_size {micro} does not divide the per-process batch {local} "
+                         f"(batch_size {phase.batch_size} / {world_size} processes)")
+    return local // micro
 
 
-def _checkpoint(output_url, phase_name, model, optimizer, scheduler, backend: Backend, state, phase_ends) -> None:
-    if backend.is_main:
-        url = checkpoint_url(output_url, phase_name, state.global_step)
-        save_checkpoint(url, model, {
-            "train": dataclasses.asdict(state),
-            "optimizer": optimizer.state_dict(),
-            "scheduler": scheduler.state_dict(),
-            "rng": {"python": random.getstate(), "torch": torch.get_rng_state(), "device": backend.rng_state()},
-        })
-        prune_checkpoints(output_url, KEEP_LAST_CHECKPOINTS, keep=phase_ends)
-    backend.barrier()
-
-
-def _restore(url: str, model, optimizer, scheduler, backend: Backend, run_digest: str, seed: int) -> TrainState:
-    saved = load_checkpoint(url, model)
+def _check_resume(url: str, saved: dict, fresh: TrainState) -> TrainState:
+    """The saved state, if its config may continue under the current one (``model/resume.py``)."""
     state = TrainState(**saved["train"])
-    if state.run_digest != run_digest:
-        raise ValueError(
-            f"checkpoint {url} was written by a run with a different config or different examples; "
-            "rerun with resume=False to start over"
-        )
-    optimizer.load_state_dict(saved["optimizer"])
+    if state.run_digest != fresh.run_digest:
+        binding, tunable = compare(state.record or {}, fresh.record)
+        if binding:
+            raise ResumeError(
+                f"checkpoint {url} was written by a run with a different {', '.join(binding)}: it cannot "
+                "continue under this config. Rerun with --force pretrain (restart=true in the training "
+                "spec) to start this stage over")
+        log.warning("resuming %s under changed settings: %s", url, ", ".join(tunable))
+    state.run_digest, state.record = fresh.run_digest, fresh.record
+    return state
+
+
+def _restore(found, model, optimizer, scheduler, backend: Backend, state: TrainState,
+             config: PretrainConfig) -> None:
+    url, _, saved = found
+    if backend.parallel == "fsdp" and backend.world_size > 1:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+        set_optimizer_state_dict(model, optimizer, saved["optimizer"], options=StateDictOptions(full_state_dict=True))
+    else:
+        optimizer.load_state_dict(saved["optimizer"])
     scheduler.load_state_dict(saved["scheduler"])
+    # the current config's hyper-parameters and schedule (identical values on an exact resume)
+    lam = scheduler.lr_lambdas[0]
+    lam.warmup_steps, lam.total_steps = config.warmup_steps, config.total_steps
+    scheduler.base_lrs = [config.learning_rate] * len(optimizer.param_groups)
+    for i, group in enumerate(optimizer.param_groups):
+        group["initial_lr"] = config.learning_rate
+        group["lr"] = config.learning_rate * lam(scheduler.last_epoch)
+        group["betas"], group["eps"] = (config.beta1, config.beta2), config.eps
+        group["weight_decay"] = config.weight_decay if i == 0 else 0.0
     if backend.is_main:  # the saved RNG states are rank 0's
         rng = saved["rng"]
         random.setstate(rng["python"])
         torch.set_rng_state(rng["torch"])
         backend.set_rng_state(rng["device"])
     else:  # other ranks: a fresh dropout stream per (rank, step); exact resume is for rank 0's
-        torch.manual_seed(stable_seed(seed, "rank", backend.rank, state.global_step))
-    return state
+        torch.manual_seed(stable_seed(config.seed, "rank", backend.rank, state.global_step))
+    log.info("resuming from %s (step %d)", url, state.global_step)
 
 
-def _finish(config, model_config, model, output_url, examples_fp, state: TrainState, backend, t_start) -> Manifest:
-    final_url = join_url(output_url, "final")
-    if backend.is_main:
-        save_pretrained(unwrap(model), final_url)
-    backend.barrier()
-    first, last = state.first_window or {}, state.last_window or {}
+def _sharded(s: "Session") -> bool:
+    return s.backend.parallel == "fsdp" and s.backend.world_size > 1
+
+
+def _full_model(s: "Session") -> torch.nn.Module | None:
+    """A CPU model with all weights on rank 0 (None elsewhere); a collective under FSDP."""
+    if not _sharded(s):
+        return unwrap(s.model) if s.backend.is_main else None
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    full = get_model_state_dict(s.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if not s.backend.is_main:
+        return None
+    model = BertForPreTraining(s.model_config)
+    model.load_state_dict(full, strict=False)  # the tied decoder weight comes with the embeddings
+    model.tie_weights()
+    return model
+
+
+def _optimizer_state(s: "Session") -> dict:
+    if not _sharded(s):
+        return s.optimizer.state_dict()
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    return get_optimizer_state_dict(s.model, s.optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def _buckets(backend: Backend, length: int) -> tuple[int, ...]:
+    """Fixed pad lengths on XLA (a compiled graph each); empty elsewhere (round up to 8)."""
+    if backend.name != "xla":
+        return ()
+    return tuple(sorted({max(16, -(-length // 4 // 8) * 8), max(16, -(-length // 2 // 8) * 8), length}))
+
+
+def make_loader(s: Session, phase: PhaseConfig, held_out: bool = False) -> StreamingLoader:
+    """The phase's training loader (all shards but the reserved one) or its held-out loader."""
+    urls = shard_urls(s.examples, phase.max_seq_length)
+    if s.config.eval_every:
+        urls = urls[-1:] if held_out else urls[:-1]
+    spec = LoaderSpec(
+        urls=tuple(urls), batch_size=phase.batch_size, max_seq_length=phase.max_seq_length,
+        seed=s.config.seed, key=phase.name + ("/held-out" if held_out else ""), num_parts=s.data_parts,
+        buffer_size=s.config.loader_buffer, vocab_size=s.model_config.vocab_size, pad_id=s.pad_id,
+        buckets=_buckets(s.backend, phase.max_seq_length), shuffle=not held_out,
+        max_predictions=_max_predictions(s.examples, phase.max_seq_length),
+    )
+    mask_fn = s.mask_fn if _dynamic(s.config, s.examples) else None
+    return StreamingLoader(spec, s.backend.rank, s.backend.world_size,
+                           0 if held_out else s.config.loader_workers, mask_fn,
+                           micro_batches=_micro_batches(phase, s.backend.world_size, s.data_parts))
+
+
+# -- fit --------------------------------------------------------------------------------------------
+def fit(s: Session) -> None:
+    """Train every remaining step of every phase; on SIGTERM/SIGINT checkpoint, then raise Preempted."""
+    cfg, st, be = s.config, s.state, s.backend
+    phase_ends = {sum(p.steps for p in cfg.phases[: i + 1]) for i in range(len(cfg.phases))}
+    session_start, seconds_before = time.perf_counter(), st.seconds
+    peak = peak_tflops(cfg.peak_tflops, be.device, be.precision)
+    trace = os.environ.get("BERTFLOW_TRACE_DATA")  # debugging/tests: what each rank saw and holds
+    if trace:
+        with open(os.path.join(trace, f"rank{be.rank}.pid"), "w") as f:
+            f.write(str(os.getpid()))
+    with StopSignals() as stop:
+        for phase_index in range(st.phase_index, len(cfg.phases)):
+            phase = cfg.phases[phase_index]
+            if phase_index != st.phase_index:
+                st.phase_index, st.phase_step, st.loader_position = phase_index, 0, 0
+            if st.phase_step >= phase.steps:
+                continue
+            loader = make_loader(s, phase)
+            loader.set_position(st.loader_position)
+            log.info("phase %s: %d examples of length %d in %d data parts, batch %d (%d x %d micro-batch(es) "
+                     "on %d process(es)), steps %d..%d", phase.name, loader.examples_per_epoch,
+                     phase.max_seq_length, s.data_parts, phase.batch_size, loader.micro_batches,
+                     loader.local_batch_size // loader.micro_batches, be.world_size, st.global_step + 1,
+                     st.global_step + phase.steps - st.phase_step)
+            window = Window(be.device)
+            while st.phase_step < phase.steps:
+                lr = s.optimizer.param_groups[0]["lr"]
+                _train_step(s, loader, window)
+                if trace:
+                    with open(os.path.join(trace, f"rank{be.rank}.txt"), "a") as f:
+                        f.write(" ".join(f"{a}:{b}" for a, b in loader.last_keys.tolist()) + "\n")
+                st.global_step += 1
+                st.phase_step += 1
+                st.examples_seen += phase.batch_size
+                st.loader_position = loader.position
+                phase_end = st.phase_step == phase.steps
+                if st.global_step % cfg.log_every == 0 or phase_end:
+                    metrics = summary(window, be, lr, phase_index, peak)
+                    metrics["epoch"] = loader.epoch
+                    _report(s, metrics, phase)
+                    window.reset()
+                if cfg.eval_every and (st.global_step % cfg.eval_every == 0 or phase_end):
+                    st.last_eval = evaluate(s, phase)
+                    if be.is_main and s.log_fn is not None:
+                        s.log_fn(st.last_eval, st.global_step)
+                stopping = be.any_rank(stop.requested is not None)
+                if st.global_step % cfg.checkpoint_every == 0 or phase_end or stopping:
+                    st.seconds = seconds_before + time.perf_counter() - session_start
+                    _checkpoint(s, phase.name, phase_ends)
+                if stopping:
+                    raise Preempted(stop.requested or signal.SIGTERM, st.global_step)
+    st.seconds = seconds_before + time.perf_counter() - session_start
+    if trace:  # every rank's weights, to check that the replicas agree
+        model = _full_model(s) if _sharded(s) else unwrap(s.model)
+        if model is not None:
+            torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()},
+                       os.path.join(trace, f"rank{be.rank}.weights.pt"))
+
+
+def _train_step(s: Session, loader: StreamingLoader, window: Window) -> None:
+    """One optimizer step over the micro-batches of this rank's share of the global batch."""
+    be, cfg = s.backend, s.config
+    micro = loader.next_step()
+    masked = [int((b["labels"] != IGNORE_INDEX).sum()) for b in micro]
+    total = be.all_reduce_sum(torch.tensor(float(sum(masked)), device=be.device))
+    total = torch.clamp(total, min=1.0)
+    ddp = hasattr(s.train_model, "no_sync")
+    for i, batch in enumerate(micro):
+        tokens, (b, width) = int(batch["attention_mask"].sum()), batch["input_ids"].shape
+        batch = be.put_batch(batch)
+        last = i == len(micro) - 1
+        if _sharded(s):  # reduce-scatter gradients on the last micro-batch only
+            s.train_model.set_requires_gradient_sync(last)
+        sync = contextlib.nullcontext() if (not ddp or last) else s.train_model.no_sync()
+        with sync:
+            with be.autocast():
+                out = s.train_model(**batch)
+            # global-batch MLM mean (see the module docstring); DDP averages over ranks
+            mlm_weight = torch.tensor(float(masked[i] * be.world_size), device=be.device) / total
+            loss = out.mlm_loss * mlm_weight + out.nsp_loss / len(micro)
+            loss.backward()
+        window.add_micro(out, batch, step_flops(s.model_config, b, width, masked[i]), tokens)
+    max_norm = cfg.max_grad_norm if cfg.max_grad_norm > 0 else float("inf")
+    norm = torch.nn.utils.clip_grad_norm_(s.model.parameters(), max_norm)
+    if hasattr(norm, "full_tensor"):  # FSDP: a DTensor
+        norm = norm.full_tensor()
+    s.optimizer.step()
+    s.scheduler.step()
+    s.optimizer.zero_grad(set_to_none=True)
+    be.step_done()
+    window.add_step(norm)
+
+
+def evaluate(s: Session, phase: PhaseConfig) -> dict[str, float]:
+    """Held-out losses and accuracies on the phase's reserved shard (the same batches each time)."""
+    be = s.backend
+    loader = make_loader(s, phase, held_out=True)
+    sums = torch.zeros(6, dtype=torch.float64, device=be.device)
+    s.train_model.eval()
+    with torch.no_grad():
+        for _ in range(s.config.eval_batches):
+            for batch in loader.next_step():
+                batch = be.put_batch(batch)
+                with be.autocast():
+                    out = s.train_model(**batch)
+                correct, total = mlm_correct(out.prediction_logits, batch["labels"])
+                label = batch["next_sentence_label"]
+                sums += torch.stack([
+                    out.mlm_loss.double() * total, total.double(), correct.double(),
+                    out.nsp_loss.double() * label.numel(),
+                    (out.seq_relationship_logits.argmax(-1) == label).sum().double(),
+                    torch.tensor(float(label.numel()), dtype=torch.float64, device=be.device),
+                ])
+    s.train_model.train()
+    mlm_sum, n_mlm, mlm_ok, nsp_sum, nsp_ok, n = be.all_reduce_sum(sums).tolist()
+    metrics = {
+        "eval_mlm_loss": mlm_sum / max(n_mlm, 1), "eval_nsp_loss": nsp_sum / max(n, 1),
+        "eval_mlm_accuracy": mlm_ok / max(n_mlm, 1), "eval_nsp_accuracy": nsp_ok / max(n, 1),
+    }
+    metrics["eval_loss"] = metrics["eval_mlm_loss"] + metrics["eval_nsp_loss"]
+    if be.is_main:
+        log.info("held-out %s step %d: loss %.4f (mlm %.4f, nsp %.4f) mlm_acc %.3f nsp_acc %.3f",
+                 phase.name, s.state.global_step, metrics["eval_loss"], metrics["eval_mlm_loss"],
+                 metrics["eval_nsp_loss"], metrics["eval_mlm_accuracy"], metrics["eval_nsp_accuracy"])
+    return metrics
+
+
+def _report(s: Session, metrics: dict[str, float], phase: PhaseConfig) -> None:
+    st = s.state
+    if not math.isfinite(metrics["loss"]):
+        raise FloatingPointError(f"loss is {metrics['loss']} at step {st.global_step} (phase {phase.name})")
+    if st.first_window is None:
+        st.first_window = metrics
+    st.last_window = metrics
+    if not s.backend.is_main:
+        return
+    log.info("phase %s step %d/%d loss %.4f (mlm %.4f, nsp %.4f) mlm_acc %.3f |g| %.3g lr %.3g "
+             "%.1f seq/s %.0f tok/s %.3g TFLOP/s%s", phase.name, st.global_step, s.config.total_steps,
+             metrics["loss"], metrics["mlm_loss"], metrics["nsp_loss"], metrics["mlm_accuracy"],
+             metrics["grad_norm"], metrics["lr"], metrics["examples_per_sec"], metrics["tokens_per_sec"],
+             metrics["model_tflops_per_sec"], f" MFU {metrics['mfu']:.1%}" if "mfu" in metrics else "")
+    if s.log_fn is not None:
+        s.log_fn(metrics, st.global_step)
+
+
+def _checkpoint(s: Session, phase_name: str, phase_ends: set[int]) -> None:
+    be = s.backend
+    model, optim_state = _full_model(s), _optimizer_state(s)  # collectives under FSDP: every rank
+    if be.is_main:
+        url = checkpoint_url(s.output_url, phase_name, s.state.global_step)
+        save_checkpoint(url, model, {
+            "train": dataclasses.asdict(s.state),
+            "optimizer": optim_state,
+            "scheduler": s.scheduler.state_dict(),
+            "rng": {"python": random.getstate(), "torch": torch.get_rng_state(), "device": be.rng_state()},
+        })
+        prune_checkpoints(s.output_url, s.config.keep_checkpoints, keep=phase_ends)
+    be.barrier()
+
+
+# -- finish ---------------------------------------------------------------------------------------
+def finish(s: Session) -> Manifest:
+    """Write ``final/`` (HF layout) and the stage manifest, last."""
+    be, st = s.backend, s.state
+    final_url = join_url(s.output_url, "final")
+    model = _full_model(s)
+    if be.is_main:
+        save_pretrained(model, final_url)
+    be.barrier()
+    first, last = st.first_window or {}, st.last_window or {}
     counts: dict[str, float] = {
-        "steps": state.global_step,
-        "examples_seen": state.examples_seen,
+        "steps": st.global_step,
+        "examples_seen": st.examples_seen,
         "first_mlm_loss": first.get("mlm_loss", float("nan")),
         "last_mlm_loss": last.get("mlm_loss", float("nan")),
         "first_nsp_loss": first.get("nsp_loss", float("nan")),
         "last_nsp_loss": last.get("nsp_loss", float("nan")),
         "mlm_accuracy": last.get("mlm_accuracy", float("nan")),
         "nsp_accuracy": last.get("nsp_accuracy", float("nan")),
-        "seconds": state.seconds,
-        "parameters": count_parameters(unwrap(model)),
+        "seconds": st.seconds,
+        "parameters": count_parameters(s.model),  # DTensor numel is the global size
+        **(st.last_eval or {}),
     }
-    stage_config = manifest_config(config, model_config)
-    if not backend.is_main:
-        return Manifest("pretrain", output_url, stage_config, {"examples": examples_fp}, counts, [])
-    files = [describe_file(output_url, f"final/{name}") for name in ("config.json", "model.safetensors")]
-    return write_manifest(
-        "pretrain", output_url, config=stage_config, inputs={"examples": examples_fp},
-        counts=counts, files=files, seconds=time.time() - t_start,
-    )
+    stage_config = manifest_config(s.config, s.model_config)
+    if not be.is_main:
+        return Manifest("pretrain", s.output_url, stage_config, {"examples": s.examples_fp}, counts, [])
+    files = [describe_file(s.output_url, f"final/{name}") for name in ("config.json", "model.safetensors")]
+    return write_manifest("pretrain", s.output_url, config=stage_config, inputs={"examples": s.examples_fp},
+                          counts=counts, files=files, seconds=time.time() - s.t_start)
 
 
 def manifest_config(config: PretrainConfig, model_config: BertConfig) -> dict[str, Any]:

@@ -1,74 +1,23 @@
-"""The data loader, checkpoints and run_pretrain on synthetic example shards written as Parquet.
-
-Synthetic examples follow the pipeline's contract: "[CLS] A [SEP] B [SEP]" where a document is
-a run of consecutive token ids, B is the true continuation unless is_random_next, and 15% of
-non-special positions are masked 80/10/10. Both MLM and NSP are learnable from that.
-"""
+"""run_pretrain on synthetic example shards: loss falls, exact resume (crash, SIGTERM, partial and
+corrupt checkpoints), resume-or-restart on a changed config, accumulation, held-out evaluation,
+initialisation from a Hugging Face folder."""
 
 import logging
-import random
+import os
 import shutil
+import signal
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 import safetensors.torch
 import torch
 
+from model.bert import BertForPreTraining
 from model.checkpoint import find_latest_checkpoint, list_checkpoints
 from model.config import BertConfig, PhaseConfig, PretrainConfig
-from model.data import DynamicMasking, ExampleLoader, LoaderPosition, infer_mask_token_id, read_examples, shard_urls
-from model.export import load_pretrained
-from model.bert import BertForPreTraining
-from model.train import run_pretrain
-from pipeline.schema import example_schema, read_manifest, write_manifest
-
-V, PAD, CLS, SEP, MASK, FIRST = 99, 0, 2, 3, 4, 5
-MODEL = BertConfig(vocab_size=V, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                   intermediate_size=37, max_position_embeddings=64)
-
-
-def make_example(rng: random.Random, max_len: int) -> dict:
-    n = max_len if rng.random() > 0.1 else rng.randint(8, max_len)  # some shorter, like short_seq_prob
-    body = n - 3
-    la = rng.randint(1, body - 1)
-    start = rng.randrange(V - FIRST)
-    seq = [FIRST + (start + i) % (V - FIRST) for i in range(body + 1)]
-    a = seq[:la]
-    random_next = rng.random() < 0.5
-    if random_next:
-        s2 = rng.randrange(V - FIRST)
-        b = [FIRST + (s2 + i) % (V - FIRST) for i in range(body - la)]
-    else:
-        b = seq[la : body]
-    tokens = [CLS] + a + [SEP] + b + [SEP]
-    cand = [i for i, t in enumerate(tokens) if t not in (CLS, SEP)]
-    k = max(1, min(round(len(tokens) * 0.15), 20))
-    positions = sorted(rng.sample(cand, k))
-    ids = list(tokens)
-    for p in positions:
-        u = rng.random()
-        if u < 0.8:
-            ids[p] = MASK
-        elif u < 0.9:
-            ids[p] = rng.randrange(FIRST, V)
-    return {"input_ids": ids, "len_a": la + 2, "masked_positions": positions,
-            "masked_ids": [tokens[p] for p in positions], "is_random_next": random_next}
-
-
-def write_example_stage(root, lengths=(16, 32), n=240, shards=2, seed=0) -> str:
-    rng = random.Random(seed)
-    for T in lengths:
-        rows = [make_example(rng, T) for _ in range(n)]
-        folder = root / f"seq{T}"
-        folder.mkdir(parents=True)
-        for s in range(shards):
-            part = rows[s::shards]
-            table = pa.Table.from_pylist(part, schema=example_schema(V, T))
-            pq.write_table(table, folder / f"part-{s:05d}-of-{shards:05d}.parquet")
-    write_manifest("examples", str(root), {"max_seq_lengths": list(lengths)}, {}, {"examples": n})
-    return str(root)
+from model.export import load_pretrained, save_pretrained
+from model.train import Preempted, ResumeError, run_pretrain
+from pretrain_shards import MODEL, MaskRule, write_example_stage
 
 
 @pytest.fixture(scope="module")
@@ -76,96 +25,6 @@ def examples(tmp_path_factory):
     return write_example_stage(tmp_path_factory.mktemp("examples"))
 
 
-def load(examples_url, T=16):
-    return read_examples(shard_urls(read_manifest(examples_url), T), T, V)
-
-
-# -- the loader ---------------------------------------------------------------------------------
-def test_batches_follow_the_contract(examples):
-    data = load(examples)
-    loader = ExampleLoader(data, batch_size=7, max_seq_length=16, seed=1, key="p")
-    b = next(loader)
-    assert b["input_ids"].shape == b["token_type_ids"].shape == b["attention_mask"].shape == (7, 16)
-    assert b["labels"].shape == (7, 16) and b["next_sentence_label"].shape == (7,)
-    assert all(t.dtype == torch.long for t in b.values())
-    rows = loader.permutation(0)[:7]
-    for i, row in enumerate(rows):
-        lo, hi = data.ids_offsets[row], data.ids_offsets[row + 1]
-        n, la = hi - lo, data.len_a[row]
-        assert b["input_ids"][i, :n].tolist() == data.ids[lo:hi].tolist()
-        assert torch.all(b["input_ids"][i, n:] == PAD)
-        assert b["attention_mask"][i].tolist() == [1] * n + [0] * (16 - n)
-        assert b["token_type_ids"][i].tolist() == [0] * la + [1] * (n - la) + [0] * (16 - n)
-        plo, phi = data.pos_offsets[row], data.pos_offsets[row + 1]
-        expected = torch.full((16,), -100)
-        expected[torch.as_tensor(data.pos[plo:phi])] = torch.as_tensor(data.masked_ids[plo:phi].astype(np.int64))
-        assert torch.equal(b["labels"][i], expected)
-        assert b["next_sentence_label"][i].item() == int(data.is_random_next[row])
-
-
-def test_shuffle_is_deterministic_per_epoch_and_loops(examples):
-    data = load(examples)
-    a = ExampleLoader(data, 50, 16, seed=1, key="p")
-    b = ExampleLoader(data, 50, 16, seed=1, key="p")
-    assert a.batches_per_epoch == 4  # 240 // 50, the partial batch dropped
-    seq_a = [next(a)["input_ids"] for _ in range(9)]  # runs past two epochs
-    seq_b = [next(b)["input_ids"] for _ in range(9)]
-    assert all(torch.equal(x, y) for x, y in zip(seq_a, seq_b))
-    assert a.position == LoaderPosition(epoch=2, batch=1)
-    assert not np.array_equal(a.permutation(0), a.permutation(1))
-    assert sorted(a.permutation(1)) == list(range(240))
-    c = ExampleLoader(data, 50, 16, seed=2, key="p")
-    assert not torch.equal(next(c)["input_ids"], seq_a[0])
-    # resuming at a position reproduces the rest exactly
-    d = ExampleLoader(data, 50, 16, seed=1, key="p")
-    d.set_position(LoaderPosition(1, 2))
-    assert torch.equal(next(d)["input_ids"], seq_a[6])
-
-
-def test_ranks_split_the_global_batch(examples):
-    data = load(examples)
-    whole = next(ExampleLoader(data, 6, 16, seed=1))["input_ids"]
-    parts = [next(ExampleLoader(data, 6, 16, seed=1, rank=r, world_size=2))["input_ids"] for r in (0, 1)]
-    assert torch.equal(torch.cat(parts), whole)
-
-
-def test_dynamic_masking(examples):
-    data = load(examples)
-    assert infer_mask_token_id(data) == MASK
-    dyn = DynamicMasking(MASK, V)
-    l0 = ExampleLoader(data, 40, 16, seed=1, dynamic_masking=dyn)
-    static = ExampleLoader(data, 40, 16, seed=1)
-    b, s = l0.batch_at(0, 0), static.batch_at(0, 0)
-    masked = b["labels"] != -100
-    assert torch.equal(masked.sum(1), (s["labels"] != -100).sum(1))  # same count per example
-    assert not torch.equal(masked, s["labels"] != -100)  # different positions
-    # the originals: unmasked input == static input with its static mask undone
-    original = s["input_ids"].clone()
-    original[s["labels"] != -100] = s["labels"][s["labels"] != -100]
-    assert torch.equal(b["labels"][masked], original[masked])
-    assert torch.equal(b["input_ids"][~masked], original[~masked])
-    frac_mask = (b["input_ids"][masked] == MASK).float().mean().item()
-    assert 0.6 < frac_mask < 0.95
-    # never masks [CLS] or [SEP]
-    assert not torch.any(masked & ((original == CLS) | (original == SEP)))
-    # deterministic per (seed, epoch, example); a new epoch re-masks
-    assert torch.equal(ExampleLoader(data, 40, 16, seed=1, dynamic_masking=dyn).batch_at(0, 0)["labels"], b["labels"])
-    again = l0.make_batch(l0.permutation(0)[:40], epoch=1)["labels"]  # same rows, next epoch
-    assert not torch.equal(again, b["labels"])
-
-
-def test_bad_input_is_named(examples, tmp_path):
-    with pytest.raises(ValueError, match=r"part-0000\d-of-00002.parquet row \d+: input_ids has \d+ tokens > max_seq_length 12"):
-        read_examples(shard_urls(read_manifest(examples), 16), 12, V)
-    with pytest.raises(ValueError, match="vocab_size 50"):
-        read_examples(shard_urls(read_manifest(examples), 16), 16, 50)
-    with pytest.raises(FileNotFoundError, match="length 64"):
-        shard_urls(read_manifest(examples), 64)
-    with pytest.raises(ValueError, match="fewer than one batch"):
-        ExampleLoader(load(examples), 1000, 16, seed=1, key="p")
-
-
-# -- pretraining ------------------------------------------------------------------------------
 def config(**kw) -> PretrainConfig:
     base = dict(
         phases=(PhaseConfig("p1", 16, 12, 8), PhaseConfig("p2", 32, 8, 6)),
@@ -179,6 +38,15 @@ def final_weights(run_url):
     return {k: v.clone() for k, v in safetensors.torch.load_file(f"{run_url}/final/model.safetensors").items()}
 
 
+def assert_same(a, b, atol=0.0):
+    assert a.keys() == b.keys()
+    for k in a:
+        if atol:
+            torch.testing.assert_close(a[k], b[k], atol=atol, rtol=0, msg=k)
+        else:
+            assert torch.equal(a[k], b[k]), k
+
+
 def test_pretrain_loss_falls_and_writes_stage(examples, tmp_path, caplog):
     cfg = PretrainConfig(phases=(PhaseConfig("p1", 16, 150, 16),), learning_rate=3e-3,
                          warmup_steps=10, log_every=25, checkpoint_every=100, seed=1)
@@ -186,8 +54,9 @@ def test_pretrain_loss_falls_and_writes_stage(examples, tmp_path, caplog):
     with caplog.at_level(logging.INFO, logger="bertflow.pretrain"):
         m = run_pretrain(cfg, MODEL, examples, str(tmp_path / "run"), log_fn=lambda d, s: logged.append((s, d)))
     assert [s for s, _ in logged] == [25, 50, 75, 100, 125, 150]
-    assert set(logged[0][1]) == {"loss", "mlm_loss", "nsp_loss", "mlm_accuracy", "nsp_accuracy", "lr",
-                                 "examples_per_sec", "tokens_per_sec", "phase_index"}
+    assert set(logged[0][1]) == {"loss", "mlm_loss", "nsp_loss", "mlm_accuracy", "nsp_accuracy", "lr", "grad_norm",
+                                 "examples_per_sec", "tokens_per_sec", "model_tflops_per_sec", "phase_index", "epoch"}
+    assert all(d["grad_norm"] > 0 and d["model_tflops_per_sec"] > 0 for _, d in logged)
     assert m.counts["last_mlm_loss"] < m.counts["first_mlm_loss"] - 0.5
     assert m.counts["first_mlm_loss"] == logged[0][1]["mlm_loss"]
     assert m.counts["steps"] == 150 and m.counts["examples_seen"] == 150 * 16
@@ -197,45 +66,62 @@ def test_pretrain_loss_falls_and_writes_stage(examples, tmp_path, caplog):
     assert {f.path for f in m.files} == {"final/config.json", "final/model.safetensors"}
     assert any("step 150/150" in r.getMessage() for r in caplog.records)
     assert [s for s, _ in list_checkpoints(str(tmp_path / "run"))] == [100, 150]
-    model = load_pretrained(str(tmp_path / "run" / "final"), BertForPreTraining)
-    assert model.config == MODEL
+    assert load_pretrained(str(tmp_path / "run" / "final"), BertForPreTraining).config == MODEL
+
+
+DROPOUT = BertConfig(**{**MODEL.__dict__, "hidden_dropout_prob": 0.2})  # RNG state matters
+
+
+class Crash(Exception):
+    pass
+
+
+def crash_at(step):
+    def log_fn(metrics, s):
+        if s == step:
+            raise Crash
+    return log_fn
 
 
 def test_exact_resume_after_crashes_matches_straight_run(examples, tmp_path):
     cfg = config(dynamic_masking=True)
-    model = BertConfig(**{**MODEL.__dict__, "hidden_dropout_prob": 0.2})  # RNG state matters
-    straight_log = []
-    run_pretrain(cfg, model, examples, str(tmp_path / "straight"), log_fn=lambda d, s: straight_log.append(s))
+    run_pretrain(cfg, DROPOUT, examples, str(tmp_path / "straight"), mask_fn=MaskRule())
     straight = final_weights(tmp_path / "straight")
-
-    class Crash(Exception):
-        pass
-
-    def crash_at(step):
-        def log_fn(metrics, s):
-            if s == step:
-                raise Crash
-        return log_fn
 
     run = str(tmp_path / "resumed")
     with pytest.raises(Crash):  # mid phase 1: latest checkpoint is step 5
-        run_pretrain(cfg, model, examples, run, log_fn=crash_at(8))
+        run_pretrain(cfg, DROPOUT, examples, run, log_fn=crash_at(8), mask_fn=MaskRule())
     assert find_latest_checkpoint(run).endswith("p1/step-00000005")
     with pytest.raises(Crash):  # mid phase 2: resumes from 5, dies at 16 (latest: 15)
-        run_pretrain(cfg, model, examples, run, log_fn=crash_at(16))
+        run_pretrain(cfg, DROPOUT, examples, run, log_fn=crash_at(16), mask_fn=MaskRule())
     assert find_latest_checkpoint(run).endswith("p2/step-00000015")
-    m = run_pretrain(cfg, model, examples, run)
-    resumed = final_weights(tmp_path / "resumed")
-    assert resumed.keys() == straight.keys()
-    for k in straight:
-        assert torch.equal(resumed[k], straight[k]), k
+    m = run_pretrain(cfg, DROPOUT, examples, run, mask_fn=MaskRule())
+    assert_same(final_weights(run), straight)
     assert m.counts["steps"] == 20 and m.counts["examples_seen"] == 12 * 8 + 8 * 6
     # phase-end checkpoint (12) kept, plus the last two periodic ones
     assert [s for s, _ in list_checkpoints(run)] == [12, 15, 20]
 
 
-def test_resume_skips_partial_checkpoint_and_refuses_other_config(examples, tmp_path):
-    cfg = config(phases=(PhaseConfig("p1", 16, 6, 8),), checkpoint_every=3)
+def test_sigterm_checkpoints_then_resume_is_exact(examples, tmp_path):
+    cfg = config(phases=(PhaseConfig("p1", 16, 10, 8),), checkpoint_every=100)
+    run_pretrain(cfg, DROPOUT, examples, str(tmp_path / "straight"))
+    run = str(tmp_path / "run")
+
+    def term_at_4(metrics, step):
+        if step == 4:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    with pytest.raises(Preempted) as info:
+        run_pretrain(cfg, DROPOUT, examples, run, log_fn=term_at_4)
+    assert info.value.signum == signal.SIGTERM and info.value.step == 4
+    assert find_latest_checkpoint(run).endswith("p1/step-00000004")  # not a multiple of checkpoint_every
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # handlers restored
+    run_pretrain(cfg, DROPOUT, examples, run)
+    assert_same(final_weights(run), final_weights(tmp_path / "straight"))
+
+
+def test_resume_skips_partial_and_corrupt_checkpoints(examples, tmp_path, caplog):
+    cfg = config(phases=(PhaseConfig("p1", 16, 6, 8),), checkpoint_every=2, keep_checkpoints=5)
     run = tmp_path / "run"
     run_pretrain(cfg, MODEL, examples, str(run))
     straight = final_weights(run)
@@ -244,16 +130,81 @@ def test_resume_skips_partial_checkpoint_and_refuses_other_config(examples, tmp_
     (run / "p1" / "step-00000009" / "state.pt").write_bytes(b"garbage")
     assert find_latest_checkpoint(str(run)).endswith("step-00000006")
     shutil.rmtree(run / "p1" / "step-00000006")
-    m = run_pretrain(cfg, MODEL, examples, str(run))  # resumes from step 3
+    # a complete but corrupt one is skipped for the previous good one (step 2)
+    (run / "p1" / "step-00000004" / "state.pt").write_bytes(b"truncated")
+    with caplog.at_level(logging.WARNING):
+        m = run_pretrain(cfg, MODEL, examples, str(run))
+    assert any("skipping unreadable checkpoint" in r.getMessage() and "step-00000004" in r.getMessage()
+               for r in caplog.records)
     assert m.counts["steps"] == 6
-    for k, v in final_weights(run).items():
-        assert torch.equal(v, straight[k]), k
-    with pytest.raises(ValueError, match="different config"):
-        run_pretrain(config(phases=(PhaseConfig("p1", 16, 6, 8),), checkpoint_every=3, learning_rate=1e-3),
-                     MODEL, examples, str(run))
-    m = run_pretrain(config(phases=(PhaseConfig("p1", 16, 6, 8),), learning_rate=1e-3), MODEL, examples,
-                     str(run), resume=False)
-    assert m.counts["steps"] == 6
+    assert_same(final_weights(run), straight)
+
+
+def test_changed_config_resumes_if_compatible_else_restarts_under_force(examples, tmp_path, caplog):
+    cfg = config(phases=(PhaseConfig("p1", 16, 6, 8),), checkpoint_every=3)
+    run = str(tmp_path / "run")
+    run_pretrain(cfg, MODEL, examples, run)
+    # more steps and another learning rate: continue from step 6 under the new schedule
+    longer = config(phases=(PhaseConfig("p1", 16, 9, 8),), checkpoint_every=3, learning_rate=1e-3)
+    logged = []
+    with caplog.at_level(logging.WARNING):
+        m = run_pretrain(longer, MODEL, examples, run, log_fn=lambda d, s: logged.append(s))
+    assert any("changed settings" in r.getMessage() and "learning_rate" in r.getMessage() for r in caplog.records)
+    assert m.counts["steps"] == 9 and logged == [8, 9]
+    # another seed cannot continue: a clear error naming the way out, then --force restarts
+    other = config(phases=(PhaseConfig("p1", 16, 6, 8),), seed=8)
+    with pytest.raises(ResumeError, match=r"pretrain\.seed.*--force pretrain"):
+        run_pretrain(other, MODEL, examples, run)
+    m = run_pretrain(other, MODEL, examples, run, restart=True)
+    assert m.counts["steps"] == 6 and [s for s, _ in list_checkpoints(run)] == [5, 6]
+
+
+def test_accumulation_matches_the_whole_batch(examples, tmp_path):
+    no_dropout = BertConfig(**{**MODEL.__dict__, "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0})
+    whole = config(phases=(PhaseConfig("p1", 16, 6, 8),), data_parts=2)
+    accum = config(phases=(PhaseConfig("p1", 16, 6, 8, micro_batch_size=2),), data_parts=2)
+    run_pretrain(whole, no_dropout, examples, str(tmp_path / "whole"))
+    run_pretrain(accum, no_dropout, examples, str(tmp_path / "accum"))
+    assert_same(final_weights(tmp_path / "accum"), final_weights(tmp_path / "whole"), atol=2e-5)
+
+
+def test_held_out_evaluation_uses_the_reserved_shard_only(examples, tmp_path, monkeypatch):
+    monkeypatch.setenv("BERTFLOW_TRACE_DATA", str(tmp_path))
+    cfg = config(phases=(PhaseConfig("p1", 16, 20, 8),), eval_every=10, eval_batches=2)
+    logged = []
+    m = run_pretrain(cfg, MODEL, examples, str(tmp_path / "run"), log_fn=lambda d, s: logged.append((s, d)))
+    evals = [(s, d) for s, d in logged if "eval_mlm_loss" in d]
+    assert [s for s, _ in evals] == [10, 20]
+    assert evals[1][1]["eval_mlm_loss"] < evals[0][1]["eval_mlm_loss"]
+    assert m.counts["eval_mlm_loss"] == evals[1][1]["eval_mlm_loss"]
+    shards = {k.split(":")[0] for line in (tmp_path / "rank0.txt").read_text().split("\n") for k in line.split()}
+    assert shards == {"0"}  # of two shards, the last is held out
+
+
+def test_init_from_a_hugging_face_folder(examples, tmp_path):
+    torch.manual_seed(3)
+    source = BertForPreTraining(MODEL)
+    save_pretrained(source, str(tmp_path / "hf"))
+    cfg = config(phases=(PhaseConfig("p1", 16, 0, 8),))
+    run_pretrain(cfg, MODEL, examples, str(tmp_path / "run"), init_from=str(tmp_path / "hf"))
+    assert_same(final_weights(tmp_path / "run"), final_weights_of(source))
+    with pytest.raises(ValueError, match="init_from"):
+        run_pretrain(cfg, BertConfig(**{**MODEL.__dict__, "intermediate_size": 40}), examples,
+                     str(tmp_path / "run2"), init_from=str(tmp_path / "hf"))
+
+
+def final_weights_of(model):
+    from model.export import hf_state_dict
+
+    return hf_state_dict(model)
+
+
+def test_dynamic_masking_needs_the_rule_and_lamb_trains(examples, tmp_path):
+    with pytest.raises(ValueError, match="mask_fn"):
+        run_pretrain(config(dynamic_masking=True), MODEL, examples, str(tmp_path / "a"))
+    m = run_pretrain(config(phases=(PhaseConfig("p1", 16, 40, 16),), optimizer="lamb", learning_rate=1e-2,
+                            log_every=10), MODEL, examples, str(tmp_path / "b"))
+    assert m.counts["last_mlm_loss"] < m.counts["first_mlm_loss"]
 
 
 def test_missing_length_is_named(examples, tmp_path):

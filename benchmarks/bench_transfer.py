@@ -1,0 +1,142 @@
+"""Benchmark: does pretraining transfer? Pretrained vs randomly initialised, same fine-tuning.
+
+Generates a synthetic corpus (seed 0: the world the bundled downstream sets speak of), runs the
+data stages and pretraining of a preset (``small`` by default), exports the model, then
+fine-tunes the pretrained model and a randomly initialised one of the same shape, with the same
+vocabulary, seeds and budget, on every bundled downstream task, and prints both scores side by
+side. Stages already finished in ``--work`` are reused (rerun with another ``--finetune-*`` to
+compare fine-tuning budgets without pretraining again).
+
+    python benchmarks/bench_transfer.py --size 30MB --work /tmp/transfer            # the full run
+    python benchmarks/bench_transfer.py --size 5MB --steps 300,0 --work /tmp/t5     # shortened
+
+``--steps`` overrides the preset's steps per phase (the warm-up shrinks with it); the printout
+states the schedule actually run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import os
+import time
+
+import torch
+
+from flows.downstream import TASKS, run_downstream
+from flows.launch import launch_pretrain
+from flows.presets import load_config
+from model.bert import BertForPreTraining
+from model.export import copy_tokenizer, run_export, save_pretrained
+from pipeline.schema import has_manifest, join_url, read_manifest
+from synth.corpus import SAMPLE_DIR, parse_size, write_corpus
+
+
+def stage(name: str, url: str, fn) -> None:
+    if has_manifest(url):
+        print(f"  {name}: reusing {url}")
+        return
+    t = time.time()
+    fn()
+    print(f"  {name}: {time.time() - t:.0f} s")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", default="small")
+    parser.add_argument("--size", default="30MB", help="synthetic corpus size")
+    parser.add_argument("--work", required=True, help="work folder (stages are reused when finished)")
+    parser.add_argument("--steps", default="", help="steps per phase, e.g. 300,0 (default: the preset's)")
+    parser.add_argument("--nproc", type=int, default=1, help="training processes (torchrun when > 1)")
+    parser.add_argument("--tasks", default=",".join(TASKS))
+    parser.add_argument("--finetune-epochs", type=float, default=0, help="0: the preset's")
+    parser.add_argument("--seed", type=int, default=42, help="fine-tuning seed (both models)")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+
+    data, root = join_url(args.work, "data"), join_url(args.work, "run")
+    overrides = {"data.wiki": join_url(data, "wiki"), "data.books": join_url(data, "books"),
+                 "data.downstream": str(SAMPLE_DIR), "finetune.seed": args.seed}
+    cfg = load_config(args.preset, overrides)
+    phases = list(cfg.pretrain.phases)
+    if args.steps:
+        steps = [int(x) for x in args.steps.split(",")]
+        phases = [dataclasses.replace(p, steps=s) for p, s in zip(phases, steps + [0] * len(phases))]
+        total = sum(p.steps for p in phases)
+        scale = total / max(cfg.pretrain.total_steps, 1)
+        cfg = dataclasses.replace(cfg, pretrain=dataclasses.replace(
+            cfg.pretrain, phases=tuple(phases), warmup_steps=max(1, round(cfg.pretrain.warmup_steps * scale)),
+            eval_every=min(cfg.pretrain.eval_every, max(total, 1))))
+    if args.finetune_epochs:
+        cfg = dataclasses.replace(cfg, finetune=dataclasses.replace(cfg.finetune, epochs=args.finetune_epochs))
+    print(f"preset {args.preset}: L={cfg.model.num_hidden_layers} H={cfg.model.hidden_size} "
+          f"A={cfg.model.num_attention_heads}; corpus {args.size}; pretraining "
+          + ", ".join(f"{p.name} {p.steps} steps x {p.batch_size} x {p.max_seq_length}" for p in cfg.pretrain.phases)
+          + f" (warm-up {cfg.pretrain.warmup_steps}); fine-tuning {cfg.finetune.epochs} epochs, lr "
+            f"{cfg.finetune.learning_rate}, seed {cfg.finetune.seed}")
+
+    if not os.path.exists(os.path.join(data, "books")):
+        t = time.time()
+        counts = write_corpus(data, parse_size(args.size), seed=0)
+        print(f"  corpus written: {counts['bytes'] / 1e6:.1f} MB in {time.time() - t:.0f} s")
+    from pipeline.corpus import run_corpus
+    from pipeline.examples import run_examples
+    from pipeline.wordpiece import run_vocab
+
+    corpus, vocab, examples = (join_url(root, s) for s in ("corpus", "vocab", "examples"))
+    pretrain, export, random_init = (join_url(root, s) for s in ("pretrain", "export", "random-init"))
+    stage("corpus", corpus, lambda: run_corpus(cfg.corpus, {"wiki": cfg.data.wiki, "books": cfg.data.books}, corpus))
+    stage("vocab", vocab, lambda: run_vocab(cfg.vocab, corpus, vocab))
+    stage("examples", examples, lambda: run_examples(cfg.examples, corpus, vocab, examples))
+    model_cfg = dataclasses.replace(cfg.model, vocab_size=int(read_manifest(vocab).counts["vocab_size"]))
+    spec = {"pretrain": dataclasses.asdict(cfg.pretrain), "model": dataclasses.asdict(model_cfg),
+            "examples_url": examples, "output_url": pretrain, "vocab_url": vocab}
+
+    def train():
+        code = launch_pretrain(spec, args.nproc)
+        if code:
+            raise SystemExit(f"pretraining exited with {code}")
+
+    if has_manifest(pretrain) and read_manifest(pretrain).counts["steps"] != cfg.pretrain.total_steps:
+        # another schedule: the trainer resumes from the latest checkpoint (steps and warm-up
+        # are tunable, see model/resume.py) and trains on to the new total
+        from pipeline.schema import manifest_url
+
+        for url in (pretrain, export):  # the export follows the pretraining
+            if has_manifest(url):
+                os.remove(manifest_url(url))
+    stage("pretrain", pretrain, train)
+    stage("export", export, lambda: run_export(pretrain, vocab, export))
+    if not os.path.exists(os.path.join(random_init, "model.safetensors")):
+        torch.manual_seed(cfg.pretrain.seed)
+        save_pretrained(BertForPreTraining(model_cfg), random_init)
+        copy_tokenizer(vocab, random_init, model_cfg.max_position_embeddings)
+    counts = read_manifest(pretrain).counts
+    print(f"  pretraining: {counts['steps']:.0f} steps, {counts['seconds']:.0f} s, MLM loss "
+          f"{counts['first_mlm_loss']:.3f} -> {counts['last_mlm_loss']:.3f}, MLM acc {counts['mlm_accuracy']:.3f}, "
+          f"NSP acc {counts['nsp_accuracy']:.3f}"
+          + (f", held-out MLM acc {counts['eval_mlm_accuracy']:.3f}" if "eval_mlm_accuracy" in counts else ""))
+
+    print(f"\n{'task':<8} {'metric':<14} {'pretrained':>11} {'random init':>12} {'difference':>11}")
+    for name in args.tasks.split(","):
+        task = TASKS[name]
+        scores = []
+        for label, model_url in (("pretrained", export), ("random", random_init)):
+            tag = f"{label}-{cfg.pretrain.total_steps}" if label == "pretrained" else label  # random: any schedule
+            out = join_url(root, "finetune", tag, name)
+            t = time.time()
+            if has_manifest(out):
+                m = read_manifest(out)
+            else:
+                m = run_downstream(name, cfg.finetune, cfg.data.downstream, model_url, out)
+                print(f"  ({name} {label}: {time.time() - t:.0f} s)")
+            key = task.metric if task.metric in m.counts else f"eval_{task.metric}"
+            scores.append(float(m.counts[key]))
+        scale = 1.0 if task.metric == "f1" else 100.0  # both as percentages
+        print(f"{name:<8} {task.metric:<14} {scores[0] * scale:11.2f} {scores[1] * scale:12.2f} "
+              f"{(scores[0] - scores[1]) * scale:+11.2f}")
+
+
+if __name__ == "__main__":
+    main()

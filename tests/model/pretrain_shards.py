@@ -1,0 +1,73 @@
+"""Synthetic example shards for the loader and training tests (the pipeline's Parquet contract).
+
+"[CLS] A [SEP] B [SEP]" where a document is a run of consecutive token ids, B is the true
+continuation unless is_random_next, and 15% of non-special positions are masked 80/10/10.
+Both MLM and NSP are learnable from that.
+"""
+
+import random
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from model.config import BertConfig
+from pipeline.masking import VocabIds, create_masked_lm_predictions
+from pipeline.schema import example_schema, write_manifest
+
+V, PAD, CLS, SEP, MASK, FIRST = 99, 0, 2, 3, 4, 5
+VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(FIRST, V)]
+MODEL = BertConfig(vocab_size=V, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                   intermediate_size=37, max_position_embeddings=64)
+
+
+class MaskRule:
+    """The one masking rule (pipeline.masking) in the loader's mask_fn shape, as train_entry builds it."""
+
+    def __init__(self, prob: float = 0.15):
+        self.vocab, self.prob = VocabIds.from_vocab(VOCAB), prob
+
+    def __call__(self, tokens, max_predictions, rng):
+        return create_masked_lm_predictions(tokens, self.prob, max_predictions, self.vocab, rng)
+
+
+def make_example(rng: random.Random, max_len: int) -> dict:
+    n = max_len if rng.random() > 0.1 else rng.randint(8, max_len)  # some shorter, like short_seq_prob
+    body = n - 3
+    la = rng.randint(1, body - 1)
+    start = rng.randrange(V - FIRST)
+    seq = [FIRST + (start + i) % (V - FIRST) for i in range(body + 1)]
+    a = seq[:la]
+    random_next = rng.random() < 0.5
+    if random_next:
+        s2 = rng.randrange(V - FIRST)
+        b = [FIRST + (s2 + i) % (V - FIRST) for i in range(body - la)]
+    else:
+        b = seq[la:body]
+    tokens = [CLS] + a + [SEP] + b + [SEP]
+    cand = [i for i, t in enumerate(tokens) if t not in (CLS, SEP)]
+    k = max(1, min(round(len(tokens) * 0.15), 20))
+    positions = sorted(rng.sample(cand, k))
+    ids = list(tokens)
+    for p in positions:
+        u = rng.random()
+        if u < 0.8:
+            ids[p] = MASK
+        elif u < 0.9:
+            ids[p] = rng.randrange(FIRST, V)
+    return {"input_ids": ids, "len_a": la + 2, "masked_positions": positions,
+            "masked_ids": [tokens[p] for p in positions], "is_random_next": random_next}
+
+
+def write_example_stage(root, lengths=(16, 32), n=240, shards=2, seed=0, row_group_size=None) -> str:
+    rng = random.Random(seed)
+    for T in lengths:
+        rows = [make_example(rng, T) for _ in range(n)]
+        folder = root / f"seq{T}"
+        folder.mkdir(parents=True)
+        for s in range(shards):
+            part = rows[s::shards]
+            table = pa.Table.from_pylist(part, schema=example_schema(V, T))
+            pq.write_table(table, folder / f"part-{s:05d}-of-{shards:05d}.parquet", row_group_size=row_group_size)
+    write_manifest("examples", str(root), {"max_seq_lengths": list(lengths), "max_predictions_per_seq": [3, 5]},
+                   {}, {"examples": n})
+    return str(root)

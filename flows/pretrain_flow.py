@@ -215,9 +215,10 @@ def register_model_task(cfg: RunConfig, export: StageResult, downstream: list[St
     mlflow.set_tracking_uri(tracking.uri)
     mlflow.set_registry_uri(tracking.uri)
     info = log_bert_model(tracking.parent_run_id, _local_copy(export.url))
-    version = tracker.client.create_model_version(
-        cfg.model_name, info.model_uri, run_id=tracking.parent_run_id, tags=_version_tags(cfg, export, downstream),
-    ) if _ensure_registered(tracker, cfg.model_name) else None
+    _ensure_registered(tracker, cfg.model_name)
+    # register_model (not create_model_version) passes the logged model's id: a tracking server
+    # refuses a models:/ source without it
+    version = mlflow.register_model(info.model_uri, cfg.model_name, tags=_version_tags(cfg, export, downstream))
     scores = [r.counts[TASKS[r.stage.split("/", 1)[1]].metric] for r in downstream
               if TASKS[r.stage.split("/", 1)[1]].metric in r.counts]
     score = sum(scores) / len(scores) if scores else None
@@ -226,14 +227,13 @@ def register_model_task(cfg: RunConfig, export: StageResult, downstream: list[St
     return {"version": str(version.version), "alias": alias, "score": score}
 
 
-def _ensure_registered(tracker: Tracker, name: str) -> bool:
+def _ensure_registered(tracker: Tracker, name: str) -> None:
     from mlflow.exceptions import MlflowException
 
     try:
         tracker.client.get_registered_model(name)
     except MlflowException:
         tracker.client.create_registered_model(name, description="BERT pretrained by bertflow (MLM + NSP); pyfunc: fill masks, embed text.")
-    return True
 
 
 def _version_tags(cfg: RunConfig, export: StageResult, downstream: list[StageResult]) -> dict[str, str]:

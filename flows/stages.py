@@ -227,7 +227,8 @@ def downstream_stage(task: str) -> Stage:
 
     return Stage(
         f"finetune/{task}", f"finetune/{task}", inputs=inputs, config=_downstream_config(task),
-        run=_run_downstream, where="process", figures=("eval_*",), retries=2, timeout_s=24 * 3600,
+        run=_run_downstream, where="process", figures=(t.metric, "eval_exact_match", "eval_exact"), retries=2,
+        timeout_s=24 * 3600,
         doc=f"fine-tune and evaluate on {task} ({t.kind})",
     )
 

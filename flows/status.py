@@ -63,9 +63,14 @@ def collect_status(cfg: RunConfig, root: str, mlflow_uri: str | None = None, ver
     holder = _running(root)
     runs = _mlflow_runs(root, mlflow_uri)
     rows = []
+    behind: str | None = None  # the first stage not done: everything after it will rerun
     for name in stage_names(cfg):
         s = stage_state(name, cfg, root, checksums=verify)
         state = s.state
+        if state == "done" and behind is not None:
+            state, s.reasons = "stale", [f"after {behind}: reruns if that changes its input"]
+        if state != "done" and behind is None:
+            behind = name
         if holder and state != "done":
             state = "running"
         m = s.manifest

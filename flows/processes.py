@@ -110,13 +110,11 @@ def train_spec(call: "StageCall") -> dict:
     }
 
 
-EXIT_RESUME_REFUSED = 3
-
-
 def launch_training(call: "StageCall", env: dict[str, str], on_progress=None) -> Manifest:
     """Pretraining through ``flows.launch.launch_pretrain`` (one process, or torchrun with
     ``pretrain.nproc``), its output streamed through our loggers like any stage process."""
     from flows.launch import launch_pretrain
+    from flows.train_entry import EXIT_RESUME_REFUSED
 
     proc_env = {**os.environ, **env, "PYTHONUNBUFFERED": "1",
                 ENV_PROGRESS_TOTAL: str(call.cfg.pretrain.total_steps)}

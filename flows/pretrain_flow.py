@@ -209,7 +209,6 @@ def register_model_task(cfg: RunConfig, export: StageResult, downstream: list[St
     from flows.mlflow_model import log_bert_model
 
     tracker = tracking.tracker()
-    os.environ.setdefault("MLFLOW_TRACKING_URI", tracking.uri)
     import mlflow
 
     mlflow.set_tracking_uri(tracking.uri)

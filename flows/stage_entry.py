@@ -28,11 +28,10 @@ def main(argv: list[str] | None = None) -> int:
         spec = json.load(f)
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(name)s | %(message)s"))  # the parent adds the time
-    for name in ("bertflow", "model", "tasks"):
-        logger = logging.getLogger(name)
-        logger.handlers[:] = [handler]
-        logger.setLevel(logging.INFO)
-        logger.propagate = False
+    logger = logging.getLogger("bertflow")  # every module of ours logs under bertflow.*
+    logger.handlers[:] = [handler]
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
     rank = int(os.environ.get("RANK", "0"))
     log_fn = progress_reporter(log_fn_from_env()) if rank == 0 else None
     call = StageCall(

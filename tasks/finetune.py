@@ -36,7 +36,7 @@ from tokenizers import Tokenizer
 
 from model.config import BertConfig
 from model.export import copy_tokenizer
-from model.contract import clear_stage
+from model.contract import clear_stage, fingerprint_input
 from model.optim import build_optimizer, warmup_linear_schedule
 
 logger = logging.getLogger("bertflow.finetune")
@@ -314,6 +314,15 @@ def train(
 
 
 # -- outputs --------------------------------------------------------------------------------------
+def begin_run(seed: int, model_url: str, data_url: str, output_url: str) -> tuple[dict[str, str], Tokenizer]:
+    """What every task's run does first: fingerprint its inputs (for the manifest), empty its
+    output folder, seed, load the model's tokenizer. Returns (input fingerprints, tokenizer)."""
+    inputs = {"model": fingerprint_input(model_url), "data": fingerprint_input(data_url)}
+    prepare_output(output_url, model_url, data_url)
+    seed_everything(seed)
+    return inputs, load_tokenizer(model_url)
+
+
 def prepare_output(output_url: str, *input_urls: str) -> None:
     """Empty the stage folder (so no stale file enters the manifest), refusing one that holds an input."""
     out = output_url.rstrip("/")

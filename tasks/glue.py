@@ -32,12 +32,12 @@ from typing import Callable
 
 import fsspec
 
-from model.contract import Manifest, fingerprint_input, join_url, write_manifest
+from model.contract import Manifest, join_url, write_manifest
 from tasks import metrics as M
 from tasks.config import FinetuneConfig
 from tasks.finetune import (
-    Feature, LogFn, load_encoder, load_tokenizer, pick_device, predict, prepare_output, save_finetuned,
-    seed_everything, train, write_json, write_text,
+    Feature, LogFn, begin_run, load_encoder, pick_device, predict, save_finetuned, train, write_json,
+    write_text,
 )
 from tasks.heads import BertForSequenceClassification
 
@@ -268,10 +268,7 @@ def run_glue(
     """Fine-tune the exported model at ``model_url`` on one GLUE task folder; write the outputs."""
     started = time.time()
     spec = get_task(task)
-    inputs = {"model": fingerprint_input(model_url), "data": fingerprint_input(data_url)}
-    prepare_output(output_url, model_url, data_url)
-    seed_everything(config.seed)
-    tokenizer = load_tokenizer(model_url)
+    inputs, tokenizer = begin_run(config.seed, model_url, data_url, output_url)
 
     fs, data_root = fsspec.core.url_to_fs(data_url)
     train_split = read_split(join_url(data_url, "train.tsv"), spec, "train")

@@ -26,11 +26,11 @@ import time
 
 import fsspec
 
-from model.contract import Manifest, fingerprint_input, join_url, write_manifest
+from model.contract import Manifest, join_url, write_manifest
 from tasks.config import FinetuneConfig
 from tasks.finetune import (
-    IGNORE_INDEX, Feature, LogFn, load_encoder, load_tokenizer, pick_device, predict, prepare_output,
-    save_finetuned, seed_everything, special_id, train, write_json, write_text,
+    IGNORE_INDEX, Feature, LogFn, begin_run, load_encoder, pick_device, predict, save_finetuned, special_id,
+    train, write_json, write_text,
 )
 from tasks.heads import BertForTokenClassification
 from tasks.metrics import conlleval
@@ -157,10 +157,7 @@ def run_ner(
     """Fine-tune (or, with ``feature_mix``, train a BiLSTM on frozen features) for CoNLL-2003 NER."""
     started = time.time()
     opts = config.ner
-    inputs = {"model": fingerprint_input(model_url), "data": fingerprint_input(data_url)}
-    prepare_output(output_url, model_url, data_url)
-    seed_everything(config.seed)
-    tokenizer = load_tokenizer(model_url)
+    inputs, tokenizer = begin_run(config.seed, model_url, data_url, output_url)
     fs, root = fsspec.core.url_to_fs(data_url)
 
     def read(name):

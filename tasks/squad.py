@@ -35,11 +35,11 @@ import time
 
 import fsspec
 
-from model.contract import Manifest, fingerprint_input, join_url, write_manifest
+from model.contract import Manifest, join_url, write_manifest
 from tasks.config import FinetuneConfig, SquadConfig
 from tasks.finetune import (
-    Feature, LogFn, load_encoder, load_tokenizer, pick_device, predict, prepare_output, save_finetuned,
-    seed_everything, special_id, train, write_json,
+    Feature, LogFn, begin_run, load_encoder, pick_device, predict, save_finetuned, special_id, train,
+    write_json,
 )
 from tasks.heads import BertForQuestionAnswering
 from tasks.metrics import squad_evaluate
@@ -405,10 +405,7 @@ def run_squad(
         raise ValueError(f"SQuAD version must be '1.1' or '2.0', got {version!r}")
     sq = config.squad
     train_name, dev_name = squad_files(version, sq)
-    inputs = {"model": fingerprint_input(model_url), "data": fingerprint_input(data_url)}
-    prepare_output(output_url, model_url, data_url)
-    seed_everything(config.seed)
-    tokenizer = load_tokenizer(model_url)
+    inputs, tokenizer = begin_run(config.seed, model_url, data_url, output_url)
     train_examples = read_squad(join_url(data_url, train_name), version)
     dev_examples = read_squad(join_url(data_url, dev_name), version)
     window_args = dict(max_seq_length=sq.max_seq_length or config.max_seq_length, doc_stride=sq.doc_stride,

@@ -20,11 +20,11 @@ import time
 
 import fsspec
 
-from model.contract import Manifest, fingerprint_input, join_url, write_manifest
+from model.contract import Manifest, join_url, write_manifest
 from tasks.config import FinetuneConfig
 from tasks.finetune import (
-    Feature, LogFn, load_encoder, load_tokenizer, pick_device, predict, prepare_output, save_finetuned,
-    seed_everything, train, write_json, write_text,
+    Feature, LogFn, begin_run, load_encoder, pick_device, predict, save_finetuned, train, write_json,
+    write_text,
 )
 from tasks.heads import BertForMultipleChoice
 from tasks.metrics import accuracy
@@ -113,10 +113,7 @@ def run_swag(
 ) -> Manifest:
     started = time.time()
     opts = config.swag
-    inputs = {"model": fingerprint_input(model_url), "data": fingerprint_input(data_url)}
-    prepare_output(output_url, model_url, data_url)
-    seed_everything(config.seed)
-    tokenizer = load_tokenizer(model_url)
+    inputs, tokenizer = begin_run(config.seed, model_url, data_url, output_url)
     train_ex = read_swag(join_url(data_url, opts.train_file))
     dev_ex = read_swag(join_url(data_url, opts.dev_file))
     fs, root = fsspec.core.url_to_fs(data_url)

@@ -5,8 +5,9 @@ runs one fine-tuning; adding a task adds a row. The flow uses either
 
 - ``run_downstream(name, config, data_url, model_url, output_url, log_fn)``: the whole task in
   this process (plan its grid, run each unit, aggregate), or
-- the fan-out: ``plan_units`` -> ``run_unit`` for each unit, anywhere (processes, deployments;
-  a finished unit is skipped, a failed one retried alone) -> ``aggregate``.
+- the fan-out (what the flows do, ``flows.fanout``): ``prepare_units`` -> ``run_unit_safely`` for
+  each unit, anywhere (a process each, or a deployment run each; a finished unit is skipped, a
+  failed one retried alone) -> ``aggregate_task``.
 
 ``manifest_config(name, config)`` is what decides whether a task's output is stale: the whole
 ``FinetuneConfig`` (grid and task options included) plus the task name. ``task_data_url``
@@ -117,9 +118,17 @@ def task_data_url(name: str, downstream_root: str, overrides: dict[str, str] | N
 
 
 def manifest_config(name: str, config: FinetuneConfig) -> dict[str, Any]:
-    """What decides whether a task's output is stale (the aggregate manifest's config)."""
+    """What decides whether a task's output is stale (the aggregate manifest's config): the
+    whole config but where and how many units run at once, which do not change results."""
     get_task(name)
-    return {**dataclasses.asdict(config), "task": name}
+    data = dataclasses.asdict(config)
+    for key in RUN_PLACEMENT:
+        data["grid"].pop(key, None)
+    return {**data, "task": name}
+
+
+RUN_PLACEMENT = ("workers", "dispatch", "deployment")
+"""Grid fields that say where units run, not what they compute."""
 
 
 # -- the fan-out ----------------------------------------------------------------------------------
@@ -160,15 +169,22 @@ def run_unit(
     """Run one unit unless its folder already holds a manifest of exactly this run."""
     task = get_task(name)
     data_url = _task_folder(task, data_url)
-    if has_manifest(unit_output_url):
-        manifest = read_manifest(unit_output_url)
-        inputs = {"model": fingerprint_input(model_url), "data": fingerprint_input(data_url)}
-        if manifest.matches(unit_manifest_config(name, config, unit), inputs):
-            logger.info("%s unit %s: up to date, skipped", name, unit["unit_id"])
-            return manifest
+    if unit_is_current(name, config, unit, data_url, model_url, unit_output_url):
+        logger.info("%s unit %s: up to date, skipped", name, unit["unit_id"])
+        return read_manifest(unit_output_url)
     save = config.grid.save_models or len(plan_units(name, config)) == 1
     return task.run(unit_config(config, unit), data_url, model_url, unit_output_url, log_fn=log_fn,
                     save_model=save, unit=unit)
+
+
+def unit_is_current(name: str, config: FinetuneConfig, unit: dict[str, Any], data_url: str, model_url: str,
+                    unit_output_url: str) -> bool:
+    """Whether the unit's folder holds the manifest of exactly this run (config, model, data)."""
+    if not has_manifest(unit_output_url):
+        return False
+    data_url = _task_folder(get_task(name), data_url)
+    inputs = {"model": fingerprint_input(model_url), "data": fingerprint_input(data_url)}
+    return read_manifest(unit_output_url).matches(unit_manifest_config(name, config, unit), inputs)
 
 
 def _task_folder(task: DownstreamTask, data_url: str) -> str:
@@ -265,30 +281,56 @@ def run_downstream(
     """The whole task here: plan, run each unit (a failure is recorded, not fatal), aggregate."""
     task = get_task(name)
     data_url = _task_folder(task, data_url)
-    units = plan_units(name, config)
-    urls = [unit_url(output_url, u) for u in units]
-    _remove_stale_units(output_url, {u["unit_id"] for u in units})
+    units, urls = prepare_units(name, config, output_url)
     workers = min(config.grid.workers, len(units))
     if workers <= 1:
         for unit, url in zip(units, urls):
             run_unit_safely(name, config, unit, data_url, model_url, url, log_fn)
     else:
         _run_in_processes(name, config, units, urls, data_url, model_url, workers)
+    return aggregate_task(name, config, data_url, model_url, output_url)
+
+
+def prepare_units(name: str, config: FinetuneConfig, output_url: str) -> tuple[list[dict[str, Any]], list[str]]:
+    """The task's units and their folders; folders of units no longer in the plan are removed."""
+    units = plan_units(name, config)
+    _remove_stale_units(output_url, {u["unit_id"] for u in units})
+    return units, [unit_url(output_url, u) for u in units]
+
+
+def aggregate_task(name: str, config: FinetuneConfig, data_url: str, model_url: str, output_url: str) -> Manifest:
+    """``aggregate`` over the task's planned units, its manifest recording the model and data."""
+    data_url = _task_folder(get_task(name), data_url)
+    units = plan_units(name, config)
+    urls = [unit_url(output_url, u) for u in units]
     inputs = {"model": fingerprint_input(model_url), "data": fingerprint_input(data_url)}
     return aggregate(name, config, urls, output_url, units=units, inputs=inputs)
 
 
+def find_unit(name: str, config: FinetuneConfig, unit_id: str) -> dict[str, Any]:
+    """The planned unit called ``unit_id``; a clear error when the plan has none."""
+    units = plan_units(name, config)
+    for unit in units:
+        if unit["unit_id"] == unit_id:
+            return unit
+    raise KeyError(f"{name}: no unit {unit_id!r} in the grid; planned: {[u['unit_id'] for u in units]}")
+
+
 def run_unit_safely(
     name: str, config: FinetuneConfig, unit: dict[str, Any], data_url: str, model_url: str, url: str,
-    log_fn: LogFn | None = None, threads: int = 0,
+    log_fn: LogFn | None = None, threads: int = 0, force: bool = False,
 ) -> bool:
     """``run_unit``; a failure is logged and written to the unit's ``error.txt`` (for aggregate),
-    not raised. True when the unit finished."""
+    not raised. True when the unit finished. ``force``: run it again even when it is up to date."""
     if threads:
         import torch
 
         torch.set_num_threads(threads)
     try:
+        if force:
+            clear_stage(url)
+        else:
+            _remove_error(url)
         run_unit(name, config, unit, data_url, model_url, url, log_fn)
         return True
     except Exception:  # noqa: BLE001 - a failing unit is reported by aggregate, the rest go on
@@ -299,6 +341,21 @@ def run_unit_safely(
         with fs.open(path, "w") as f:
             f.write(text)
         return False
+
+
+def record_unit_error(url: str, text: str) -> None:
+    """Write ``text`` to the unit's ``error.txt`` unless the unit wrote its own traceback there."""
+    fs, path = fsspec.core.url_to_fs(join_url(url, "error.txt"))
+    if not fs.exists(path):
+        fs.makedirs(fs._parent(path), exist_ok=True)
+        with fs.open(path, "w") as f:
+            f.write(text + "\n")
+
+
+def _remove_error(url: str) -> None:
+    fs, path = fsspec.core.url_to_fs(join_url(url, "error.txt"))
+    if fs.exists(path):
+        fs.rm(path)
 
 
 def _run_in_processes(name, config, units, urls, data_url, model_url, workers: int) -> None:

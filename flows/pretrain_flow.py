@@ -7,7 +7,8 @@ stage table, its own MLflow child run under the flow's parent run, and a Prefect
 artifact listing what it wrote. Our own manifests decide skipping (Prefect's result cache is
 off); a skipped stage ends in a Completed state named ``Skipped``. bertflow's log lines (the
 training and fine-tuning processes' included) reach the Prefect API; training progress is a
-Prefect progress artifact. Downstream tasks fan out on a thread pool, each in its own process.
+Prefect progress artifact. Downstream tasks fan out unit by unit (``flows.fanout``): one task
+and one process per grid point x seed, then one gathering task per downstream task.
 """
 
 from __future__ import annotations
@@ -112,7 +113,8 @@ def _prefect_logs():
 
 @task(name="stage", task_run_name="{stage}", cache_policy=NO_CACHE)
 def stage_task(
-    stage: str, cfg: RunConfig, root: str, force: bool, tracking: Tracking, given: dict[str, str] | None = None
+    stage: str, cfg: RunConfig, root: str, force: bool, tracking: Tracking, given: dict[str, str] | None = None,
+    aggregate_only: bool = False,
 ) -> StageResult:
     """Run one stage inside an MLflow child run and publish what it wrote."""
     from prefect.runtime import task_run
@@ -128,6 +130,7 @@ def stage_task(
             stage, cfg, root, force=force and first_attempt,
             log_fn=lambda m, step: tracker.log_metrics(run_id, m, step), env=env, given=given,
             on_progress=_progress_artifact(stage) if get_stage(stage).where == "training" else None,
+            aggregate_only=aggregate_only,
         )
         _log_stage(tracker, run_id, stage, cfg, result)
         create_markdown_artifact(
@@ -302,9 +305,9 @@ def pretrain(
         ]
         downstream = []
         if "finetune" in groups:
-            names = stage_names(cfg, ("finetune",))
-            futures = [stage_task.with_options(**_options(n)).submit(n, cfg, root, "finetune" in forced, tracking) for n in names]
-            downstream = [unwrap(f.result()) for f in futures]
+            from flows.fanout import fan_out
+
+            downstream = fan_out(stage_names(cfg, ("finetune",)), cfg, root, "finetune" in forced, tracking)
             results += downstream
             results_table_task(cfg, root, tracking)
         registered = None

@@ -46,6 +46,7 @@ def stage_spec(call: "StageCall") -> dict:
         "inputs": call.inputs,
         "restart": call.restart,
         "config": dataclasses.asdict(call.cfg),
+        "unit": call.unit,
     }
 
 
@@ -72,13 +73,27 @@ def run_in_process(
     """Run ``call``'s stage in a child process; return the manifest it wrote."""
     if where == "training":
         return launch_training(call, env, on_progress)
-    proc_env = {**os.environ, **env, "PYTHONUNBUFFERED": "1"}
-    if where == "training":
-        proc_env.setdefault(ENV_PROGRESS_TOTAL, str(call.cfg.pretrain.total_steps))
     parallel = len(call.cfg.finetune_tasks) if where == "process" else 1
+    _run_entry(call, env, parallel, on_progress)
+    return read_manifest(call.url)
+
+
+def run_unit_in_process(call: "StageCall", env: dict[str, str], parallel: int | None = None) -> None:
+    """Run the unit ``call.unit`` of a fanned-out stage in a child process. ``parallel``: how
+    many such children share this machine (their threads split the cores); default, as many
+    as the grid runs at once (``finetune.grid.workers`` per task)."""
+    if parallel is None:
+        parallel = call.cfg.finetune.grid.workers * len(call.cfg.finetune_tasks)
+    _run_entry(call, env, parallel, None)
+
+
+def _run_entry(call: "StageCall", env: dict[str, str], parallel: int,
+               on_progress: Callable[[int, int], None] | None) -> None:
+    proc_env = {**os.environ, **env, "PYTHONUNBUFFERED": "1"}
     if "OMP_NUM_THREADS" not in os.environ:
         proc_env["OMP_NUM_THREADS"] = child_threads(parallel)
     logger = logging.getLogger(f"bertflow.{call.stage.split('/', 1)[0]}")
+    what = f"{call.stage} unit {call.unit['unit_id']}" if call.unit else f"stage {call.stage}"
     with tempfile.TemporaryDirectory(prefix="bertflow-spec-") as tmp:
         spec_path = os.path.join(tmp, "spec.json")
         fd = os.open(spec_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)  # may hold credentials
@@ -89,8 +104,7 @@ def run_in_process(
 
         code = _run_streaming(cmd, proc_env, logger, on_progress, get_stage(call.stage).timeout_s)
     if code != 0:
-        raise RuntimeError(f"stage {call.stage}: its process exited with code {code} (see its log lines above)")
-    return read_manifest(call.url)
+        raise RuntimeError(f"{what}: its process exited with code {code} (see its log lines above)")
 
 
 def train_spec(call: "StageCall") -> dict:

@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     log_fn = progress_reporter(log_fn_from_env()) if rank == 0 else None
     call = StageCall(
         stage=spec["stage"], cfg=config_from_dict(spec["config"]), root=spec["root"], url=spec["url"],
-        inputs=spec["inputs"], log_fn=log_fn, restart=spec.get("restart", False),
+        inputs=spec["inputs"], log_fn=log_fn, restart=spec.get("restart", False), unit=spec.get("unit"),
     )
     get_stage(call.stage).run(call)
     return 0

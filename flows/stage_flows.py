@@ -42,9 +42,14 @@ def make_stage_flow(group: str):
         with session(f"stage-{group}", params["preset"], params.get("root"), params.get("overrides"),
                      params.get("mlflow_uri"), (group,), given) as (cfg, root, tracking):
             names = stage_names(cfg, (group,))
-            futures = [stage_task.with_options(**_options(n)).submit(n, cfg, root, params.get("force", True), tracking, given)
-                       for n in names]
-            results = [unwrap(f.result()) for f in futures]
+            if group == "finetune":
+                from flows.fanout import fan_out
+
+                results = fan_out(names, cfg, root, params.get("force", True), tracking, given)
+            else:
+                futures = [stage_task.with_options(**_options(n)).submit(n, cfg, root, params.get("force", True), tracking, given)
+                           for n in names]
+                results = [unwrap(f.result()) for f in futures]
             registered = None
             if group == "finetune":
                 results_table_task(cfg, root, tracking)

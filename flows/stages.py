@@ -55,6 +55,10 @@ class StageCall:
     log_fn: LogFn | None = None
     restart: bool = False
     """Start over instead of resuming (pretraining under ``--force``)."""
+    unit: dict[str, Any] | None = None
+    """Run only this unit of a fanned-out stage (a downstream grid point x seed)."""
+    aggregate_only: bool = False
+    """A fanned-out stage whose units ran elsewhere: only gather them into the stage's output."""
 
 
 @dataclass(frozen=True)
@@ -78,6 +82,12 @@ class Stage:
     retries: int = 0
     timeout_s: float | None = None
     doc: str = ""
+    unit_done: Callable[[StageCall], bool] | None = None
+    """(call with ``unit``) -> whether that unit's output is already the output of exactly this run."""
+    units: Callable[[RunConfig], list[dict[str, Any]]] | None = None
+    """A stage made of independent units (the downstream grid): (config) -> the units, each a
+    JSON dict with a ``unit_id``. The flows fan them out one task (and process) each; the row's
+    ``run`` with ``StageCall.unit`` runs one, with ``aggregate_only`` gathers them."""
 
     @property
     def group(self) -> str:
@@ -135,11 +145,35 @@ def _run_export(c: StageCall) -> Manifest:
     return run_export(c.inputs["pretrain"], c.inputs["vocab"], c.url)
 
 
-def _run_downstream(c: StageCall) -> Manifest:
-    from flows.downstream import run_downstream
+def _run_downstream(c: StageCall) -> Manifest | None:
+    from flows.downstream import aggregate_task, run_downstream, run_unit_safely, unit_url
 
     task = c.stage.split("/", 1)[1]
+    if c.unit is not None:
+        ok = run_unit_safely(task, c.cfg.finetune, c.unit, c.inputs["data"], c.inputs["model"],
+                             unit_url(c.url, c.unit), c.log_fn, force=c.restart)
+        if not ok:
+            raise RuntimeError(f"{c.stage} unit {c.unit['unit_id']} failed (its error.txt has the traceback)")
+        return None
+    if c.aggregate_only:
+        return aggregate_task(task, c.cfg.finetune, c.inputs["data"], c.inputs["model"], c.url)
     return run_downstream(task, c.cfg.finetune, c.inputs["data"], c.inputs["model"], c.url, log_fn=c.log_fn)
+
+
+def _downstream_unit_done(c: StageCall) -> bool:
+    from flows.downstream import unit_is_current, unit_url
+
+    task = c.stage.split("/", 1)[1]
+    return unit_is_current(task, c.cfg.finetune, c.unit, c.inputs["data"], c.inputs["model"], unit_url(c.url, c.unit))
+
+
+def _downstream_units(task: str) -> Callable[[RunConfig], list[dict[str, Any]]]:
+    def units(cfg: RunConfig) -> list[dict[str, Any]]:
+        from flows.downstream import plan_units
+
+        return plan_units(task, cfg.finetune)
+
+    return units
 
 
 def _pretrain_config(cfg: RunConfig, inputs: dict[str, str]) -> dict[str, Any]:
@@ -228,7 +262,7 @@ def downstream_stage(task: str) -> Stage:
     return Stage(
         f"finetune/{task}", f"finetune/{task}", inputs=inputs, config=_downstream_config(task),
         run=_run_downstream, where="process", figures=(t.metric, "eval_exact_match", "eval_exact"), retries=2,
-        timeout_s=24 * 3600,
+        timeout_s=24 * 3600, units=_downstream_units(task), unit_done=_downstream_unit_done,
         doc=f"fine-tune and evaluate on {task} ({t.kind})",
     )
 
@@ -395,6 +429,8 @@ def stage_state(
         return StageState(stage, url, "stale", [f"inputs not ready: {exc}"], manifest)
     reasons = manifest.stale_reasons(expected, fingerprints, code_version(stage))
     reasons += manifest.missing_files(checksums)
+    if manifest.counts.get("units_failed"):  # a partial grid: the next run retries its failed units
+        reasons.append(f"{int(manifest.counts['units_failed'])} of {int(manifest.counts.get('units', 0))} units failed")
     return StageState(stage, url, "stale" if reasons else "done", reasons, manifest)
 
 
@@ -442,12 +478,18 @@ def run_stage(
     env: dict[str, str] | None = None,
     given: dict[str, str] | None = None,
     on_progress: Callable[[int, int], None] | None = None,
+    aggregate_only: bool = False,
 ) -> StageResult:
-    """Run one stage unless it is up to date (or ``force``); return what it did."""
+    """Run one stage unless it is up to date (or ``force``); return what it did.
+
+    ``aggregate_only``: the stage's units ran already (``run_stage_unit``, fanned out by the
+    flow); gather them here, in this process, whatever the stage's state."""
     row = get_stage(stage)
     url = stage_url(root, stage)
     start = time.time()
-    if not force:
+    if aggregate_only and row.units is None:
+        raise ValueError(f"stage {stage} has no units to aggregate")
+    if not force and not aggregate_only:
         current = stage_state(stage, cfg, root, given)
         if current.state == "done":
             log.info("stage %s: up to date, skipped (%s)", stage, url)
@@ -457,9 +499,10 @@ def run_stage(
             log.info("stage %s: stale (%s)", stage, "; ".join(current.reasons))
     check_inputs_ready(stage, cfg, root, given)
     inputs = stage_inputs(stage, cfg, root, given)
-    call = StageCall(stage, cfg, root, url, inputs, log_fn, restart=force and row.group == "pretrain")
-    log.info("stage %s: running -> %s", stage, url)
-    if row.where == "inline":
+    call = StageCall(stage, cfg, root, url, inputs, log_fn, restart=force and row.group == "pretrain",
+                     aggregate_only=aggregate_only)
+    log.info("stage %s: %s -> %s", stage, "gathering its units" if aggregate_only else "running", url)
+    if row.where == "inline" or aggregate_only:
         manifest = row.run(call)
     else:
         from flows.processes import run_in_process
@@ -470,3 +513,45 @@ def run_stage(
     seconds = time.time() - start
     log.info("stage %s: done in %.1f s", stage, seconds)
     return StageResult(stage, "done", seconds, url, manifest.counts, manifest, inputs)
+
+
+def run_stage_unit(
+    stage: str,
+    cfg: RunConfig,
+    root: str,
+    unit_id: str,
+    force: bool = False,
+    log_fn: LogFn | None = None,
+    env: dict[str, str] | None = None,
+    given: dict[str, str] | None = None,
+    in_process: bool = False,
+) -> float:
+    """Run one unit of a fanned-out stage (its own process unless ``in_process``); a unit that
+    is up to date is skipped by the row itself. Raises when the unit failed (its ``error.txt``
+    keeps the traceback for the stage's aggregation). Returns the seconds it took."""
+    row = get_stage(stage)
+    if row.units is None:
+        raise ValueError(f"stage {stage} is not made of units")
+    unit = next((u for u in row.units(cfg) if u["unit_id"] == unit_id), None)
+    if unit is None:
+        raise KeyError(f"stage {stage}: no unit {unit_id!r}; planned: {[u['unit_id'] for u in row.units(cfg)]}")
+    check_inputs_ready(stage, cfg, root, given)
+    call = StageCall(stage, cfg, root, stage_url(root, stage), stage_inputs(stage, cfg, root, given), log_fn,
+                     restart=force, unit=unit)
+    start = time.time()
+    if not force and row.unit_done is not None and row.unit_done(call):
+        log.info("%s unit %s: up to date, skipped", stage, unit_id)
+        return 0.0
+    if in_process:
+        row.run(call)
+    else:
+        from flows.processes import run_unit_in_process
+
+        try:
+            run_unit_in_process(call, env or {})
+        except RuntimeError as exc:  # e.g. killed: leave the reason where the aggregation reads it
+            from flows.downstream import record_unit_error, unit_url
+
+            record_unit_error(unit_url(call.url, unit), str(exc))
+            raise
+    return time.time() - start

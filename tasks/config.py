@@ -73,12 +73,23 @@ class GridConfig:
     save_models: bool = False
     """Keep each unit's fine-tuned weights (one model per unit: large at scale). Off: only the
     predictions, metrics and the best unit's test predictions are kept."""
+    dispatch: str = "process"
+    """Where the flows run each unit: ``process`` (a child process of the flow's process,
+    ``workers`` per task at once) or ``deployment`` (a run of the ``deployment`` below, on its
+    work pool's infrastructure: a GPU node per unit at scale)."""
+    deployment: str = "finetune-unit/default"
+    """The deployment (``flow-name/deployment-name``) that runs one unit when ``dispatch`` is
+    ``deployment``."""
 
     def __post_init__(self):
         check(all(lr > 0 for lr in self.learning_rates), "finetune.grid.learning_rates", "must be > 0")
         check(all(b >= 1 for b in self.batch_sizes), "finetune.grid.batch_sizes", "must be >= 1")
         check(all(e > 0 for e in self.epochs), "finetune.grid.epochs", "must be > 0")
         check(self.workers >= 1, "finetune.grid.workers", "must be >= 1")
+        check(self.dispatch in ("process", "deployment"), "finetune.grid.dispatch",
+              f"must be 'process' or 'deployment', got {self.dispatch!r}")
+        check(self.deployment.count("/") == 1, "finetune.grid.deployment",
+              f"must be 'flow-name/deployment-name', got {self.deployment!r}")
         for name in ("learning_rates", "batch_sizes", "epochs", "seeds"):
             values = getattr(self, name)
             check(len(set(values)) == len(values), f"finetune.grid.{name}", f"repeats a value: {values}")

@@ -9,8 +9,8 @@
    chunks conlleval finds are the same in both, so the scores are too.
 3. First sub-token: each word is tokenised on its own (no pre-tokenizer merging across words);
    the label sits on its first sub-token, later sub-tokens get -100 (ignored in the loss), and
-   a word's prediction is its first sub-token's. Words past ``max_seq_length`` are predicted
-   ``O`` and counted (``dev_truncated_words``).
+   a word's prediction is its first sub-token's. A sentence longer than ``max_seq_length`` is
+   split into windows of whole words (counted: ``dev_extra_windows``), so no word goes unpredicted.
 4. Scoring: :func:`tasks.metrics.conlleval` on the word tags; ``predictions.txt`` holds
    ``word gold predicted`` lines with blank lines between sentences: conlleval's own input.
 5. Feature-based (the paper's ablation, ``feature_mix`` set): the encoder is frozen and a
@@ -104,43 +104,54 @@ def label_list(sentences: list[NerSentence]) -> list[str]:
 
 def encode_sentences(
     tokenizer, sentences: list[NerSentence], labels: list[str], max_seq_length: int
-) -> tuple[list[Feature], list[list[int]], int]:
-    """Features (label on each word's first sub-token), the input position of each word's first
-    sub-token (-1: cut off), and the number of words cut off by ``max_seq_length``."""
+) -> tuple[list[Feature], list[list[tuple[int, int]]], int]:
+    """Features (label on each word's first sub-token), where each word's first sub-token is
+    (feature index, input position), and how many extra windows long sentences needed.
+
+    No word is dropped: a sentence whose pieces do not fit ``max_seq_length`` is split into
+    consecutive windows of whole words, each its own feature, so every word is trained on and
+    predicted; a single word longer than a window keeps its first pieces (its label and its
+    prediction sit on the first one)."""
     cls_id, sep_id = special_id(tokenizer, "[CLS]"), special_id(tokenizer, "[SEP]")
     unk_id = special_id(tokenizer, "[UNK]")
     index = {t: i for i, t in enumerate(labels)}
-    features, positions, truncated = [], [], 0
+    room = max_seq_length - 2
+    if room < 1:
+        raise ValueError(f"max_seq_length {max_seq_length} leaves no room for a word between [CLS] and [SEP]")
+    features: list[Feature] = []
+    positions, extra = [], 0
     all_words = sorted({w for s in sentences for w in s.words})
     pieces = dict(zip(all_words, (e.ids for e in tokenizer.encode_batch(all_words, add_special_tokens=False))))
-    for s in sentences:
-        ids, labs, pos = [cls_id], [IGNORE_INDEX], []
-        for word, tag in zip(s.words, s.tags):
-            sub = pieces[word] or [unk_id]
-            if len(ids) + len(sub) > max_seq_length - 1:
-                pos.append(-1)
-                truncated += 1
-                continue
-            pos.append(len(ids))
-            ids.extend(sub)
-            labs.extend([index.get(tag, 0)] + [IGNORE_INDEX] * (len(sub) - 1))
+
+    def flush(ids, labs):
         ids.append(sep_id)
         labs.append(IGNORE_INDEX)
         features.append({"input_ids": ids, "token_type_ids": [0] * len(ids), "labels": labs})
+
+    for s in sentences:
+        ids, labs, pos = [cls_id], [IGNORE_INDEX], []
+        for word, tag in zip(s.words, s.tags):
+            sub = (pieces[word] or [unk_id])[:room]
+            if len(ids) > 1 and len(ids) - 1 + len(sub) > room:
+                flush(ids, labs)
+                ids, labs = [cls_id], [IGNORE_INDEX]
+                extra += 1
+            pos.append((len(features), len(ids)))
+            ids.extend(sub)
+            labs.extend([index.get(tag, 0)] + [IGNORE_INDEX] * (len(sub) - 1))
+        flush(ids, labs)
         positions.append(pos)
-    return features, positions, truncated
+    return features, positions, extra
 
 
-def word_predictions(logits: list, positions: list[list[int]], labels: list[str]) -> list[list[str]]:
+def word_predictions(logits: list, positions: list[list[tuple[int, int]]], labels: list[str]) -> list[list[str]]:
+    """Each word's tag: the arg-max at its first sub-token, in whichever window holds it."""
     out = []
-    for row, pos in zip(logits, positions):
+    for pos in positions:
         tags = []
-        for p in pos:
-            if p < 0:
-                tags.append("O")
-            else:
-                scores = row[p]
-                tags.append(labels[max(range(len(scores)), key=scores.__getitem__)])
+        for feature, p in pos:
+            scores = logits[feature][p]
+            tags.append(labels[max(range(len(scores)), key=scores.__getitem__)])
         out.append(tags)
     return out
 
@@ -221,7 +232,7 @@ def run_ner(
     seconds = time.time() - started
     counts.update(train_sentences=float(len(train_sents)), dev_sentences=float(len(dev_sents)),
                   dev_examples=float(len(dev_sents)), test_sentences=float(len(test_sents)),
-                  train_truncated_words=float(train_cut), dev_truncated_words=float(dev_cut),
+                  train_extra_windows=float(train_cut), dev_extra_windows=float(dev_cut),
                   best_epoch=float(result.best_epoch), steps=float(result.steps), seconds=seconds)
     write_json(join_url(output_url, "metrics.json"), {"labels": labels, **counts, "history": result.history})
     logger.info("NER%s done in %.1f s: F1 %.2f", f" ({feature_mix})" if feature_mix else "", seconds, scores["f1"])

@@ -40,6 +40,12 @@ def cli():
 
 
 @pytest.fixture(scope="session")
+def chain_overrides():
+    """The ``--set`` overrides of the shared runs."""
+    return list(OVERRIDES)
+
+
+@pytest.fixture(scope="session")
 def cli_env(tmp_path_factory):
     return {**os.environ, "PREFECT_HOME": str(tmp_path_factory.mktemp("prefect-home"))}
 

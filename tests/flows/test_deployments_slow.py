@@ -89,8 +89,14 @@ def run_deployment(env, name: str, params: dict) -> dict:
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
-def test_pretrain_tiny_runs_on_a_worker_and_a_rerun_shows_skipped_stages(server, tmp_path):
-    root = tmp_path / "root"
+@pytest.fixture(scope="module")
+def tiny_root(tmp_path_factory):
+    """The root `pretrain/tiny` runs in (the first test); later tests fine-tune its model."""
+    return tmp_path_factory.mktemp("tiny") / "root"
+
+
+def test_pretrain_tiny_runs_on_a_worker_and_a_rerun_shows_skipped_stages(server, tiny_root):
+    root = tiny_root
     first = run_deployment(server, "pretrain/tiny", {"root": str(root), "overrides": SHORT})
     assert first["state"] == "COMPLETED", first
     logs = "\n".join(first["logs"])
@@ -124,3 +130,59 @@ def test_one_stage_reruns_alone_from_its_own_deployment(server, tmp_path):
     run = run_deployment(server, "stage-corpus/default", {"root": str(root)})
     assert run["state"] == "COMPLETED", run
     assert (root / "corpus" / "_manifest.json").exists() and not (root / "vocab").exists()
+
+
+def test_downstream_units_fan_out_as_runs_of_their_deployment(server, tiny_root, tmp_path):
+    """`finetune.grid.dispatch=deployment`: each unit is a run of `finetune-unit/default`, picked up
+    by a worker like any deployment run (a GPU pool's at scale), and the task gathers them."""
+    model = tiny_root / "model"
+    assert (model / "config.json").exists(), "needs the model of test_pretrain_tiny_runs_on_a_worker..."
+    root = tmp_path / "root"
+    log = open(tmp_path / "worker.log", "w")
+    worker = subprocess.Popen([sys.executable, "-m", "prefect", "worker", "start", "--pool", "local-process"],
+                              env=server, cwd=REPO, stdout=log, stderr=log)
+    try:
+        overrides = {**SHORT, "finetune_tasks": ["sst2"], "finetune.grid.learning_rates": [5e-4, 1e-3],
+                     "finetune.grid.dispatch": "deployment"}
+        out = prefect(server, "deployment", "run", "stage-finetune/default", "--param", f"root={root}",
+                      "--param", f"model_url={model}", "--param", f"overrides={json.dumps(overrides)}")
+        run_id = next(line.split()[-1] for line in out.splitlines() if "UUID" in line)
+        runs = _wait_for_runs(server, run_id, timeout=900)
+    finally:
+        worker.terminate()
+        worker.wait(timeout=60)
+        log.close()
+    parent = runs[run_id]
+    assert parent["state"] == "COMPLETED", (parent, (tmp_path / "worker.log").read_text()[-3000:])
+    units = {r["parameters"]["unit_id"]: r for i, r in runs.items() if r["deployment"] == "finetune-unit/default"}
+    from flows.downstream import plan_units
+    from flows.presets import load_config
+
+    planned = [u["unit_id"] for u in plan_units("sst2", load_config("tiny", overrides).finetune)]
+    assert sorted(units) == sorted(planned) and all(r["state"] == "COMPLETED" for r in units.values())
+    assert all(r["parent_task_run_id"] for r in units.values())  # subflow runs of the unit tasks
+    results = json.loads((root / "finetune" / "sst2" / "results.json").read_text())
+    assert results["failed"] == [] and results["units"] == len(planned)
+    for unit in planned:
+        assert (root / "finetune" / "sst2" / "units" / unit / "_manifest.json").exists()
+
+
+def _wait_for_runs(env, run_id: str, timeout: float) -> dict:
+    """Poll until flow run ``run_id`` is final; every flow run on the server, by id."""
+    code = ("import asyncio, json, sys\nfrom prefect.client.orchestration import get_client\n"
+            "async def main(i):\n    async with get_client() as c:\n        runs = await c.read_flow_runs()\n"
+            "        deps = {d.id: d.name for d in await c.read_deployments()}\n"
+            "        flows = {f.id: f.name for f in await c.read_flows()}\n"
+            "        print(json.dumps({str(r.id): {'state': r.state.type.value if r.state else None,\n"
+            "          'deployment': f\"{flows.get(r.flow_id)}/{deps.get(r.deployment_id)}\", 'parameters': r.parameters,\n"
+            "          'parent_task_run_id': str(r.parent_task_run_id or '')} for r in runs}, default=str))\n"
+            "asyncio.run(main(sys.argv[1]))\n")
+    deadline = time.monotonic() + timeout
+    while True:
+        res = subprocess.run([sys.executable, "-c", code, run_id], env=env, capture_output=True, text=True, timeout=120)
+        assert res.returncode == 0, res.stderr[-3000:]
+        runs = json.loads(res.stdout.strip().splitlines()[-1])
+        if runs.get(run_id, {}).get("state") in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED"):
+            return runs
+        assert time.monotonic() < deadline, f"flow run {run_id} not finished after {timeout} s: {runs.get(run_id)}"
+        time.sleep(3)

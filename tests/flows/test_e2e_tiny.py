@@ -4,6 +4,8 @@ import json
 
 import pyarrow.parquet as pq
 
+from flows.downstream import plan_units
+from flows.presets import load_config, parse_overrides
 from pipeline.schema import read_manifest
 
 
@@ -39,7 +41,7 @@ def test_mlm_loss_falls_and_downstream_is_evaluated(chain):
     assert len(predictions) == squad["dev_examples"]  # the official format: question id -> answer
 
 
-def test_mlflow_holds_runs_and_a_registered_model(chain):
+def test_mlflow_holds_runs_and_a_registered_model(chain, chain_overrides):
     root = chain[0]
     from mlflow.tracking import MlflowClient
 
@@ -50,9 +52,17 @@ def test_mlflow_holds_runs_and_a_registered_model(chain):
     parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
     assert len(parents) == 3  # one per command
     first_parent = min(parents, key=lambda r: r.info.start_time)
-    children = {r.info.run_name: r for r in runs if r.data.tags.get("mlflow.parentRunId") == first_parent.info.run_id}
+    ours = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == first_parent.info.run_id]
+    children = {r.info.run_name: r for r in ours if "bertflow.unit" not in r.data.tags}
     assert set(children) == {"corpus", "vocab", "examples", "pretrain", "export", "finetune/sst2", "finetune/squad1",
                              "finetune/conll2003"}
+    # the grid fanned out: one finished child run per unit, holding that unit's training curve
+    cfg = load_config("tiny", parse_overrides(chain_overrides))
+    units = {(r.data.tags["bertflow.stage"], r.data.tags["bertflow.unit"]): r for r in ours if "bertflow.unit" in r.data.tags}
+    planned = {(f"finetune/{t}", u["unit_id"]) for t in ("sst2", "squad1", "conll2003") for u in plan_units(t, cfg.finetune)}
+    assert set(units) == planned and len(planned) >= 6
+    assert all(r.info.status == "FINISHED" for r in units.values())
+    assert all(client.get_metric_history(r.info.run_id, "train_loss") for r in units.values())
     assert client.get_metric_history(children["pretrain"].info.run_id, "mlm_loss")
     assert "vocab_size" in children["vocab"].data.params
     corpus_params = children["corpus"].data.params

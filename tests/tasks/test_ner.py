@@ -77,10 +77,10 @@ def test_first_sub_token_labelling(tiny_tokenizer):
     labels = ["O", "B-LOC", "I-LOC"]
     pieces = tiny_tokenizer.encode("parisrome", add_special_tokens=False).ids
     assert len(pieces) > 1
-    features, positions, cut = encode_sentences(tiny_tokenizer, [sent], labels, 64)
+    features, positions, extra = encode_sentences(tiny_tokenizer, [sent], labels, 64)
     f = features[0]
-    assert cut == 0 and len(f["input_ids"]) == 1 + 1 + len(pieces) + 1 + 1
-    assert positions == [[1, 2, 2 + len(pieces)]]
+    assert extra == 0 and len(f["input_ids"]) == 1 + 1 + len(pieces) + 1 + 1
+    assert positions == [[(0, 1), (0, 2), (0, 2 + len(pieces))]]
     expected = [IGNORE_INDEX, 0, 1] + [IGNORE_INDEX] * (len(pieces) - 1) + [0, IGNORE_INDEX]
     assert f["labels"] == expected
     # a word's prediction is its first sub-token's; later sub-tokens are not read
@@ -88,6 +88,27 @@ def test_first_sub_token_labelling(tiny_tokenizer):
     logits[0][2] = [0.0, 5.0, 0.0]
     logits[0][3] = [0.0, 0.0, 9.0]
     assert word_predictions(logits, positions, labels) == [["O", "B-LOC", "O"]]
-    # words past max_seq_length are cut (predicted O) and counted
-    _, positions, cut = encode_sentences(tiny_tokenizer, [sent], labels, 4)
-    assert positions == [[1, -1, 2]] and cut == 1
+
+
+def test_long_sentences_are_split_into_windows_and_no_word_is_lost(tiny_tokenizer):
+    from tasks.ner import NerSentence
+
+    sent = NerSentence(["the", "parisrome", "river", "paris"], ["O", "B-LOC", "O", "B-LOC"])
+    labels = ["O", "B-LOC", "I-LOC"]
+    n_pieces = len(tiny_tokenizer.encode("parisrome", add_special_tokens=False).ids)
+    assert n_pieces >= 2
+    # room for 2 pieces per window: [the] [parisrome cut to 2 pieces] [river paris]
+    features, positions, extra = encode_sentences(tiny_tokenizer, [sent], labels, 4)
+    assert extra == 2 and len(features) == 3
+    assert positions == [[(0, 1), (1, 1), (2, 1), (2, 2)]]
+    assert all(len(f["input_ids"]) <= 4 for f in features)
+    assert [f["labels"] for f in features] == [
+        [IGNORE_INDEX, 0, IGNORE_INDEX], [IGNORE_INDEX, 1, IGNORE_INDEX, IGNORE_INDEX], [IGNORE_INDEX, 0, 1, IGNORE_INDEX]]
+    # every word is predicted from its own window
+    logits = [[[0.0, 0.0, 0.0] for _ in f["input_ids"]] for f in features]
+    logits[1][1] = [0.0, 3.0, 0.0]
+    logits[2][2] = [0.0, 0.0, 4.0]
+    assert word_predictions(logits, positions, labels) == [["O", "B-LOC", "O", "I-LOC"]]
+    # with room, one window holds it all
+    features, positions, extra = encode_sentences(tiny_tokenizer, [sent], labels, 64)
+    assert extra == 0 and len(features) == 1 and [f for f, _ in positions[0]] == [0, 0, 0, 0]

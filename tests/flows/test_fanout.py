@@ -1,0 +1,130 @@
+"""The downstream grid fanned out by the flow: one Prefect task (and process) per unit, one
+gathering task per downstream task, a failing unit reported without losing the others and
+retried alone on the next run (the failure here: a unit's process killed, as an OOM kill would). Real Prefect (a test server), real fine-tuning of the tiny chain's
+exported model on the bundled SST-2 sample, MLflow on SQLite."""
+
+import json
+import os
+import signal
+import threading
+import time
+
+import pytest
+from prefect import flow
+from prefect.task_runners import ThreadPoolTaskRunner
+
+from flows.downstream import plan_units
+from flows.fanout import _set_path, fan_out
+from flows.presets import load_config
+from flows.pretrain_flow import session
+from flows.stages import stage_names
+from pipeline.schema import read_manifest
+
+OVERRIDES = {"finetune_tasks": ["sst2"], "finetune.grid.learning_rates": [5e-4, 1e-3], "finetune.epochs": 1}
+
+
+@flow(task_runner=ThreadPoolTaskRunner(max_workers=4))
+def finetune_only(root: str, model: str, uri: str) -> list[str]:
+    given = {"model": model}
+    with session("fanout-test", "tiny", root, OVERRIDES, uri, ("finetune",), given) as (cfg, root, tracking):
+        results = fan_out(stage_names(cfg, ("finetune",)), cfg, root, False, tracking, given, retries=0)
+        return [r.status for r in results]
+
+
+class UnitKiller(threading.Thread):
+    """Finds the first ``flows.stage_entry`` process running a unit, reads which unit its spec
+    names, and SIGKILLs it."""
+
+    def __init__(self):
+        super().__init__(daemon=True)
+        self.killed = None
+
+    def run(self):
+        deadline = time.monotonic() + 300
+        while self.killed is None and time.monotonic() < deadline:
+            for pid in filter(str.isdigit, os.listdir("/proc")):
+                try:
+                    cmd = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
+                    if b"flows.stage_entry" not in cmd:
+                        continue
+                    spec = json.loads(open(cmd[cmd.index(b"--spec") + 1].decode()).read())
+                except (OSError, ValueError, IndexError):
+                    continue
+                if spec.get("unit"):
+                    time.sleep(1.0)  # let it start working
+                    os.kill(int(pid), signal.SIGKILL)
+                    self.killed = spec["unit"]["unit_id"]
+                    return
+            time.sleep(0.05)
+
+
+def _task_runs(flow_run_id):
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    with get_client(sync_client=True) as client:
+        runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+    return {r.name: r.state.type.value for r in runs}
+
+
+@pytest.fixture(scope="module")
+def prefect_server():
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=90):
+        yield
+
+
+def test_units_fan_out_and_a_failed_unit_is_retried_alone(chain, tmp_path, prefect_server):
+    model = str(chain[0] / "model")
+    root = tmp_path / "run"
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    units = root / "finetune" / "sst2" / "units"
+    planned = [u["unit_id"] for u in plan_units("sst2", load_config("tiny", OVERRIDES).finetune)]
+    assert len(planned) == 2
+    killer = UnitKiller()
+    killer.start()  # SIGKILLs the first unit process it sees (as the kernel's OOM killer would)
+    state = finetune_only(str(root), model, uri, return_state=True)
+    killer.join(timeout=5)
+    assert state.is_completed(), state.message
+    blocked = killer.killed
+    assert blocked in planned
+    ok = next(u for u in planned if u != blocked)
+    runs = _task_runs(state.state_details.flow_run_id)
+    assert runs[f"finetune/sst2/{blocked}"] == "FAILED"
+    assert runs[f"finetune/sst2/{ok}"] == "COMPLETED"
+    assert runs["finetune/sst2"] == "COMPLETED"  # the gathering task
+    results = json.loads((root / "finetune" / "sst2" / "results.json").read_text())
+    assert [f["unit_id"] for f in results["failed"]] == [blocked]
+    assert not (units / blocked / "_manifest.json").exists()
+    assert "exited with code -9" in results["failed"][0]["error"]
+    assert results["best_unit"] == ok
+    manifest = read_manifest(str(root / "finetune" / "sst2"))
+    assert manifest.counts["units"] == 2 and manifest.counts["units_failed"] == 1
+
+    done = units / ok / "_manifest.json"
+    before = done.stat().st_mtime_ns
+    again = finetune_only(str(root), model, uri, return_state=True)
+    assert again.is_completed(), again.message
+    assert done.stat().st_mtime_ns == before  # the finished unit was not run again
+    results = json.loads((root / "finetune" / "sst2" / "results.json").read_text())
+    assert results["failed"] == [] and len(results["points"]) == 2
+    assert (units / blocked / "_manifest.json").exists()
+
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.get_experiment_by_name("bertflow")
+    unit_runs = [r for r in client.search_runs([exp.experiment_id]) if "bertflow.unit" in r.data.tags]
+    statuses = sorted((r.data.tags["bertflow.unit"], r.info.status) for r in unit_runs)
+    assert statuses == sorted([(blocked, "FAILED"), (ok, "FINISHED"),
+                               (blocked, "FINISHED"), (ok, "FINISHED")])
+    trained = next(r for r in unit_runs if r.data.tags["bertflow.unit"] == blocked and r.info.status == "FINISHED")
+    assert client.get_metric_history(trained.info.run_id, "train_loss")  # the unit's process logged its training
+
+
+def test_secret_paths_go_back_into_a_redacted_config():
+    data = {"data": {"wiki": "***"}, "pretrain": {"phases": [{"steps": 1}]}}
+    _set_path(data, "data.wiki", "gs://b/x?token=1")
+    _set_path(data, "pretrain.phases.0.steps", 5)
+    assert data == {"data": {"wiki": "gs://b/x?token=1"}, "pretrain": {"phases": [{"steps": 5}]}}

@@ -64,6 +64,14 @@ def trainer_spec(args: argparse.Namespace) -> dict:
     return train_spec(call)
 
 
+MULTIHOST_XLA = (
+    "multi-host XLA (a TPU pod slice of several hosts) is not supported by model/ yet: under SPMD every "
+    "host's process is rank 0 of 1, so every host would write the checkpoints and outputs under the same "
+    "gs:// root (racing); use a single-host slice (v4-8, v5litepod-8), or pass --allow-multihost-xla "
+    "once model/backend.py confines writes to torch_xla.runtime.process_index() == 0 (docs/scale.md)"
+)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m flows.cluster", description=__doc__.split("\n\n")[0])
     p.add_argument("--preset", required=True, help="tiny | small | base | large")
@@ -74,6 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mlflow-uri", default=None, help="tracking server (host 0); default $MLFLOW_TRACKING_URI")
     p.add_argument("--nproc-per-node", type=int, default=None,
                    help="training processes on this host (default: pretrain.nproc of the config)")
+    p.add_argument("--allow-multihost-xla", action="store_true",
+                   help="run an XLA trainer on host >= 1 anyway (see MULTIHOST_XLA: every host would write)")
     p.add_argument("--dry-run", action="store_true", help="print what this host would run; read and start nothing")
     return p
 
@@ -108,8 +118,13 @@ def main(argv: list[str] | None = None) -> int:
 
         return cli_main(flow_argv(args))
     from flows.launch import launch_pretrain
+    from flows.presets import load_config, parse_overrides
 
     try:
+        if load_config(args.preset, parse_overrides(args.overrides)).pretrain.backend == "xla" \
+                and not args.allow_multihost_xla:
+            print(f"flows.cluster: host {host}: {MULTIHOST_XLA}", file=sys.stderr)
+            return 2
         spec = trainer_spec(args)
     except (OSError, ValueError, KeyError) as exc:
         print(f"flows.cluster: host {host}: {exc}", file=sys.stderr)

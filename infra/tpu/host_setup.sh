@@ -8,20 +8,23 @@ source "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
 
 usage() {
   cat <<'TXT'
-Usage: bash ~/bertflow/infra/tpu/host_setup.sh [--src DIR] [--venv DIR] [--dry-run]
+Usage: bash ~/bertflow/infra/tpu/host_setup.sh [--src DIR] [--venv DIR | --system-python] [--dry-run]
 
-  --src DIR    the unpacked source (default: the folder two levels above this script)
-  --venv DIR   the venv to create (default: SRC/.venv)
+  --src DIR         the unpacked source (default: the folder two levels above this script)
+  --venv DIR        the venv to create (default: SRC/.venv)
+  --system-python   no apt, no venv: install into the running python3 (the TPU image,
+                    infra/tpu/Dockerfile, whose base image is Python 3.11)
   --dry-run    print the commands, run nothing
   -h, --help   this text
 TXT
 }
 
-SRC="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)" VENV=""
+SRC="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)" VENV="" SYSTEM=0
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --src) need_value "$@"; SRC=$2; shift 2 ;;
     --venv) need_value "$@"; VENV=$2; shift 2 ;;
+    --system-python) SYSTEM=1; shift ;;
     --dry-run) DRY_RUN=1; shift ;;
     -h|--help) usage; exit 0 ;;
     *) die "unknown argument $1 (see --help)" ;;
@@ -39,15 +42,21 @@ core = [d for d in p["dependencies"] if not d.replace(" ", "").startswith("torch
 xla = [d.replace("torch-xla==", "torch-xla[tpu]==") for d in extra["xla"]]
 print("\n".join(core + xla + extra["gcp"] + ["torch==" + xla[0].split("==")[1]]))'
 
-run sudo apt-get update -qq
-run sudo apt-get install -y -qq python3.11 python3.11-venv
-run python3.11 -m venv "$VENV"
-if [[ "$DRY_RUN" == 1 ]]; then
-  echo "+ python3.11 -c '<pick requirements from pyproject.toml>' $(quote "$SRC") > $(quote "$REQS")"
+if [[ "$SYSTEM" == 1 ]]; then
+  PY=python3
 else
-  python3.11 -c "$PICK" "$SRC" > "$REQS"
+  run sudo apt-get update -qq
+  run sudo apt-get install -y -qq python3.11 python3.11-venv
+  run python3.11 -m venv "$VENV"
+  PY="$VENV/bin/python"
 fi
-run "$VENV/bin/pip" install -q -r "$REQS" -f https://storage.googleapis.com/libtpu-releases/index.html
-run "$VENV/bin/pip" install -q --no-deps -e "$SRC"
-# the host sees its TPU chips through torch-xla
-run env PJRT_DEVICE=TPU "$VENV/bin/python" -c "import torch_xla, torch_xla.runtime as xr; print('devices', xr.global_runtime_device_count())"
+if [[ "$DRY_RUN" == 1 ]]; then
+  echo "+ $(quote "$PY") -c '<pick requirements from pyproject.toml>' $(quote "$SRC") > $(quote "$REQS")"
+else
+  "$PY" -c "$PICK" "$SRC" > "$REQS"
+fi
+run "$PY" -m pip install -q -r "$REQS" -f https://storage.googleapis.com/libtpu-releases/index.html
+run "$PY" -m pip install -q --no-deps -e "$SRC"
+if [[ "$SYSTEM" == 0 ]]; then  # on a TPU VM: the host sees its chips through torch-xla
+  run env PJRT_DEVICE=TPU "$PY" -c "import torch_xla, torch_xla.runtime as xr; print('devices', xr.global_runtime_device_count())"
+fi

@@ -108,3 +108,15 @@ def test_node_layout_from_the_environment():
                         "--rdzv_id=job7", "--nproc_per_node=1"]
     assert host_index({"TPU_WORKER_ID": "3"}) == 3 and host_index({}) == 0
     assert host_index({"BERTFLOW_NODE_RANK": "1", "JOB_COMPLETION_INDEX": "5"}) == 1
+
+
+def test_a_second_xla_host_refuses_until_model_confines_writes_to_host_0(capsys, monkeypatch):
+    from flows.cluster import main
+
+    monkeypatch.setenv("BERTFLOW_BACKEND", "xla")
+    monkeypatch.setenv("TPU_WORKER_ID", "1")  # what infra/tpu/launch.sh sets from the TPU metadata
+    for name in ("BERTFLOW_NODE_RANK", "BERTFLOW_NNODES", "JOB_COMPLETION_INDEX"):
+        monkeypatch.delenv(name, raising=False)
+    assert main(["--preset", "large", "--root", "gs://b/large"]) == 2
+    err = capsys.readouterr().err
+    assert "host 1: multi-host XLA" in err and "single-host slice" in err

@@ -54,11 +54,12 @@ def test_tpu_create_prints_the_gcloud_call():
     assert out.returncode == 0, out.stderr
     [cmd] = commands(out.stdout)
     assert cmd[:5] == ["gcloud", "compute", "tpus", "tpu-vm", "create"] and cmd[5] == "bert-pod"
-    assert cmd[cmd.index("--accelerator-type") + 1] == "v4-32"  # the default: a 4-host pod slice
+    assert cmd[cmd.index("--accelerator-type") + 1] == "v4-8"  # the default: one host
     assert cmd[cmd.index("--version") + 1] == "tpu-ubuntu2204-base"
     assert cmd[cmd.index("--zone") + 1] == "us-central2-b" and "--spot" in cmd
-    out = sh("infra/tpu/create.sh", *TPU, "--accelerator-type", "v4-8", "--dry-run")
-    assert commands(out.stdout)[0][commands(out.stdout)[0].index("--accelerator-type") + 1] == "v4-8"
+    out = sh("infra/tpu/create.sh", *TPU, "--accelerator-type", "v4-32", "--dry-run")  # a 4-host pod slice
+    [cmd] = commands(out.stdout)
+    assert cmd[cmd.index("--accelerator-type") + 1] == "v4-32"
 
 
 @pytest.mark.parametrize("script, args, flag", [
@@ -103,8 +104,11 @@ def test_tpu_install_runs_the_host_setup_on_every_worker():
     setup = sh("infra/tpu/host_setup.sh", "--src", str(REPO), "--venv", "/opt/v", "--dry-run")
     assert setup.returncode == 0, setup.stderr
     lines = setup.stdout
-    assert "python3.11 -m venv /opt/v" in lines and "/opt/v/bin/pip install -q --no-deps -e" in lines
+    assert "python3.11 -m venv /opt/v" in lines and "/opt/v/bin/python -m pip install -q --no-deps -e" in lines
+    assert "-f https://storage.googleapis.com/libtpu-releases/index.html" in lines
     assert "PJRT_DEVICE=TPU" in lines  # the last step checks that torch-xla sees the chips
+    image = sh("infra/tpu/host_setup.sh", "--src", str(REPO), "--system-python", "--dry-run")  # the TPU image
+    assert "apt-get" not in image.stdout and "python3 -m pip install -q --no-deps -e" in image.stdout
 
 
 def test_tpu_launch_runs_the_xla_stage_on_all_hosts_with_gs_paths(tmp_path):

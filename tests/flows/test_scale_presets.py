@@ -120,3 +120,13 @@ def test_a_second_xla_host_refuses_until_model_confines_writes_to_host_0(capsys,
     assert main(["--preset", "large", "--root", "gs://b/large"]) == 2
     err = capsys.readouterr().err
     assert "host 1: multi-host XLA" in err and "single-host slice" in err
+
+
+def test_a_finished_pretrain_is_not_stale_where_the_preset_resolves_another_backend():
+    from model.train import manifest_config
+
+    xla = load_config("large", {"pretrain.backend": "xla", "pretrain.nproc": 1})
+    cuda = load_config("large", {"pretrain.backend": "cuda", "pretrain.nproc": 8, "pretrain.precision": "fp32"})
+    assert manifest_config(xla.pretrain, xla.model) == manifest_config(cuda.pretrain, cuda.model)
+    other = load_config("large", {"pretrain.backend": "xla", "pretrain.learning_rate": 5e-5})
+    assert manifest_config(other.pretrain, other.model) != manifest_config(xla.pretrain, xla.model)

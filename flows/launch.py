@@ -2,7 +2,9 @@
 
 ``launch_pretrain(spec, nproc, env)`` is what the pretrain stage calls. It builds the command
 (``python -m flows.train_entry --spec JSON``, or ``python -m torch.distributed.run --standalone
---nproc_per_node=N -m flows.train_entry ...``), gives every training process an
+--nproc_per_node=N -m flows.train_entry ...``; on several hosts ``--nnodes/--node_rank`` and a
+static rendezvous on node 0, from ``BERTFLOW_NNODES``/``BERTFLOW_NODE_RANK``/``BERTFLOW_RDZV_ENDPOINT``
+— see ``flows.cluster`` and ``infra/gpu/launch.sh``), gives every training process an
 ``OMP_NUM_THREADS`` (unless the caller set it: the cores but one, split between the processes;
 the spare core serves the orchestrator and the OS — with one of this machine's 2 cores busy,
 two OpenMP threads made the tiny step 2x slower than one), and owns
@@ -34,6 +36,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass
 
 log = logging.getLogger("bertflow.launch")
 
@@ -51,15 +54,60 @@ def set_parent_death_signal(sig: int = signal.SIGTERM) -> None:
         pass
 
 
-def build_command(spec: dict, nproc: int = 1) -> list[str]:
-    """The training command line for ``nproc`` local processes."""
+ENV_NNODES = "BERTFLOW_NNODES"
+ENV_NODE_RANK = "BERTFLOW_NODE_RANK"
+ENV_RDZV_ENDPOINT = "BERTFLOW_RDZV_ENDPOINT"
+ENV_RDZV_ID = "BERTFLOW_RDZV_ID"
+
+
+@dataclass(frozen=True)
+class Nodes:
+    """Several hosts in one torchrun job (static rendezvous: node ``node_rank`` of ``nnodes``,
+    the store on ``rdzv_endpoint`` = node 0's host:port). One node: ``--standalone``."""
+
+    nnodes: int = 1
+    node_rank: int = 0
+    rdzv_endpoint: str = ""
+    rdzv_id: str = "bertflow"
+
+    def __post_init__(self):
+        if self.nnodes < 1:
+            raise ValueError(f"{ENV_NNODES}: must be >= 1, got {self.nnodes}")
+        if not 0 <= self.node_rank < self.nnodes:
+            raise ValueError(f"{ENV_NODE_RANK}: must lie in [0, {self.nnodes}), got {self.node_rank}")
+        if self.nnodes > 1 and ":" not in self.rdzv_endpoint:
+            raise ValueError(f"{ENV_RDZV_ENDPOINT}: {self.nnodes} nodes need node 0's HOST:PORT, "
+                             f"got {self.rdzv_endpoint!r}")
+
+    def torchrun_args(self) -> list[str]:
+        if self.nnodes == 1:
+            return ["--standalone"]
+        return [f"--nnodes={self.nnodes}", f"--node_rank={self.node_rank}", "--rdzv_backend=static",
+                f"--rdzv_endpoint={self.rdzv_endpoint}", f"--rdzv_id={self.rdzv_id}"]
+
+
+def nodes_from_env(env: dict[str, str] | None = None) -> Nodes:
+    """The node layout from ``BERTFLOW_NNODES`` / ``BERTFLOW_NODE_RANK`` (else a Kubernetes
+    indexed Job's ``JOB_COMPLETION_INDEX``) / ``BERTFLOW_RDZV_ENDPOINT`` / ``BERTFLOW_RDZV_ID``."""
+    env = os.environ if env is None else env
+    try:
+        nnodes = int(env.get(ENV_NNODES) or 1)
+        rank = int(env.get(ENV_NODE_RANK) or env.get("JOB_COMPLETION_INDEX") or 0)
+    except ValueError as exc:
+        raise ValueError(f"{ENV_NNODES}/{ENV_NODE_RANK}: expected integers ({exc})") from None
+    return Nodes(nnodes, rank, env.get(ENV_RDZV_ENDPOINT, ""), env.get(ENV_RDZV_ID) or "bertflow")
+
+
+def build_command(spec: dict, nproc: int = 1, nodes: Nodes | None = None) -> list[str]:
+    """The training command line for ``nproc`` processes on this host (of ``nodes``, default one)."""
     if nproc < 1:
         raise ValueError(f"nproc: must be >= 1, got {nproc}")
+    nodes = nodes or Nodes()
     payload = json.dumps(spec)
     entry = ["-m", "flows.train_entry", "--spec", payload]
-    if nproc == 1:
+    if nproc == 1 and nodes.nnodes == 1:
         return [sys.executable, *entry]
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *entry]
+    return [sys.executable, "-m", "torch.distributed.run", *nodes.torchrun_args(), f"--nproc_per_node={nproc}", *entry]
 
 
 def training_env(nproc: int = 1, env: dict[str, str] | None = None) -> dict[str, str]:
@@ -79,7 +127,7 @@ def launch_pretrain(spec: dict, nproc: int | None = None, env: dict[str, str] | 
     the tree has exited.
     """
     nproc = int(nproc or spec.get("nproc") or 1)
-    cmd = build_command(spec, nproc)
+    cmd = build_command(spec, nproc, nodes_from_env({**os.environ, **(env or {})}))
     proc = subprocess.Popen(cmd, env=training_env(nproc, env), start_new_session=True,
                             preexec_fn=set_parent_death_signal, stdout=output,
                             stderr=subprocess.STDOUT if output is not None else None)

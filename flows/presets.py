@@ -45,6 +45,9 @@ class DataConfig:
     downstream_urls: dict[str, str] = field(default_factory=dict)
     """Per-task data URLs that replace ``downstream``/<task folder>, e.g.
     ``--set data.downstream_urls.mrpc=gs://bucket/glue/MRPC`` (see flows.downstream.TASKS)."""
+    required: bool = False
+    """The run needs the user's corpora: an empty ``wiki`` or ``books`` is an error before any
+    work (flows.checks.preflight), never the bundled sample (the base and large presets)."""
 
     def __post_init__(self):
         from flows.downstream import TASKS  # noqa: PLC0415 - avoid an import cycle
@@ -172,9 +175,31 @@ def _small() -> RunConfig:
     )
 
 
-def _paper(name: str, layers: int, hidden: int, heads: int) -> RunConfig:
+ENV_BACKEND = "BERTFLOW_BACKEND"
+"""The paper-scale presets' backend where the host says so (the TPU/GPU work pools set it)."""
+
+
+def accelerator_backend(env: dict[str, str] | None = None) -> str:
+    """The backend of ``base``/``large`` by where they run: ``$BERTFLOW_BACKEND`` when set, else
+    ``xla`` on a TPU host (``PJRT_DEVICE=TPU``, or a TPU VM's ``TPU_ACCELERATOR_TYPE``/``TPU_NAME``),
+    else ``cuda``. Never ``cpu``: that they can run here is checked by flows.checks.preflight, in
+    seconds, naming what is missing (no GPU, no torch_xla)."""
+    env = os.environ if env is None else env
+    if env.get(ENV_BACKEND):
+        if env[ENV_BACKEND] not in ("cpu", "cuda", "xla"):
+            raise ConfigError(f"pretrain.backend: ${ENV_BACKEND}={env[ENV_BACKEND]!r}, expected cpu|cuda|xla")
+        return env[ENV_BACKEND]
+    if env.get("PJRT_DEVICE", "").upper() == "TPU" or env.get("TPU_ACCELERATOR_TYPE") or env.get("TPU_NAME"):
+        return "xla"
+    return "cuda"
+
+
+def _paper(name: str, layers: int, hidden: int, heads: int, parallel: str = "ddp") -> RunConfig:
+    """The paper's shapes, data (URLs the user sets: ``data.wiki``, ``data.books``), schedule,
+    bf16 on the accelerator of the host (:func:`accelerator_backend`)."""
     return RunConfig(
         preset=name,
+        data=DataConfig(required=True),
         corpus=CorpusConfig(num_shards=256),
         vocab=VocabConfig(vocab_size=30522),
         examples=ExamplesConfig(
@@ -193,6 +218,9 @@ def _paper(name: str, layers: int, hidden: int, heads: int) -> RunConfig:
             warmup_steps=10_000,
             log_every=100,
             checkpoint_every=10_000,
+            backend=accelerator_backend(),
+            precision="bf16",
+            parallel=parallel,
         ),
         finetune=FinetuneConfig(learning_rate=2e-5, batch_size=32, epochs=3, max_seq_length=128, grid=PAPER_GRID,
                                 squad=SquadConfig(max_seq_length=384)),
@@ -205,7 +233,7 @@ PRESETS = {
     "tiny": _tiny,
     "small": _small,
     "base": lambda: _paper("base", 12, 768, 12),
-    "large": lambda: _paper("large", 24, 1024, 16),
+    "large": lambda: _paper("large", 24, 1024, 16, parallel="fsdp"),
 }
 
 
@@ -338,6 +366,7 @@ def resolve_data(cfg: DataConfig) -> DataConfig:
         downstream=cfg.downstream or str(sample),
         downstream_urls=dict(cfg.downstream_urls),
         finetune_model=cfg.finetune_model,
+        required=cfg.required,
     )
 
 

@@ -48,7 +48,7 @@ from model.data import IGNORE_INDEX, MaskFn, shard_urls, stable_seed
 from model.export import load_hf_state_dict, load_pretrained, save_pretrained
 from model.metrics import Window, peak_tflops, step_flops, summary
 from model.optim import build_optimizer, warmup_linear_schedule
-from model.resume import ResumeError, compare, exact_digest, run_record
+from model.resume import FREE, ResumeError, compare, exact_digest, run_record
 from model.stream import LoaderSpec, StreamingLoader
 from pipeline.schema import Manifest, clear_stage, describe_file, fingerprint_input, join_url, manifest_url, read_manifest, write_manifest
 
@@ -541,5 +541,9 @@ def finish(s: Session) -> Manifest:
 
 
 def manifest_config(config: PretrainConfig, model_config: BertConfig) -> dict[str, Any]:
-    """The config run_pretrain records in its manifest (the flow compares it to skip a finished run)."""
-    return {**dataclasses.asdict(config), "model": dataclasses.asdict(model_config)}
+    """The config run_pretrain records in its manifest (the flow compares it to skip a finished run).
+    Without the fields that never change the weights (``model.resume.FREE``: backend, precision,
+    processes, logging, ...): a run finished on a TPU is up to date where the same preset resolves
+    to another backend."""
+    kept = {k: v for k, v in dataclasses.asdict(config).items() if k not in FREE}
+    return {**kept, "model": dataclasses.asdict(model_config)}

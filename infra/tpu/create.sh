@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Create a Cloud TPU VM or pod slice for bertflow pretraining (one gcloud call).
+set -euo pipefail
+# shellcheck source=infra/lib.sh source-path=SCRIPTDIR/../..
+source "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
+
+usage() {
+  cat <<'TXT'
+Usage: infra/tpu/create.sh --name NAME --zone ZONE --project PROJECT [options]
+
+Creates a TPU VM (v4-8: one host, 4 chips) or a pod slice (v4-32: 4 hosts, 16 chips) with
+`gcloud compute tpus tpu-vm create`. Then: infra/tpu/install.sh, infra/tpu/launch.sh,
+infra/tpu/delete.sh. Multi-host slices: see "TPU pods" in docs/scale.md (every host trains;
+confining checkpoint writes to host 0 is still to do in model/).
+
+  --name NAME              TPU name (required)
+  --zone ZONE              zone with the accelerator, e.g. us-central2-b for v4 (required)
+  --project PROJECT        GCP project (required)
+  --accelerator-type TYPE  v4-8 | v4-32 | v5litepod-8 | ... (default: v4-8, one host)
+  --version VERSION        TPU software version (default: tpu-ubuntu2204-base)
+  --service-account EMAIL  the hosts' service account (needs read/write on the gs:// root)
+  --spot                   a Spot (preemptible) slice: cheaper; a preempted run resumes
+                           from its last gs:// checkpoint when relaunched
+  --dry-run                print the command, run nothing
+  -h, --help               this text
+TXT
+}
+
+NAME="" ZONE="" PROJECT="" ACCEL="v4-8" VERSION="tpu-ubuntu2204-base" SA="" SPOT=0
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --name) need_value "$@"; NAME=$2; shift 2 ;;
+    --zone) need_value "$@"; ZONE=$2; shift 2 ;;
+    --project) need_value "$@"; PROJECT=$2; shift 2 ;;
+    --accelerator-type) need_value "$@"; ACCEL=$2; shift 2 ;;
+    --version) need_value "$@"; VERSION=$2; shift 2 ;;
+    --service-account) need_value "$@"; SA=$2; shift 2 ;;
+    --spot) SPOT=1; shift ;;
+    --dry-run) DRY_RUN=1; shift ;;
+    -h|--help) usage; exit 0 ;;
+    *) die "unknown argument $1 (see --help)" ;;
+  esac
+done
+require "$NAME" --name
+require "$ZONE" --zone
+require "$PROJECT" --project
+[[ "$ACCEL" =~ ^v[0-9a-z]+-[0-9]+$ ]] || die "--accelerator-type '$ACCEL' is not a TPU type like v4-32"
+
+cmd=(gcloud compute tpus tpu-vm create "$NAME" --project "$PROJECT" --zone "$ZONE"
+     --accelerator-type "$ACCEL" --version "$VERSION")
+[[ -n "$SA" ]] && cmd+=(--service-account "$SA" --scopes https://www.googleapis.com/auth/cloud-platform)
+[[ "$SPOT" == 1 ]] && cmd+=(--spot)
+run "${cmd[@]}"

@@ -200,6 +200,15 @@ class Backend:
             return bool(t.item() > 0)
         return flag
 
+    def same_everywhere(self, value: int) -> bool:
+        """Whether every host of an XLA pod slice holds the same ``value`` (True elsewhere: DDP
+        broadcasts rank 0's state). SPMD needs the hosts in lockstep, e.g. resuming the same step."""
+        if not (self.multihost and torch.distributed.is_initialized()):
+            return True
+        t = torch.tensor([value, -value], dtype=torch.int64)
+        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
+        return int(t[0]) == -int(t[1])
+
 
 def resolve_precision(backend: str, precision: str) -> str:
     """"auto" -> bf16 on cuda/xla, fp32 on cpu; explicit values pass through."""

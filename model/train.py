@@ -229,6 +229,9 @@ def setup(config: PretrainConfig, model_config: BertConfig, examples_url: str, o
     record = run_record(config, model_config, examples_fp, data_parts, init_from)
     state = TrainState(run_digest=exact_digest(record), record=record)
     found = load_latest_good(output_url)
+    if not backend.same_everywhere(-1 if found is None else int(found[2]["train"]["global_step"])):
+        raise RuntimeError(f"the hosts of the pod slice found different checkpoints to resume under {output_url} "
+                           f"(this host: {found[0] if found else 'none'}); rerun: they must continue the same step")
     if found is not None:  # weights before wrapping: DDP broadcasts rank 0's, FSDP shards them
         state = _check_resume(found[0], found[2], state)
         load_hf_state_dict(model, found[1], source=found[0])

@@ -114,19 +114,21 @@ def test_pod_hosts_read_disjoint_complete_parts_and_only_host0_writes(examples, 
     assert [a + b for a, b in zip(hosts[0], hosts[1])] == one
 
 
-def _host_group(index, port, values, flags, out):
+CASES = [((7, 7), (False, True)), ((7, 6), (False, False))]  # (resume steps, stop flags) per host
+
+
+def _host_group(index, port, out):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.distributed.init_process_group("gloo", rank=index, world_size=2)  # what join_hosts sets up
     try:
         be = Backend("xla", torch.device("cpu"), data_rank=index, data_world=2)
         be.barrier()
-        out.put((index, be.same_everywhere(values[index]), be.any_rank(flags[index])))
+        out.put((index, [(be.same_everywhere(values[index]), be.any_rank(flags[index])) for values, flags in CASES]))
     finally:
         torch.distributed.destroy_process_group()
 
 
-@pytest.mark.parametrize("values, flags", [((7, 7), (False, True)), ((7, 6), (False, False))])
-def test_hosts_agree_over_their_process_group(values, flags):
+def test_hosts_agree_over_their_process_group():
     """Two hosts' gloo group: "did any host get SIGTERM" reaches both, and differing resume steps
     are caught (SPMD hosts must run the same step)."""
     ctx = mp.get_context("spawn")
@@ -134,10 +136,11 @@ def test_hosts_agree_over_their_process_group(values, flags):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    procs = [ctx.Process(target=_host_group, args=(i, port, values, flags, out)) for i in (0, 1)]
+    procs = [ctx.Process(target=_host_group, args=(i, port, out)) for i in (0, 1)]
     for p in procs:
         p.start()
     got = sorted(out.get(timeout=120) for _ in procs)
     for p in procs:
         p.join(timeout=60)
-    assert got == [(i, values[0] == values[1], any(flags)) for i in (0, 1)]
+    want = [(values[0] == values[1], any(flags)) for values, flags in CASES]
+    assert got == [(0, want), (1, want)] and want == [(True, True), (False, False)]

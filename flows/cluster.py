@@ -6,6 +6,9 @@ the stage as a flow (``bertflow stage pretrain``: preflight, MLflow run, manifes
 and its launcher (``flows.launch``) joins the torchrun rendezvous as node 0. Every other host runs
 the same training process with the same spec (``flows.processes.train_spec``), built from the same
 preset, overrides and root: it joins the rendezvous and neither logs nor writes (rank != 0).
+On a TPU pod slice (XLA) there is no torchrun: every host runs one process that drives the
+slice's devices through SPMD, and ``model/backend.py`` takes its data share and its right to
+write from the XLA runtime's process index (host 0 alone writes; docs/pretraining.md, "TPU pods").
 
 Design choice: one stage owner. A flow on every host would start N MLflow runs and race on the
 manifest; here only host 0 records anything, the others are pure trainers. The node layout comes
@@ -64,14 +67,6 @@ def trainer_spec(args: argparse.Namespace) -> dict:
     return train_spec(call)
 
 
-MULTIHOST_XLA = (
-    "multi-host XLA (a TPU pod slice of several hosts) is not supported by model/ yet: under SPMD every "
-    "host's process is rank 0 of 1, so every host would write the checkpoints and outputs under the same "
-    "gs:// root (racing); use a single-host slice (v4-8, v5litepod-8), or pass --allow-multihost-xla "
-    "once model/backend.py confines writes to torch_xla.runtime.process_index() == 0 (docs/scale.md)"
-)
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m flows.cluster", description=__doc__.split("\n\n")[0])
     p.add_argument("--preset", required=True, help="tiny | small | base | large")
@@ -82,8 +77,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mlflow-uri", default=None, help="tracking server (host 0); default $MLFLOW_TRACKING_URI")
     p.add_argument("--nproc-per-node", type=int, default=None,
                    help="training processes on this host (default: pretrain.nproc of the config)")
-    p.add_argument("--allow-multihost-xla", action="store_true",
-                   help="run an XLA trainer on host >= 1 anyway (see MULTIHOST_XLA: every host would write)")
     p.add_argument("--dry-run", action="store_true", help="print what this host would run; read and start nothing")
     return p
 
@@ -118,13 +111,8 @@ def main(argv: list[str] | None = None) -> int:
 
         return cli_main(flow_argv(args))
     from flows.launch import launch_pretrain
-    from flows.presets import load_config, parse_overrides
 
     try:
-        if load_config(args.preset, parse_overrides(args.overrides)).pretrain.backend == "xla" \
-                and not args.allow_multihost_xla:
-            print(f"flows.cluster: host {host}: {MULTIHOST_XLA}", file=sys.stderr)
-            return 2
         spec = trainer_spec(args)
     except (OSError, ValueError, KeyError) as exc:
         print(f"flows.cluster: host {host}: {exc}", file=sys.stderr)

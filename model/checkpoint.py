@@ -40,13 +40,14 @@ def checkpoint_url(run_url: str, phase_name: str, global_step: int) -> str:
     return join_url(run_url, phase_name, f"step-{global_step:08d}")
 
 
-def _to_cpu(obj: Any) -> Any:
+def to_cpu(obj: Any) -> Any:
+    """``obj`` with every tensor (in nested dicts, lists, tuples) detached and on the CPU."""
     if isinstance(obj, torch.Tensor):
         return obj.detach().to("cpu")
     if isinstance(obj, dict):
-        return {k: _to_cpu(v) for k, v in obj.items()}
+        return {k: to_cpu(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return type(obj)(_to_cpu(v) for v in obj)
+        return type(obj)(to_cpu(v) for v in obj)
     return obj
 
 
@@ -58,7 +59,7 @@ def save_checkpoint(url: str, model: nn.Module, state: dict[str, Any]) -> None:
     fs.makedirs(path, exist_ok=True)
     save_weights(model, join_url(url, WEIGHTS_NAME))
     with fs.open(join_url(path, STATE_NAME), "wb") as f:
-        torch.save(_to_cpu(state), f)
+        torch.save(to_cpu(state), f)
     with fs.open(join_url(path, COMPLETE), "w") as f:
         f.write("ok\n")
 

@@ -60,8 +60,11 @@ class Window:
         self.flops = 0.0
         self.started = time.perf_counter()
 
-    def add_micro(self, out, batch: dict[str, torch.Tensor], flops: float, tokens: int) -> None:
-        """One forward pass's outputs (before any loss scaling)."""
+    def add_micro(self, out, batch: dict[str, torch.Tensor], flops: float, tokens: int,
+                  examples: int | None = None) -> None:
+        """One forward pass's outputs (before any loss scaling). ``flops``, ``tokens`` and
+        ``examples`` count this process's share (default: the batch's rows); on an XLA pod slice
+        the device ``batch`` is the global one and the host's share is passed in."""
         correct, total = mlm_correct(out.prediction_logits.detach(), batch["labels"])
         label = batch["next_sentence_label"]
         nsp_correct = (out.seq_relationship_logits.detach().argmax(-1) == label).sum()
@@ -71,7 +74,7 @@ class Window:
             torch.tensor(float(label.numel()), dtype=torch.float64, device=self.device),
         ])
         self.micro += 1
-        self.examples += int(label.numel())
+        self.examples += int(label.numel()) if examples is None else int(examples)
         self.tokens += tokens
         self.flops += flops
 
@@ -82,7 +85,11 @@ class Window:
 
 
 def summary(window: Window, backend, lr: float, phase_index: int, peak: float) -> dict[str, float]:
-    """The window's metrics, reduced over ranks: means, accuracies, rates and MFU."""
+    """The window's metrics, reduced over ranks: means, accuracies, rates and MFU.
+
+    The device sums are per DDP rank (summed over ``world_size``; on XLA, SPMD computed them over
+    the global batch already); the rates count this process's share of the data, times
+    ``data_world`` (DDP ranks, or the hosts of a pod slice)."""
     backend.wait()
     elapsed = max(time.perf_counter() - window.started, 1e-9)
     s = dict(zip(Window.KEYS, backend.all_reduce_sum(window.sums).tolist()))
@@ -96,9 +103,9 @@ def summary(window: Window, backend, lr: float, phase_index: int, peak: float) -
         "nsp_accuracy": s["nsp_correct"] / max(s["nsp_total"], 1.0),
         "grad_norm": s["grad_norm"] / max(window.steps * w, 1),  # the same on every rank
         "lr": lr,
-        "examples_per_sec": window.examples * w / elapsed,
-        "tokens_per_sec": window.tokens * w / elapsed,
-        "model_tflops_per_sec": window.flops * w / elapsed / 1e12,
+        "examples_per_sec": window.examples * backend.data_world / elapsed,
+        "tokens_per_sec": window.tokens * backend.data_world / elapsed,
+        "model_tflops_per_sec": window.flops * backend.data_world / elapsed / 1e12,
         "phase_index": float(phase_index),
     }
     if peak:

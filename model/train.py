@@ -18,8 +18,11 @@ scheduler state, the RNG states that drive dropout, the loader's position, phase
 steps straight and N/2 + crash + resume + N/2 give bit-identical weights on CPU (tested). What a
 checkpoint of a different config may do is decided in ``model/resume.py``.
 
-Backend-neutral: the loop talks to a :class:`model.backend.Backend`. Metrics stay on the device
-between log steps. Rank 0 alone logs and writes; the orchestrator passes ``log_fn`` (e.g. to
+Backend-neutral: the loop talks to a :class:`model.backend.Backend` and gets its batches from a
+:class:`model.feed.StepFeed` (XLA SPMD: ``MpDeviceLoader``). Metrics stay on the device between
+log steps. Rank 0 (on a TPU pod slice: host 0) alone logs and writes; on a multi-host slice every
+host still takes part in what may be collective (moving weights and optimizer state to the CPU)
+and in the same order, because SPMD runs one program on all hosts; the orchestrator passes ``log_fn`` (e.g. to
 MLflow) and ``mask_fn`` (the one masking rule); this module imports neither a tracker nor
 ``pipeline.masking``.
 """
@@ -42,10 +45,11 @@ import torch
 
 from model.backend import Backend, setup_backend, unwrap
 from model.bert import BertForPreTraining, count_parameters, mlm_correct
-from model.checkpoint import checkpoint_url, load_latest_good, prune_checkpoints, save_checkpoint
+from model.checkpoint import checkpoint_url, load_latest_good, prune_checkpoints, save_checkpoint, to_cpu
 from model.config import BertConfig, PhaseConfig, PretrainConfig
 from model.data import IGNORE_INDEX, MaskFn, shard_urls, stable_seed
 from model.export import load_hf_state_dict, load_pretrained, save_pretrained
+from model.feed import StepFeed
 from model.metrics import Window, peak_tflops, step_flops, summary
 from model.optim import build_optimizer, warmup_linear_schedule
 from model.resume import FREE, ResumeError, compare, exact_digest, run_record
@@ -177,9 +181,10 @@ def setup(config: PretrainConfig, model_config: BertConfig, examples_url: str, o
     backend = setup_backend(config.backend, config.precision, config.parallel)
     examples = read_manifest(examples_url)
     examples_fp = fingerprint_input(examples_url)
-    data_parts = config.data_parts or backend.world_size * max(1, config.loader_workers)
-    if data_parts % backend.world_size:
-        raise ValueError(f"pretrain.data_parts {data_parts} is not divisible by {backend.world_size} processes")
+    data_world = backend.data_world  # processes (torchrun ranks, or the hosts of a TPU pod slice)
+    data_parts = config.data_parts or data_world * max(1, config.loader_workers)
+    if data_parts % data_world:
+        raise ValueError(f"pretrain.data_parts {data_parts} is not divisible by {data_world} processes")
     for p in config.phases:  # fail before any work
         urls = shard_urls(examples, p.max_seq_length)
         if p.max_seq_length > model_config.max_position_embeddings:
@@ -188,13 +193,13 @@ def setup(config: PretrainConfig, model_config: BertConfig, examples_url: str, o
         if config.eval_every and len(urls) < 2:
             raise ValueError(f"pretrain.eval_every: phase {p.name} has {len(urls)} shard(s); held-out "
                              "evaluation reserves the last shard and needs at least 2")
-        _micro_batches(p, backend.world_size, data_parts)
-    if backend.devices > 1:  # SPMD splits every micro-batch over the host's devices
+        _micro_batches(p, data_world, data_parts)
+    if backend.devices > 1:  # SPMD splits every host's micro-batch over the host's devices
         for p in config.phases:
-            micro = p.micro_batch_size or p.batch_size // backend.world_size
-            if micro % backend.devices:
-                raise ValueError(f"pretrain.phases[{p.name}]: micro-batch {micro} does not split over "
-                                 f"{backend.devices} XLA devices")
+            micro = p.micro_batch_size or p.batch_size // data_world
+            if micro % backend.local_devices:
+                raise ValueError(f"pretrain.phases[{p.name}]: micro-batch {micro} per host does not split over "
+                                 f"the host's {backend.local_devices} XLA devices")
     if _dynamic(config, examples) and mask_fn is None:
         raise ValueError("dynamic masking needs mask_fn (flows.train_entry builds it from the vocabulary)")
     counts = examples.counts
@@ -224,6 +229,9 @@ def setup(config: PretrainConfig, model_config: BertConfig, examples_url: str, o
     record = run_record(config, model_config, examples_fp, data_parts, init_from)
     state = TrainState(run_digest=exact_digest(record), record=record)
     found = load_latest_good(output_url)
+    if not backend.same_everywhere(-1 if found is None else int(found[2]["train"]["global_step"])):
+        raise RuntimeError(f"the hosts of the pod slice found different checkpoints to resume under {output_url} "
+                           f"(this host: {found[0] if found else 'none'}); rerun: they must continue the same step")
     if found is not None:  # weights before wrapping: DDP broadcasts rank 0's, FSDP shards them
         state = _check_resume(found[0], found[2], state)
         load_hf_state_dict(model, found[1], source=found[0])
@@ -231,7 +239,7 @@ def setup(config: PretrainConfig, model_config: BertConfig, examples_url: str, o
     optimizer = build_optimizer(model, config.learning_rate, config.weight_decay, (config.beta1, config.beta2),
                                 config.eps, config.optimizer)
     scheduler = warmup_linear_schedule(optimizer, config.warmup_steps, config.total_steps)
-    if backend.rank:  # distinct dropout per rank; the weights are rank 0's (DDP broadcasts)
+    if backend.rank:  # distinct dropout per DDP rank (weights: rank 0's); XLA hosts share one program
         torch.manual_seed(stable_seed(config.seed, "rank", backend.rank))
     if found is not None:
         _restore(found, model, optimizer, scheduler, backend, state, config)
@@ -286,7 +294,7 @@ def _restore(found, model, optimizer, scheduler, backend: Backend, state: TrainS
         group["lr"] = config.learning_rate * lam(scheduler.last_epoch)
         group["betas"], group["eps"] = (config.beta1, config.beta2), config.eps
         group["weight_decay"] = config.weight_decay if i == 0 else 0.0
-    if backend.is_main:  # the saved RNG states are rank 0's
+    if backend.rank == 0:  # the saved RNG states are rank 0's (on XLA: every host's, one SPMD program)
         rng = saved["rng"]
         random.setstate(rng["python"])
         torch.set_rng_state(rng["torch"])
@@ -301,7 +309,17 @@ def _sharded(s: "Session") -> bool:
 
 
 def _full_model(s: "Session") -> torch.nn.Module | None:
-    """A CPU model with all weights on rank 0 (None elsewhere); a collective under FSDP."""
+    """A CPU model with all weights on rank 0 (None elsewhere); a collective under FSDP, and on
+    an XLA pod slice, where every host fetches the weights (a transfer of SPMD data may run a
+    program on all hosts) and host 0 keeps them."""
+    if s.backend.multihost:
+        weights = to_cpu(unwrap(s.model).state_dict())
+        if not s.backend.is_main:
+            return None
+        model = BertForPreTraining(s.model_config)
+        model.load_state_dict(weights)
+        model.tie_weights()
+        return model
     if not _sharded(s):
         return unwrap(s.model) if s.backend.is_main else None
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
@@ -316,6 +334,8 @@ def _full_model(s: "Session") -> torch.nn.Module | None:
 
 
 def _optimizer_state(s: "Session") -> dict:
+    if s.backend.multihost:  # every host fetches (see _full_model)
+        return to_cpu(s.optimizer.state_dict())
     if not _sharded(s):
         return s.optimizer.state_dict()
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
@@ -324,9 +344,13 @@ def _optimizer_state(s: "Session") -> dict:
 
 
 def _buckets(backend: Backend, length: int) -> tuple[int, ...]:
-    """Fixed pad lengths on XLA (a compiled graph each); empty elsewhere (round up to 8)."""
+    """Fixed pad lengths on XLA (a compiled graph each); empty elsewhere (round up to 8).
+    On several hosts only the phase's length: every host's slice of a global batch must have the
+    same width, and a host sees only its own examples."""
     if backend.name != "xla":
         return ()
+    if backend.multihost:
+        return (length,)
     return tuple(sorted({max(16, -(-length // 4 // 8) * 8), max(16, -(-length // 2 // 8) * 8), length}))
 
 
@@ -343,9 +367,9 @@ def make_loader(s: Session, phase: PhaseConfig, held_out: bool = False) -> Strea
         max_predictions=_max_predictions(s.examples, phase.max_seq_length),
     )
     mask_fn = s.mask_fn if _dynamic(s.config, s.examples) else None
-    return StreamingLoader(spec, s.backend.rank, s.backend.world_size,
-                           0 if held_out else s.config.loader_workers, mask_fn,
-                           micro_batches=_micro_batches(phase, s.backend.world_size, s.data_parts))
+    be = s.backend
+    return StreamingLoader(spec, be.data_rank, be.data_world, 0 if held_out else s.config.loader_workers, mask_fn,
+                           micro_batches=_micro_batches(phase, be.data_world, s.data_parts))
 
 
 # -- fit --------------------------------------------------------------------------------------------
@@ -357,7 +381,7 @@ def fit(s: Session) -> None:
     peak = peak_tflops(cfg.peak_tflops, be.device, be.precision)
     trace = os.environ.get("BERTFLOW_TRACE_DATA")  # debugging/tests: what each rank saw and holds
     if trace:
-        with open(os.path.join(trace, f"rank{be.rank}.pid"), "w") as f:
+        with open(os.path.join(trace, f"rank{be.data_rank}.pid"), "w") as f:
             f.write(str(os.getpid()))
     with StopSignals() as stop:
         for phase_index in range(st.phase_index, len(cfg.phases)):
@@ -371,54 +395,70 @@ def fit(s: Session) -> None:
             log.info("phase %s: %d examples of length %d in %d data parts, batch %d (%d x %d micro-batch(es) "
                      "on %d process(es)), steps %d..%d", phase.name, loader.examples_per_epoch,
                      phase.max_seq_length, s.data_parts, phase.batch_size, loader.micro_batches,
-                     loader.local_batch_size // loader.micro_batches, be.world_size, st.global_step + 1,
+                     loader.local_batch_size // loader.micro_batches, be.data_world, st.global_step + 1,
                      st.global_step + phase.steps - st.phase_step)
             window = Window(be.device)
-            while st.phase_step < phase.steps:
-                lr = s.optimizer.param_groups[0]["lr"]
-                _train_step(s, loader, window)
-                if trace:
-                    with open(os.path.join(trace, f"rank{be.rank}.txt"), "a") as f:
-                        f.write(" ".join(f"{a}:{b}" for a, b in loader.last_keys.tolist()) + "\n")
-                st.global_step += 1
-                st.phase_step += 1
-                st.examples_seen += phase.batch_size
-                st.loader_position = loader.position
-                phase_end = st.phase_step == phase.steps
-                if st.global_step % cfg.log_every == 0 or phase_end:
-                    metrics = summary(window, be, lr, phase_index, peak)
-                    metrics["epoch"] = loader.epoch
-                    _report(s, metrics, phase)
-                    window.reset()
-                if cfg.eval_every and (st.global_step % cfg.eval_every == 0 or phase_end):
-                    st.last_eval = evaluate(s, phase)
-                    if be.is_main and s.log_fn is not None:
-                        s.log_fn(st.last_eval, st.global_step)
-                stopping = be.any_rank(stop.requested is not None)
-                if st.global_step % cfg.checkpoint_every == 0 or phase_end or stopping:
-                    st.seconds = seconds_before + time.perf_counter() - session_start
-                    _checkpoint(s, phase.name, phase_ends)
-                if stopping:
-                    raise Preempted(stop.requested or signal.SIGTERM, st.global_step)
+            feed = StepFeed(loader, be)
+            try:
+                _fit_phase(s, phase, phase_index, feed, window, stop, phase_ends, trace, peak,
+                           seconds_before, session_start)
+            finally:
+                feed.close()
     st.seconds = seconds_before + time.perf_counter() - session_start
     if trace:  # every rank's weights, to check that the replicas agree
         model = _full_model(s) if _sharded(s) else unwrap(s.model)
         if model is not None:
             torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()},
-                       os.path.join(trace, f"rank{be.rank}.weights.pt"))
+                       os.path.join(trace, f"rank{be.data_rank}.weights.pt"))
 
 
-def _train_step(s: Session, loader: StreamingLoader, window: Window) -> None:
-    """One optimizer step over the micro-batches of this rank's share of the global batch."""
+def _fit_phase(s: Session, phase: PhaseConfig, phase_index: int, feed: StepFeed, window: Window,
+               stop: StopSignals, phase_ends: set[int], trace: str | None, peak: float,
+               seconds_before: float, session_start: float) -> None:
+    """The remaining steps of one phase."""
+    cfg, st, be = s.config, s.state, s.backend
+    while st.phase_step < phase.steps:
+        lr = s.optimizer.param_groups[0]["lr"]
+        _train_step(s, feed, window)
+        if trace:
+            with open(os.path.join(trace, f"rank{be.data_rank}.txt"), "a") as f:
+                f.write(" ".join(f"{a}:{b}" for a, b in feed.last_keys.tolist()) + "\n")
+        st.global_step += 1
+        st.phase_step += 1
+        st.examples_seen += phase.batch_size
+        st.loader_position = feed.position
+        phase_end = st.phase_step == phase.steps
+        if st.global_step % cfg.log_every == 0 or phase_end:
+            metrics = summary(window, be, lr, phase_index, peak)
+            metrics["epoch"] = feed.epoch
+            _report(s, metrics, phase)
+            window.reset()
+        if cfg.eval_every and (st.global_step % cfg.eval_every == 0 or phase_end):
+            st.last_eval = evaluate(s, phase)
+            if be.is_main and s.log_fn is not None:
+                s.log_fn(st.last_eval, st.global_step)
+        stopping = be.any_rank(stop.requested is not None)
+        if st.global_step % cfg.checkpoint_every == 0 or phase_end or stopping:
+            st.seconds = seconds_before + time.perf_counter() - session_start
+            _checkpoint(s, phase.name, phase_ends)
+        if stopping:
+            raise Preempted(stop.requested or signal.SIGTERM, st.global_step)
+
+
+def _train_step(s: Session, feed: StepFeed, window: Window) -> None:
+    """One optimizer step over the micro-batches of this process's share of the global batch."""
     be, cfg = s.backend, s.config
-    micro = loader.next_step()
-    masked = [int((b["labels"] != IGNORE_INDEX).sum()) for b in micro]
-    total = be.all_reduce_sum(torch.tensor(float(sum(masked)), device=be.device))
-    total = torch.clamp(total, min=1.0)
+    micro = feed.next_step()
+    if be.name == "xla":  # SPMD: the device batch is the global one, its labels give global counts
+        counts = [(batch["labels"] != IGNORE_INDEX).sum().to(torch.float32) for batch, _ in micro]
+        total = torch.clamp(torch.stack(counts).sum(), min=1.0)
+        weights = [c / total for c in counts]
+    else:  # DDP/FSDP: this rank's micro-batches, the total over ranks; DDP averages over ranks
+        total = be.all_reduce_sum(torch.tensor(float(sum(info.masked for _, info in micro)), device=be.device))
+        total = torch.clamp(total, min=1.0)
+        weights = [torch.tensor(float(info.masked * be.world_size), device=be.device) / total for _, info in micro]
     ddp = hasattr(s.train_model, "no_sync")
-    for i, batch in enumerate(micro):
-        tokens, (b, width) = int(batch["attention_mask"].sum()), batch["input_ids"].shape
-        batch = be.put_batch(batch)
+    for i, (batch, info) in enumerate(micro):
         last = i == len(micro) - 1
         if _sharded(s):  # reduce-scatter gradients on the last micro-batch only
             s.train_model.set_requires_gradient_sync(last)
@@ -426,11 +466,11 @@ def _train_step(s: Session, loader: StreamingLoader, window: Window) -> None:
         with sync:
             with be.autocast():
                 out = s.train_model(**batch)
-            # global-batch MLM mean (see the module docstring); DDP averages over ranks
-            mlm_weight = torch.tensor(float(masked[i] * be.world_size), device=be.device) / total
-            loss = out.mlm_loss * mlm_weight + out.nsp_loss / len(micro)
+            # global-batch MLM mean (see the module docstring)
+            loss = out.mlm_loss * weights[i] + out.nsp_loss / len(micro)
             loss.backward()
-        window.add_micro(out, batch, step_flops(s.model_config, b, width, masked[i]), tokens)
+        window.add_micro(out, batch, step_flops(s.model_config, info.rows, info.width, info.masked), info.tokens,
+                         examples=info.rows)
     max_norm = cfg.max_grad_norm if cfg.max_grad_norm > 0 else float("inf")
     norm = torch.nn.utils.clip_grad_norm_(s.model.parameters(), max_norm)
     if hasattr(norm, "full_tensor"):  # FSDP: a DTensor

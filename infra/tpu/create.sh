@@ -10,13 +10,13 @@ Usage: infra/tpu/create.sh --name NAME --zone ZONE --project PROJECT [options]
 
 Creates a TPU VM (v4-8: one host, 4 chips) or a pod slice (v4-32: 4 hosts, 16 chips) with
 `gcloud compute tpus tpu-vm create`. Then: infra/tpu/install.sh, infra/tpu/launch.sh,
-infra/tpu/delete.sh. Multi-host slices: see "TPU pods" in docs/scale.md (every host trains;
-confining checkpoint writes to host 0 is still to do in model/).
+infra/tpu/delete.sh. On a pod slice every host trains (one SPMD program, each host streams its
+own part of the data) and host 0 alone writes: "TPU pods" in docs/pretraining.md.
 
   --name NAME              TPU name (required)
   --zone ZONE              zone with the accelerator, e.g. us-central2-b for v4 (required)
   --project PROJECT        GCP project (required)
-  --accelerator-type TYPE  v4-8 | v4-32 | v5litepod-8 | ... (default: v4-8, one host)
+  --accelerator-type TYPE  v4-8 | v4-32 | v5litepod-16 | ... (default: v4-32, a 4-host pod slice)
   --version VERSION        TPU software version (default: tpu-ubuntu2204-base)
   --service-account EMAIL  the hosts' service account (needs read/write on the gs:// root)
   --spot                   a Spot (preemptible) slice: cheaper; a preempted run resumes
@@ -26,7 +26,7 @@ confining checkpoint writes to host 0 is still to do in model/).
 TXT
 }
 
-NAME="" ZONE="" PROJECT="" ACCEL="v4-8" VERSION="tpu-ubuntu2204-base" SA="" SPOT=0
+NAME="" ZONE="" PROJECT="" ACCEL="v4-32" VERSION="tpu-ubuntu2204-base" SA="" SPOT=0
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --name) need_value "$@"; NAME=$2; shift 2 ;;

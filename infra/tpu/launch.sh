@@ -14,7 +14,8 @@ Runs `python -m flows.cluster` on every host (`tpu-vm ssh --worker=all`), in the
 (log: ~/bertflow-pretrain.log on each host). Host 0 (the TPU's agent-worker-number) runs
 `bertflow stage pretrain` (preflight, MLflow run, manifest); the other hosts run the same
 training process. The XLA backend (PJRT_DEVICE=TPU, BERTFLOW_BACKEND=xla), SPMD over the
-chips; example shards are streamed from gs:// and checkpoints written under ROOT/pretrain.
+chips of all hosts: each host streams its own part of the example shards from gs:// and feeds
+its slice of the global batch; host 0 alone writes checkpoints under ROOT/pretrain.
 A relaunch resumes from the last checkpoint.
 
   --name NAME          TPU name (required)
@@ -29,8 +30,6 @@ A relaunch resumes from the last checkpoint.
   --env-file FILE      KEY=VALUE lines (MLFLOW_TRACKING_USERNAME/PASSWORD, ...) copied to
                        ~/bertflow.env (mode 600) on every host and sourced: secrets never
                        appear on a command line
-  --allow-multihost-xla  start the trainers of hosts >= 1 of a multi-host slice anyway
-                       (refused by default: see "TPU pods" in docs/scale.md)
   --stop               SIGTERM the run on every host (it checkpoints, then exits)
   --dry-run            print the commands, run nothing
   -h, --help           this text
@@ -38,7 +37,7 @@ TXT
 }
 
 NAME="" ZONE="" PROJECT="" ROOT="" MLFLOW="${MLFLOW_TRACKING_URI:-}" PRESET="large" EXAMPLES="" VOCAB=""
-ENV_FILE="" STOP=0 MULTIHOST=0 SETS=()
+ENV_FILE="" STOP=0 SETS=()
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --name) need_value "$@"; NAME=$2; shift 2 ;;
@@ -52,7 +51,6 @@ while [[ $# -gt 0 ]]; do
     --set) need_value "$@"; [[ "$2" == *=* ]] || die "--set $2: expected FIELD=VALUE"; SETS+=("$2"); shift 2 ;;
     --env-file) need_value "$@"; ENV_FILE=$2; shift 2 ;;
     --stop) STOP=1; shift ;;
-    --allow-multihost-xla) MULTIHOST=1; shift ;;
     --dry-run) DRY_RUN=1; shift ;;
     -h|--help) usage; exit 0 ;;
     *) die "unknown argument $1 (see --help)" ;;
@@ -81,7 +79,6 @@ args=(-m flows.cluster --preset "$PRESET" --root "$ROOT" --mlflow-uri "$MLFLOW")
 [[ -n "$EXAMPLES" ]] && args+=(--input "examples=$EXAMPLES")
 [[ -n "$VOCAB" ]] && args+=(--input "vocab=$VOCAB")
 for s in "${SETS[@]}"; do args+=(--set "$s"); done
-[[ "$MULTIHOST" == 1 ]] && args+=(--allow-multihost-xla)
 
 METADATA='http://metadata.google.internal/computeMetadata/v1/instance/attributes/agent-worker-number'
 remote="cd ~/bertflow && export PJRT_DEVICE=TPU BERTFLOW_BACKEND=xla MLFLOW_TRACKING_URI=$(quote "$MLFLOW")"

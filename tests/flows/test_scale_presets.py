@@ -110,23 +110,20 @@ def test_node_layout_from_the_environment():
     assert host_index({"BERTFLOW_NODE_RANK": "1", "JOB_COMPLETION_INDEX": "5"}) == 1
 
 
-def test_a_second_xla_host_refuses_until_model_confines_writes_to_host_0(capsys, monkeypatch):
+def test_a_second_xla_host_runs_the_trainer(capsys, monkeypatch):
+    """A pod slice's host >= 1 trains (model/ confines writes to process index 0): it launches the
+    same XLA training spec as host 0's flow, never the flow itself."""
+    import flows.cluster
+    import flows.launch
     from flows.cluster import main
 
     monkeypatch.setenv("BERTFLOW_BACKEND", "xla")
     monkeypatch.setenv("TPU_WORKER_ID", "1")  # what infra/tpu/launch.sh sets from the TPU metadata
     for name in ("BERTFLOW_NODE_RANK", "BERTFLOW_NNODES", "JOB_COMPLETION_INDEX"):
         monkeypatch.delenv(name, raising=False)
-    assert main(["--preset", "large", "--root", "gs://b/large"]) == 2
-    err = capsys.readouterr().err
-    assert "host 1: multi-host XLA" in err and "single-host slice" in err
-
-
-def test_a_finished_pretrain_is_not_stale_where_the_preset_resolves_another_backend():
-    from model.train import manifest_config
-
-    xla = load_config("large", {"pretrain.backend": "xla", "pretrain.nproc": 1})
-    cuda = load_config("large", {"pretrain.backend": "cuda", "pretrain.nproc": 8, "pretrain.precision": "fp32"})
-    assert manifest_config(xla.pretrain, xla.model) == manifest_config(cuda.pretrain, cuda.model)
-    other = load_config("large", {"pretrain.backend": "xla", "pretrain.learning_rate": 5e-5})
-    assert manifest_config(other.pretrain, other.model) != manifest_config(xla.pretrain, xla.model)
+    launched = []
+    monkeypatch.setattr(flows.cluster, "trainer_spec", lambda args: {"preset": args.preset, "root": args.root})
+    monkeypatch.setattr(flows.launch, "launch_pretrain", lambda spec: launched.append(spec) or 0)
+    assert main(["--preset", "large", "--root", "gs://b/large"]) == 0, capsys.readouterr().err
+    assert launched == [{"preset": "large", "root": "gs://b/large"}]  # the trainer, not the flow
+    assert "host 1 of 1: trainer" in capsys.readouterr().out

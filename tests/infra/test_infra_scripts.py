@@ -54,12 +54,12 @@ def test_tpu_create_prints_the_gcloud_call():
     assert out.returncode == 0, out.stderr
     [cmd] = commands(out.stdout)
     assert cmd[:5] == ["gcloud", "compute", "tpus", "tpu-vm", "create"] and cmd[5] == "bert-pod"
-    assert cmd[cmd.index("--accelerator-type") + 1] == "v4-8"  # the default: one host
+    assert cmd[cmd.index("--accelerator-type") + 1] == "v4-32"  # the default: a 4-host pod slice
     assert cmd[cmd.index("--version") + 1] == "tpu-ubuntu2204-base"
     assert cmd[cmd.index("--zone") + 1] == "us-central2-b" and "--spot" in cmd
-    out = sh("infra/tpu/create.sh", *TPU, "--accelerator-type", "v4-32", "--dry-run")  # a 4-host pod slice
+    out = sh("infra/tpu/create.sh", *TPU, "--accelerator-type", "v4-8", "--dry-run")  # one host
     [cmd] = commands(out.stdout)
-    assert cmd[cmd.index("--accelerator-type") + 1] == "v4-32"
+    assert cmd[cmd.index("--accelerator-type") + 1] == "v4-8"
 
 
 @pytest.mark.parametrize("script, args, flag", [

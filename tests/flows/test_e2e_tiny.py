@@ -39,6 +39,14 @@ def test_mlm_loss_falls_and_downstream_is_evaluated(chain):
     assert 0.0 <= squad["eval_exact_match"] <= squad["eval_f1"] <= 100.0
     predictions = json.loads((root / "finetune" / "squad1" / "predictions.json").read_text())
     assert len(predictions) == squad["dev_examples"]  # the official format: question id -> answer
+    # each task clearly above chance (SST-2: 50% balanced; SQuAD F1 and entity F1: about 0)
+    best = {t: json.loads((root / "finetune" / t / "results.json").read_text()) for t in ("sst2", "squad1", "conll2003")}
+    print({t: (r["metric"], round(r["dev_median"], 2)) for t, r in best.items()})
+    assert best["sst2"]["dev_median"] >= 65.0
+    assert best["squad1"]["dev_median"] >= 10.0
+    assert best["conll2003"]["dev_median"] >= 20.0
+    table = (root / "finetune" / "results.md").read_text()
+    assert all(t in table for t in best)
 
 
 def test_mlflow_holds_runs_and_a_registered_model(chain, chain_overrides):

@@ -110,3 +110,80 @@ def test_dataflow_settings_are_checked_at_load_naming_the_field(missing, field):
         BeamConfig(**{**DATAFLOW, "temp_location": "/tmp/x"})
     BeamConfig(**{**DATAFLOW, "sdk_container_image": "", "setup_file": "/src/setup.py"})  # either will do
     BeamConfig(**{**DATAFLOW, missing: ""}, options={missing: "gs://given/as-an-option"})
+
+
+def test_flink_and_spark_options_pass_straight_through_from_overrides():
+    from apache_beam.options.pipeline_options import FlinkRunnerOptions, SparkRunnerOptions
+
+    from flows.presets import load_config, parse_overrides
+    from pipeline.beam_io import pipeline_options
+
+    cfg = load_config("base", parse_overrides([
+        "corpus.beam.runner=FlinkRunner", "corpus.beam.options.flink_master=http://jm:8081",
+        'corpus.beam.options.flink_version="1.20"', "corpus.beam.options.parallelism=32",
+        "examples.beam.runner=SparkRunner", "examples.beam.options.spark_master_url=spark://m:7077",
+        'examples.beam.extra_args=["--environment_type=DOCKER"]',
+    ]))
+    flink = pipeline_options(cfg.corpus.beam).view_as(FlinkRunnerOptions)
+    assert (flink.flink_master, flink.flink_version, flink.parallelism) == ("http://jm:8081", "1.20", 32)
+    spark = pipeline_options(cfg.examples.beam)
+    assert spark.view_as(SparkRunnerOptions).spark_master_url == "spark://m:7077"
+    assert spark.get_all_options()["runner"] == "SparkRunner"
+    assert spark.get_all_options()["environment_type"] == "DOCKER"
+
+
+def test_run_sh_dry_run_prints_the_stage_commands_with_valid_dataflow_settings():
+    import shlex
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    from flows.presets import load_config, parse_overrides
+
+    script = Path(__file__).resolve().parents[2] / "infra" / "dataflow" / "run.sh"
+    if shutil.which("shellcheck"):
+        check = subprocess.run(["shellcheck", str(script)], capture_output=True, text=True)
+        assert check.returncode == 0, check.stdout
+    out = subprocess.run(
+        ["bash", str(script), "--dry-run", "--project", "my-proj", "--region", "us-central1", "--root",
+         "gs://my-bucket/run", "--mlflow-uri", "http://mlflow:5000", "--image", IMAGE, "--machine-type",
+         "n2-highmem-4", "--workers", "4", "--max-workers", "32", "--books", "gs://my-bucket/books"],
+        capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    commands = [shlex.split(line[2:]) for line in out.stdout.splitlines()]
+    assert [c[:3] for c in commands] == [["bertflow", "stage", s] for s in ("corpus", "vocab", "examples")]
+    sets = [w.split("=", 1) for c in commands[:1] for prev, w in zip(c, c[1:]) if prev == "--set"]
+    cfg = load_config("base", parse_overrides([f"{k}={v}" for k, v in sets]))
+    for beam in (cfg.corpus.beam, cfg.examples.beam):
+        assert beam.runner == "DataflowRunner" and (beam.num_workers, beam.max_num_workers) == (4, 32)
+        assert (beam.project, beam.region, beam.machine_type, beam.sdk_container_image) == (
+            "my-proj", "us-central1", "n2-highmem-4", IMAGE)
+        assert beam.temp_location == "gs://my-bucket/run/_dataflow/tmp"
+    assert cfg.data.books == "gs://my-bucket/books"
+    bad = subprocess.run(["bash", str(script), "--dry-run", "--project", "p", "--region", "r", "--root", "/local",
+                          "--mlflow-uri", "http://m", "--image", "i"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "--root must be a gs:// URL" in bad.stderr
+
+
+def test_the_worker_image_pins_match_the_project():
+    """infra/dataflow/requirements.txt pins what pyproject.toml pins (the same pyarrow writes
+    the same bytes on a worker as here)."""
+    import re
+    import tomllib
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    project = tomllib.loads((repo / "pyproject.toml").read_text())["project"]
+    pins = {}
+    for req in project["dependencies"] + project["optional-dependencies"]["neardup"]:
+        m = re.fullmatch(r"([A-Za-z0-9_.-]+)==([^;\s]+)", req)
+        if m:
+            pins[m.group(1).lower()] = m.group(2)
+    worker = {}
+    for line in (repo / "infra" / "dataflow" / "requirements.txt").read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            name, version = line.strip().split("==")
+            worker[name.lower()] = version
+    for name in ("pyarrow", "numpy", "tokenizers", "gcsfs", "datasketch"):
+        assert worker[name] == pins[name], name
+    assert "torch" not in worker and "prefect" not in worker and "mlflow" not in worker

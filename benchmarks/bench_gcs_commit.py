@@ -80,7 +80,8 @@ def main() -> None:
             fs_.mv(path + ".tmp", path)
 
         rows = []
-        for name, write in (("write .tmp + mv (before)", old_way), ("write_atomically (after)", lambda: save_manifest(manifest))):
+        ways = (("write .tmp + mv (before)", old_way), ("write_atomically (after)", lambda: save_manifest(manifest)))
+        for name, write in ways:
             counter.n = 0
             times = []
             for _ in range(args.writes):
@@ -88,7 +89,8 @@ def main() -> None:
                 write()
                 times.append(time.perf_counter() - t)
             rows.append((name, min(times), sum(times) / len(times), max(times), counter.n))
-        print(f"{'manifest commit on the emulator':28s} {'min s':>8s} {'mean s':>8s} {'max s':>8s} {'gcsfs warnings+':>16s}")
+        print(f"{'manifest commit on the emulator':28s} {'min s':>8s} {'mean s':>8s} {'max s':>8s} "
+              f"{'gcsfs warnings+':>16s}")
         for name, lo, mean, hi, n in rows:
             print(f"{name:28s} {lo:8.3f} {mean:8.3f} {hi:8.3f} {n:16d}")
         print(f"({args.writes} writes each; gcsfs {__import__('gcsfs').__version__}, "

@@ -61,8 +61,8 @@ def check_runner_urls(cfg: BeamConfig, urls: dict[str, list[str]]) -> None:
     if cfg.runner != "DataflowRunner":
         return  # Flink and Spark clusters may share a filesystem with this machine
     for name, group in urls.items():
-        for url in group:
-            if fsspec.core.split_protocol(url)[0] in (None, "file", "local"):  # no filesystem made: gcsfs would probe credentials
+        for url in group:  # by the protocol alone: making a gcsfs filesystem probes for credentials
+            if fsspec.core.split_protocol(url)[0] in (None, "file", "local"):
                 raise ValueError(
                     f"{name} {url} is a local path, which {cfg.runner} workers cannot read or write: "
                     "put it in gs:// (--root gs://bucket/run, --set data.wiki=gs://...)"

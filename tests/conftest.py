@@ -52,8 +52,11 @@ def gcs_emulator():
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     url = f"http://127.0.0.1:{port}"
-    proc = subprocess.Popen([exe, "start", "--host", "127.0.0.1", "--port", str(port), "--in-memory"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    # its request log goes to a file: an unread pipe fills up and then blocks the emulator
+    log_path = os.path.join(_HOME, f"gcs-emulator-{port}.log")
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen([exe, "start", "--host", "127.0.0.1", "--port", str(port), "--in-memory"],
+                                stdout=log, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 30
     while True:
         try:
@@ -63,7 +66,8 @@ def gcs_emulator():
         except OSError:
             if proc.poll() is not None or time.monotonic() > deadline:
                 proc.kill()
-                pytest.fail(f"gcp-storage-emulator did not start on {url}: {proc.stderr.read().decode()[-2000:]}")
+                with open(log_path, errors="replace") as f:
+                    pytest.fail(f"gcp-storage-emulator did not start on {url}: {f.read()[-2000:]}")
             time.sleep(0.05)
     old = os.environ.get("STORAGE_EMULATOR_HOST")
     os.environ["STORAGE_EMULATOR_HOST"] = url

@@ -131,7 +131,8 @@ if [[ "$SETUP_FILE" == 1 ]]; then
   WORK="${TMPDIR:-/tmp}/bertflow-dataflow-worker"
   run rm -rf "$WORK"
   run mkdir -p "$WORK"
-  run cp -R "$REPO/pipeline" "$REPO/infra/dataflow/setup.py" "$REPO/infra/dataflow/requirements.txt" "$WORK/"
+  run cp -R "$REPO/pipeline" "$REPO/infra/dataflow/setup.py" "$REPO/infra/dataflow/requirements.txt" \
+    "$REPO/infra/dataflow/MANIFEST.in" "$WORK/"
   SETS+=(--set "corpus.beam.setup_file=$WORK/setup.py" --set "examples.beam.setup_file=$WORK/setup.py")
 else
   SETS+=(--set "corpus.beam.sdk_container_image=$IMAGE" --set "examples.beam.sdk_container_image=$IMAGE")

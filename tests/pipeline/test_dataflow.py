@@ -187,3 +187,33 @@ def test_the_worker_image_pins_match_the_project():
     for name in ("pyarrow", "numpy", "tokenizers", "gcsfs", "datasketch"):
         assert worker[name] == pins[name], name
     assert "torch" not in worker and "prefect" not in worker and "mlflow" not in worker
+
+
+def test_the_setup_file_route_builds_the_workers_package(tmp_path):
+    """``run.sh --setup-file``'s layout (setup.py and requirements.txt beside a copy of
+    pipeline/): the dry run builds the sdist Dataflow would stage as workflow.tar.gz."""
+    import shutil
+    import tarfile
+    from pathlib import Path
+
+    from apache_beam.portability.api import beam_runner_api_pb2
+
+    from pipeline.corpus import build_corpus_pipeline
+
+    repo = Path(__file__).resolve().parents[2]
+    shutil.copytree(repo / "pipeline", tmp_path / "pipeline", ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("setup.py", "requirements.txt", "MANIFEST.in"):
+        shutil.copy(repo / "infra" / "dataflow" / name, tmp_path / name)
+    beam = BeamConfig(**{**DATAFLOW, "sdk_container_image": ""}, setup_file=str(tmp_path / "setup.py"), options=OFFLINE)
+    job, _ = dataflow_job(build_corpus_pipeline(CorpusConfig(beam=beam), {"books": ["gs://my-bucket/books/a.txt"]},
+                                                "gs://my-bucket/run/corpus"))
+    staged = {}
+    for env in job.proto_pipeline.components.environments.values():
+        for dep in env.dependencies:
+            name = beam_runner_api_pb2.ArtifactStagingToRolePayload.FromString(dep.role_payload).staged_name
+            staged[name] = beam_runner_api_pb2.ArtifactFilePayload.FromString(dep.type_payload).path
+    with tarfile.open(staged["workflow.tar.gz"]) as sdist:
+        names = {n.split("/", 1)[1] for n in sdist.getnames() if "/" in n}
+        requires = next(sdist.extractfile(m).read().decode() for m in sdist.getmembers() if m.name.endswith("requires.txt"))
+    assert {"setup.py", "requirements.txt", "pipeline/corpus.py", "pipeline/examples.py", "pipeline/schema.py"} <= names
+    assert "pyarrow==25.0.1" in requires and "torch" not in requires

@@ -21,10 +21,6 @@ def check(ok: bool, name: str, message: str) -> None:
         raise ConfigError(f"{name}: {message}")
 
 
-LOCAL_RUNNERS = ("FnApiRunner", "DirectRunner", "PrismRunner")
-"""Runners that run the job in (or next to) this process; any other runner is a cluster."""
-
-
 @dataclass(frozen=True)
 class BeamConfig:
     """How a Beam job runs: the local runner by default; Dataflow, Flink or Spark by setting the
@@ -86,10 +82,6 @@ class BeamConfig:
         names = {k for k, v in self.options.items() if v not in (None, False, "")}
         names |= {a[2:].split("=", 1)[0] for a in self.extra_args if a.startswith("--")}
         return names
-
-    @property
-    def is_local(self) -> bool:
-        return self.runner in LOCAL_RUNNERS
 
 
 CORPUS_SOURCES = ("wiki", "books")

@@ -297,7 +297,7 @@ def save_manifest(manifest: Manifest) -> None:
     write_atomically(manifest_url(manifest.url), manifest.to_json())
 
 
-def is_local(fs: fsspec.AbstractFileSystem) -> bool:
+def is_local_fs(fs: fsspec.AbstractFileSystem) -> bool:
     """True for the local filesystem (where rename is atomic), False for object stores and the rest."""
     protocols = (fs.protocol,) if isinstance(fs.protocol, str) else tuple(fs.protocol)
     return "file" in protocols or "local" in protocols
@@ -315,7 +315,7 @@ def write_atomically(url: str, data: bytes | str) -> None:
     if isinstance(data, str):
         data = data.encode("utf-8")
     fs, path = fsspec.core.url_to_fs(url)
-    if not is_local(fs):
+    if not is_local_fs(fs):
         fs.makedirs(fs._parent(path), exist_ok=True)
         fs.pipe_file(path, data)
         return

@@ -26,6 +26,7 @@ from functools import lru_cache
 from typing import Any, Callable
 
 from flows.presets import ConfigError, RunConfig, resolve_data
+from pipeline.config import output_config
 from pipeline.schema import (
     Manifest,
     ManifestError,
@@ -207,7 +208,7 @@ STAGES: dict[str, Stage] = {
         Stage(
             "corpus", "corpus",
             inputs=lambda cfg, root: {"wiki": resolve_data(cfg.data).wiki, "books": resolve_data(cfg.data).books},
-            config=lambda cfg, inputs: dataclasses.asdict(cfg.corpus),
+            config=lambda cfg, inputs: output_config(cfg.corpus),  # how it runs (beam.*) is not recorded
             run=_run_corpus, figures=("documents", "sentences", "read", "records_rejected"),
             retries=1, timeout_s=48 * 3600,
             doc="Beam: clean the Wikipedia dump and the books into sentence-split documents (Parquet)",
@@ -222,7 +223,7 @@ STAGES: dict[str, Stage] = {
         Stage(
             "examples", "examples",
             inputs=lambda cfg, root: {"corpus": _at(root, "corpus"), "vocab": _at(root, "vocab")},
-            config=lambda cfg, inputs: dataclasses.asdict(cfg.examples),
+            config=lambda cfg, inputs: output_config(cfg.examples),
             run=_run_examples, retries=1, timeout_s=48 * 3600,
             figures=("*.examples", "*.masked_share_of_eligible", "*.random_next_share_multi_sentence"),
             doc="Beam: masked A/B pretraining examples, Parquet shards per sequence length",

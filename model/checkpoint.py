@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from model.export import load_hf_state_dict, read_weights, save_weights
-from pipeline.schema import join_url
+from pipeline.schema import join_url, write_atomically
 
 log = logging.getLogger("bertflow.checkpoint")
 
@@ -58,10 +58,11 @@ def save_checkpoint(url: str, model: nn.Module, state: dict[str, Any]) -> None:
         fs.rm(path, recursive=True)
     fs.makedirs(path, exist_ok=True)
     save_weights(model, join_url(url, WEIGHTS_NAME))
+    # streamed, not buffered (optimizer state is twice the weights): a streamed upload to gs://
+    # is still one object that appears when complete, and the marker below guards local folders
     with fs.open(join_url(path, STATE_NAME), "wb") as f:
         torch.save(to_cpu(state), f)
-    with fs.open(join_url(path, COMPLETE), "w") as f:
-        f.write("ok\n")
+    write_atomically(join_url(url, COMPLETE), "ok\n")
 
 
 def read_checkpoint(url: str) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:

@@ -27,7 +27,9 @@ from torch import nn
 
 from model.bert import BertForPreTraining, BertModel, count_parameters
 from model.config import BertConfig
-from pipeline.schema import Manifest, clear_stage, fingerprint_input, join_url, read_manifest, write_manifest
+from pipeline.schema import (
+    Manifest, clear_stage, fingerprint_input, join_url, read_manifest, write_atomically, write_manifest,
+)
 
 log = logging.getLogger("bertflow.export")
 
@@ -104,11 +106,8 @@ def load_hf_state_dict(model: nn.Module, state: dict[str, torch.Tensor], source:
 
 
 def save_weights(model: nn.Module, url: str) -> None:
-    fs, path = fsspec.core.url_to_fs(url)
-    fs.makedirs(fs._parent(path), exist_ok=True)
     data = safetensors.torch.save(hf_state_dict(model), metadata={"format": "pt"})
-    with fs.open(path, "wb") as f:
-        f.write(data)
+    write_atomically(url, data)
 
 
 def read_weights(url: str) -> dict[str, torch.Tensor]:
@@ -120,9 +119,7 @@ def read_weights(url: str) -> dict[str, torch.Tensor]:
 
 
 def _write_json(url: str, obj: dict) -> None:
-    fs, path = fsspec.core.url_to_fs(url)
-    with fs.open(path, "w") as f:
-        f.write(json.dumps(obj, indent=2, sort_keys=True) + "\n")
+    write_atomically(url, json.dumps(obj, indent=2, sort_keys=True) + "\n")
 
 
 def _architecture(model: nn.Module) -> str:
@@ -157,10 +154,7 @@ def copy_tokenizer(vocab_url: str, output_url: str, model_max_length: int) -> No
                 raise FileNotFoundError(f"{vocab_url} has no {name}")
             continue
         with src_fs.open(src, "rb") as f:
-            data = f.read()
-        dst_fs, dst = fsspec.core.url_to_fs(join_url(output_url, name))
-        with dst_fs.open(dst, "wb") as f:
-            f.write(data)
+            write_atomically(join_url(output_url, name), f.read())
     _write_json(
         join_url(output_url, "tokenizer_config.json"),
         {"do_lower_case": True, "model_max_length": model_max_length, "tokenizer_class": "BertTokenizer",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import time
 from typing import Any, Callable
 
 import apache_beam as beam
@@ -25,15 +26,47 @@ from pipeline.schema import join_url
 log = logging.getLogger(__name__)
 
 
-def pipeline_options(cfg: BeamConfig, job_name: str | None = None) -> PipelineOptions:
-    """PipelineOptions for a BeamConfig: local FnApiRunner by default, any runner by args."""
+def beam_args(cfg: BeamConfig, job_name: str | None = None) -> list[str]:
+    """The pipeline options of a BeamConfig as command-line words, in the order Beam reads them
+    (a later word wins): the runner, the typed fields, ``options``, then ``extra_args``."""
     args = [f"--runner={cfg.runner}"]
     if cfg.runner in ("FnApiRunner", "DirectRunner") and cfg.num_workers > 1:
         args += [f"--direct_num_workers={cfg.num_workers}", "--direct_running_mode=multi_processing"]
-    if job_name and cfg.runner == "DataflowRunner":
-        args.append(f"--job_name={job_name}")
-    args += list(cfg.extra_args)
-    return PipelineOptions(args)
+    if cfg.runner == "DataflowRunner":
+        if job_name:  # unique per submission: Dataflow refuses a second running job of one name
+            args.append(f"--job_name={job_name}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}")
+        args.append(f"--num_workers={cfg.num_workers}")
+        if cfg.max_num_workers:
+            args.append(f"--max_num_workers={cfg.max_num_workers}")
+    for name in ("project", "region", "temp_location", "machine_type", "sdk_container_image", "setup_file"):
+        if getattr(cfg, name):
+            args.append(f"--{name}={getattr(cfg, name)}")
+    for name, value in cfg.options.items():
+        for v in value if isinstance(value, (list, tuple)) else [value]:
+            if v is True:
+                args.append(f"--{name}")
+            elif v not in (None, False):
+                args.append(f"--{name}={v}")
+    return args + list(cfg.extra_args)
+
+
+def pipeline_options(cfg: BeamConfig, job_name: str | None = None) -> PipelineOptions:
+    """PipelineOptions for a BeamConfig: local FnApiRunner by default, any runner by its options."""
+    return PipelineOptions(beam_args(cfg, job_name))
+
+
+def check_runner_urls(cfg: BeamConfig, urls: dict[str, list[str]]) -> None:
+    """Refuse, before any work, local paths for a job whose workers run elsewhere (Dataflow's
+    workers cannot see this machine's disk); ``urls`` maps a name (an input, "output") to URLs."""
+    if cfg.runner != "DataflowRunner":
+        return  # Flink and Spark clusters may share a filesystem with this machine
+    for name, group in urls.items():
+        for url in group:  # by the protocol alone: making a gcsfs filesystem probes for credentials
+            if fsspec.core.split_protocol(url)[0] in (None, "file", "local"):
+                raise ValueError(
+                    f"{name} {url} is a local path, which {cfg.runner} workers cannot read or write: "
+                    "put it in gs:// (--root gs://bucket/run, --set data.wiki=gs://...)"
+                )
 
 
 def stable_shard(key: str, num_shards: int) -> int:

@@ -26,7 +26,6 @@ Design choices:
 from __future__ import annotations
 
 import collections
-import dataclasses
 import logging
 import re
 import time
@@ -36,8 +35,10 @@ import fsspec
 from apache_beam.metrics import Metrics
 
 from pipeline import filters
-from pipeline.beam_io import WriteShards, counters, fill_empty_shards, parquet_rows, pipeline_options
-from pipeline.config import CORPUS_SOURCES, CorpusConfig
+from pipeline.beam_io import (
+    WriteShards, check_runner_urls, counters, fill_empty_shards, parquet_rows, pipeline_options,
+)
+from pipeline.config import CORPUS_SOURCES, CorpusConfig, output_config
 from pipeline.dumps import iter_wiki, plan_reads
 from pipeline.filters import (
     FILE_EVENTS, NOTES, PART_DROPS, RECORD_REJECTS, REJECT_REASONS, REJECT_SCHEMA, normalise,
@@ -457,18 +458,10 @@ class _CountOutput(_Counted):
         yield row
 
 
-# -- the stage entry point -----------------------------------------------------------------------
-def run_corpus(config: CorpusConfig, inputs: dict[str, str], output_url: str) -> Manifest:
-    """Run the corpus job on ``inputs`` ({"wiki": url, "books": url}, each a file, folder or
-    glob) and write ``output_url/<source>/part-*.parquet``, ``output_url/rejects/`` and
-    ``_manifest.json`` last. Raises CorpusInputError before any work when an input the config
-    needs is missing or empty."""
-    started = time.monotonic()
-    files = check_corpus_inputs(config, inputs)
-    fingerprints = {name: fingerprint_input(inputs[name]) for name in files}
-    clear_stage(output_url)
-    log.info("corpus: %s -> %s", {n: len(f) for n, f in files.items()}, output_url)
-
+def build_corpus_pipeline(config: CorpusConfig, files: dict[str, list[str]], output_url: str) -> beam.Pipeline:
+    """The corpus job over ``files`` (source -> input file URLs), built, not run, with the
+    options of ``config.beam`` (any runner: a test validates it for Dataflow without submitting)."""
+    check_runner_urls(config.beam, {**files, "output": [output_url]})
     units = [u for name, urls in files.items() for u in plan_units(name, urls, config)]
     # Raw page text is the bulkiest data of the job: move it between workers only when there are
     # too few read units to keep every worker busy (a single plain dump file); otherwise each
@@ -517,6 +510,22 @@ def run_corpus(config: CorpusConfig, inputs: dict[str, str], output_url: str) ->
         | "WriteRejects" >> WriteShards(join_url(output_url, REJECTS_FOLDER), REJECT_SCHEMA,
                                         config.num_shards, key_fn=lambda row: row["reject_id"])
     )
+    return p
+
+
+# -- the stage entry point -----------------------------------------------------------------------
+def run_corpus(config: CorpusConfig, inputs: dict[str, str], output_url: str) -> Manifest:
+    """Run the corpus job on ``inputs`` ({"wiki": url, "books": url}, each a file, folder or
+    glob) and write ``output_url/<source>/part-*.parquet``, ``output_url/rejects/`` and
+    ``_manifest.json`` last. Raises CorpusInputError before any work when an input the config
+    needs is missing or empty."""
+    started = time.monotonic()
+    files = check_corpus_inputs(config, inputs)
+    fingerprints = {name: fingerprint_input(inputs[name]) for name in files}
+    clear_stage(output_url)
+    log.info("corpus: %s -> %s", {n: len(f) for n, f in files.items()}, output_url)
+
+    p = build_corpus_pipeline(config, files, output_url)
     result = p.run()
     result.wait_until_finish()
 
@@ -536,7 +545,7 @@ def run_corpus(config: CorpusConfig, inputs: dict[str, str], output_url: str) ->
     manifest = write_manifest(
         stage="corpus",
         stage_url=output_url,
-        config=dataclasses.asdict(config),
+        config=output_config(config),
         inputs=fingerprints,
         counts=counts,
         files=out_files,

@@ -42,6 +42,7 @@ import pyarrow.parquet as pq
 from apache_beam.metrics import Metrics
 
 from pipeline.beam_io import (
+    check_runner_urls,
     counters,
     fill_empty_shards,
     parquet_rows,
@@ -49,7 +50,7 @@ from pipeline.beam_io import (
     shard_name,
     stable_shard,
 )
-from pipeline.config import ExamplesConfig, to_dict
+from pipeline.config import ExamplesConfig, output_config
 from pipeline.example_view import decode_examples, histogram_bin, histogram_bins  # noqa: F401
 from pipeline.masking import VocabIds, create_instances_from_document, example_rng
 from pipeline.segment import Segmenter, continuation_flags, has_cjk
@@ -291,11 +292,19 @@ class _Document(Sequence):
         return self.docs.values[offs[s] : offs[s + 1]].tolist()
 
 
+def _read_table(url: str) -> pa.Table:
+    """A whole Parquet file through fsspec: ``pq.read_table("gs://...")`` would take pyarrow's own
+    GCS client, which ignores gcsfs's credentials and STORAGE_EMULATOR_HOST (it hangs offline)."""
+    fs, path = fsspec.core.url_to_fs(url)
+    with fs.open(path, "rb") as f:
+        return pq.read_table(f)
+
+
 def bucket_documents(urls: list[str]) -> tuple[list[str], BucketDocuments, int]:
     """Read a bucket's token files: doc ids in order, their documents, duplicates dropped.
 
     A doc_id seen twice keeps its smallest content, whatever the file layout."""
-    tables = [pq.read_table(u) for u in sorted(urls)]
+    tables = [_read_table(u) for u in sorted(urls)]
     table = pa.concat_tables(tables)
     table = table.take(pc.sort_indices(table, sort_keys=[("doc_id", "ascending")]))
     doc_ids = table.column("doc_id").to_pylist()
@@ -471,6 +480,22 @@ def corpus_size(doc_urls: list[str]) -> tuple[int, int]:
     return docs, chars
 
 
+def build_examples_pipeline(
+    config: ExamplesConfig, doc_urls: list[str], vocab: list[str], lowercase: bool, num_buckets: int,
+    output_url: str,
+) -> beam.Pipeline:
+    """The examples job over the corpus files ``doc_urls``, built, not run, with the options of
+    ``config.beam`` (any runner: a test validates it for Dataflow without submitting)."""
+    check_runner_urls(config.beam, {"corpus": doc_urls, "output": [output_url]})
+    pipeline = beam.Pipeline(options=pipeline_options(config.beam, job_name="bertflow-examples"))
+    _ = (
+        pipeline
+        | "ListFiles" >> beam.Create(list(enumerate(doc_urls)))
+        | "Examples" >> ExamplesFromDocuments(config, vocab, lowercase, num_buckets, output_url)
+    )
+    return pipeline
+
+
 def run_examples(
     config: ExamplesConfig, corpus_url: str, vocab_url: str, output_url: str
 ) -> Manifest:
@@ -491,12 +516,7 @@ def run_examples(
     num_buckets = num_buckets_for(num_documents, num_chars, config)
     clear_stage(output_url)
 
-    pipeline = beam.Pipeline(options=pipeline_options(config.beam, job_name="bertflow-examples"))
-    _ = (
-        pipeline
-        | "ListFiles" >> beam.Create(list(enumerate(doc_urls)))
-        | "Examples" >> ExamplesFromDocuments(config, vocab, lowercase, num_buckets, output_url)
-    )
+    pipeline = build_examples_pipeline(config, doc_urls, vocab, lowercase, num_buckets, output_url)
     result = pipeline.run()
     result.wait_until_finish()
     beam_counts = counters(result, NAMESPACE)
@@ -533,7 +553,7 @@ def run_examples(
     return write_manifest(
         stage="examples",
         stage_url=output_url,
-        config=to_dict(config),
+        config=output_config(config),
         inputs=inputs,
         counts=counts,
         files=files,

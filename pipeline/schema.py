@@ -6,6 +6,13 @@ pyarrow and fsspec, so reading it never pulls in Beam or torch.
 
 A stage writes its files first and its ``_manifest.json`` last. A folder without a manifest is
 unfinished, whatever files it holds: readers call :func:`read_manifest`, which refuses it.
+
+Whole small files (manifests, configs, vocabularies, weights) are written with
+:func:`write_atomically`, the one commit rule for every storage: on a local folder a temporary
+file renamed into place (POSIX rename is atomic); on an object store (``gs://``) a single object
+write, because an object appears only when its upload completes, while a "rename" there is a
+copy plus a delete (gcsfs first tries GCS's ``moveTo``, which the emulator lacks: 30-40 s of
+retries and an error traceback per manifest).
 """
 
 from __future__ import annotations
@@ -13,8 +20,10 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 import re
 import time
+import uuid
 from typing import Any, Iterable
 
 import fsspec
@@ -284,13 +293,44 @@ def write_manifest(
 
 
 def save_manifest(manifest: Manifest) -> None:
-    """Write ``manifest`` into its folder atomically (a temporary file renamed into place)."""
-    fs, path = fsspec.core.url_to_fs(manifest_url(manifest.url))
-    fs.makedirs(fs._parent(path), exist_ok=True)
-    tmp = path + ".tmp"
-    with fs.open(tmp, "w") as f:
-        f.write(manifest.to_json())
-    fs.mv(tmp, path)
+    """Write ``manifest`` into its folder atomically (see :func:`write_atomically`)."""
+    write_atomically(manifest_url(manifest.url), manifest.to_json())
+
+
+def is_local_fs(fs: fsspec.AbstractFileSystem) -> bool:
+    """True for the local filesystem (where rename is atomic), False for object stores and the rest."""
+    protocols = (fs.protocol,) if isinstance(fs.protocol, str) else tuple(fs.protocol)
+    return "file" in protocols or "local" in protocols
+
+
+def write_atomically(url: str, data: bytes | str) -> None:
+    """Write ``data`` (str: UTF-8) as the whole of ``url`` so that no reader ever sees part of it.
+
+    Local folders: a uniquely named temporary file in the same folder, flushed to disk and
+    renamed over the target (``os.replace``), removed if anything fails. Object stores: one
+    object write (``pipe_file``), no temporary object and no rename: GCS (and S3) publish an
+    object only when its upload completes, so the old object or the whole new one is all a
+    reader can see. Parent folders are made as needed.
+    """
+    if isinstance(data, str):
+        data = data.encode("utf-8")
+    fs, path = fsspec.core.url_to_fs(url)
+    if not is_local_fs(fs):
+        fs.makedirs(fs._parent(path), exist_ok=True)
+        fs.pipe_file(path, data)
+        return
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    tmp = f"{path}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
 
 
 def clear_stage(stage_url: str) -> None:

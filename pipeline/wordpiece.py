@@ -51,6 +51,7 @@ from pipeline.schema import (
     fingerprint_input,
     join_url,
     read_manifest,
+    write_atomically,
     write_manifest,
 )
 
@@ -262,10 +263,7 @@ def tokenizer_config(lowercase: bool, max_length: int = 512) -> dict:
 
 
 def write_vocab(vocab: list[str], url: str) -> None:
-    fs, path = fsspec.core.url_to_fs(url)
-    fs.makedirs(fs._parent(path), exist_ok=True)
-    with fs.open(path, "w", encoding="utf-8", newline="\n") as f:
-        f.write("".join(t + "\n" for t in vocab))
+    write_atomically(url, "".join(t + "\n" for t in vocab))
 
 
 def read_vocab(url: str) -> list[str]:
@@ -328,12 +326,9 @@ def run_vocab(config: VocabConfig, corpus_url: str, output_url: str) -> Manifest
     vocab, counts = train_vocab_with_stats(sentences, config)
     write_vocab(vocab, join_url(output_url, VOCAB_FILE))
     tok = build_tokenizer(vocab, config.lowercase)
-    fs, path = fsspec.core.url_to_fs(join_url(output_url, TOKENIZER_FILE))
-    with fs.open(path, "w", encoding="utf-8") as f:
-        f.write(tok.to_str(pretty=True))
-    fs, path = fsspec.core.url_to_fs(join_url(output_url, TOKENIZER_CONFIG_FILE))
-    with fs.open(path, "w", encoding="utf-8") as f:
-        f.write(json.dumps(tokenizer_config(config.lowercase), indent=2, sort_keys=True) + "\n")
+    write_atomically(join_url(output_url, TOKENIZER_FILE), tok.to_str(pretty=True))
+    write_atomically(join_url(output_url, TOKENIZER_CONFIG_FILE),
+                     json.dumps(tokenizer_config(config.lowercase), indent=2, sort_keys=True) + "\n")
 
     return write_manifest(
         stage="vocab",

@@ -74,7 +74,9 @@ def test_mlflow_holds_runs_and_a_registered_model(chain, chain_overrides):
     assert client.get_metric_history(children["pretrain"].info.run_id, "mlm_loss")
     assert "vocab_size" in children["vocab"].data.params
     corpus_params = children["corpus"].data.params
-    assert "not-for-the-logs" not in json.dumps(corpus_params) and "***" in corpus_params["beam.extra_args"]
+    assert "min_sentence_chars" in corpus_params and "beam.extra_args" not in corpus_params  # how it ran: parent's
+    parent_params = first_parent.data.params
+    assert "not-for-the-logs" not in json.dumps(parent_params) and "***" in parent_params["corpus.beam.extra_args"]
     assert "not-for-the-logs" not in (root / "corpus" / "_manifest.json").read_text()
     inputs = {d.dataset.name: d.dataset.source for d in client.get_run(children["examples"].info.run_id).inputs.dataset_inputs}
     assert set(inputs) == {"corpus", "vocab"} and str(root / "vocab") in inputs["vocab"]  # lineage

@@ -1,6 +1,5 @@
 """The stage table: one row per stage drives folders, inputs, skipping, the CLI and the flows."""
 
-import dataclasses
 import os
 
 import pytest
@@ -100,7 +99,7 @@ def _finished_corpus(cfg, root) -> str:
     with open(f"{url}/wiki/part-00000.parquet", "wb") as f:
         f.write(b"PAR1" + b"\0" * 100)
     inputs = {k: fingerprint_input(u) for k, u in stage_inputs("corpus", cfg, root).items()}
-    m = write_manifest("corpus", url, dataclasses.asdict(cfg.corpus), inputs, {"documents": 3.0})
+    m = write_manifest("corpus", url, STAGES["corpus"].config(cfg, inputs), inputs, {"documents": 3.0})
     m.code_version = code_version("corpus")
     save_manifest(m)
     return url
@@ -112,6 +111,9 @@ def test_a_stage_is_done_only_when_config_inputs_code_and_files_match(tmp_path):
     url = _finished_corpus(cfg, root)
     assert stage_state("corpus", cfg, root).state == "done"
 
+    how_it_runs = load_config("tiny", {"corpus.beam.num_workers": 2, "corpus.beam.options": {"flink_master": "h:8081"},
+                                       "corpus.beam.extra_args": ["--parallelism=8"]})
+    assert stage_state("corpus", how_it_runs, root).state == "done"  # same output whatever the runner
     changed = load_config("tiny", {"corpus.min_sentence_chars": 20})
     s = stage_state("corpus", changed, root)
     assert s.state == "stale" and "min_sentence_chars: 12 -> 20" in s.reasons[0]

@@ -41,14 +41,14 @@ from pipeline.schema import redact
 
 log = logging.getLogger("bertflow.flow")
 
-_SLOTS: dict[tuple[str, str], threading.BoundedSemaphore] = {}
+_SLOTS: dict[tuple[str, str, int], threading.BoundedSemaphore] = {}
 _SLOTS_LOCK = threading.Lock()
 
 
 def _slot(root: str, stage: str, workers: int) -> threading.BoundedSemaphore:
     """At most ``workers`` units of one stage run at once in this process."""
     with _SLOTS_LOCK:
-        return _SLOTS.setdefault((root, stage), threading.BoundedSemaphore(max(1, workers)))
+        return _SLOTS.setdefault((root, stage, workers), threading.BoundedSemaphore(max(1, workers)))
 
 
 @task(name="unit", task_run_name="{stage}/{unit_id}", cache_policy=NO_CACHE)

@@ -1,0 +1,123 @@
+"""Corpus-wide dedup on small keys: paragraph hashes, decisions, applying drops, and the job."""
+
+import collections
+import dataclasses
+import random
+
+import pyarrow.parquet as pq
+
+from pipeline.config import BeamConfig, CorpusConfig
+from pipeline.corpus import build_paragraphs, run_corpus
+from pipeline.corpus_dedup import (
+    _dedup_documents, _unique_doc_ids, apply_drops, doc_digest, paragraph_drops, paragraph_hash,
+)
+from pipeline.schema import read_manifest
+from synth.dumps import page_xml, write_dump
+
+CFG = CorpusConfig(num_shards=3)
+BOILER = "This article uses material from a shared source. It is licensed freely."
+
+
+def test_paragraph_hash_is_normalised_and_stable():
+    assert paragraph_hash(["This  Article", "uses it."]) == paragraph_hash(["this article uses", "IT."])
+    assert paragraph_hash(["One."]) != paragraph_hash(["Two."])
+    assert len(paragraph_hash(["One."])) == 12
+    assert paragraph_hash(["Äb"]).hex() == paragraph_hash(["äB"]).hex()  # not hash(): stable
+
+
+def test_build_paragraphs_groups_kept_sentences():
+    record = {"doc_id": "wiki:1", "source": "wiki", "title": "T",
+              "text": "First kept sentence here. Tiny.\n\nOk.\n\nSecond paragraph sentence here."}
+    paragraphs, rejects = build_paragraphs(record, CFG)
+    assert paragraphs == [["First kept sentence here."], ["Second paragraph sentence here."]]
+    assert rejects == {"sentence_too_short": 2}  # the paragraph "Ok." is left out whole
+    assert doc_digest(paragraphs) == doc_digest([["First kept sentence here.", "Second paragraph sentence here."]])
+
+
+def test_paragraph_drops_keep_the_smallest_doc_id_in_any_order():
+    occurrences = [("wiki:9", ("f2", 0), 1), ("books:a", ("f1", 3), 0), ("wiki:10", ("f1", 4), 2)]
+    for _ in range(5):
+        random.shuffle(occurrences)
+        assert paragraph_drops(occurrences) == [
+            (("wiki:10", ("f1", 4), 2), "books:a"), (("wiki:9", ("f2", 0), 1), "books:a")]
+    assert paragraph_drops([("wiki:1", ("f", 0), 0)]) == []
+
+
+def test_document_decisions_keep_the_smallest_and_pass_on_only_its_paragraphs():
+    values = [("wiki:5", "B", ("f2", 1), [b"p"], None), ("wiki:1", "A", ("f1", 0), [b"p", b"q"], None)]
+    out = list(_dedup_documents(("d", values)))
+    kept = [o for o in out if not hasattr(o, "tag")]
+    drops = [o.value for o in out if hasattr(o, "tag")]
+    assert kept == [("wiki:1", ("d", "A", ("f1", 0), [b"p", b"q"], None))]
+    assert drops == [("f2", (1, -1, "duplicate_document", "same as wiki:1"))]
+    same_id = [("d2", "A", ("f3", 0), [b"x"], None), ("d1", "A", ("f4", 0), [b"y"], None)]
+    out = list(_unique_doc_ids(("wiki:7", same_id)))
+    assert [o.value for o in out if hasattr(o, "tag")] == [("f3", (0, -1, "duplicate_doc_id", "same as wiki:7"))]
+    assert [o for o in out if not hasattr(o, "tag")] == [(b"y", ("wiki:7", ("f4", 0), 0))]
+
+
+def test_apply_drops_refilters_what_is_left():
+    row = {"doc_id": "wiki:1", "source": "wiki", "title": "T",
+           "paragraphs": [["A first sentence here.", "A second one here."], ["Boiler text here."]]}
+    doc, reason = apply_drops(row, {1: "paragraph 1 same as wiki:0"}, CFG)
+    assert reason is None and doc["sentences"] == ["A first sentence here.", "A second one here."]
+    assert doc["num_sentences"] == 2 and doc["num_chars"] == 40
+    assert apply_drops(row, {0: "x", 1: "x"}, CFG) == (None, "all_paragraphs_duplicate")
+    assert apply_drops(row, {0: "x"}, CFG) == (None, "too_few_sentences")
+    assert apply_drops(row, {}, dataclasses.replace(CFG, min_doc_chars=100)) == (None, "doc_too_short")
+
+
+def make_inputs(root):
+    (root / "wiki").mkdir(parents=True)
+    write_dump(root / "wiki" / "a.xml", [
+        page_xml(10, "Alpha", f"Alpha article first sentence here. Alpha second sentence here.\n\n{BOILER}"),
+        page_xml(12, "Only boiler", BOILER),
+    ])
+    write_dump(root / "wiki" / "b.xml", [
+        page_xml(11, "Beta", f"{BOILER}\n\nBeta article first sentence here. Beta second sentence here."),
+        page_xml(13, "Gamma", f"Gamma has a single sentence here.\n\n{BOILER}"),
+    ])
+    (root / "books").mkdir()
+    (root / "books" / "delta.txt").write_text(  # books:delta < wiki:..., so the book keeps it
+        "Delta book first sentence here. Delta book second sentence here.\n\n"
+        + BOILER.replace("article uses", "ARTICLE   uses") + "\n")
+    return {"wiki": str(root / "wiki"), "books": str(root / "books")}
+
+
+def test_corpus_paragraph_dedup_in_the_job(tmp_path):
+    inputs = make_inputs(tmp_path / "raw")
+    outputs = []
+    for workers in (1, 2):
+        cfg = dataclasses.replace(CFG, beam=BeamConfig(num_workers=workers))
+        out = tmp_path / f"out{workers}"
+        m = run_corpus(cfg, inputs, str(out))
+        rejects = pq.read_table(str(out / "rejects")).to_pylist()
+        outputs.append(({f.path: f.sha256 for f in m.files}, m.counts,
+                        sorted(tuple(sorted(r.items())) for r in rejects)))
+    assert outputs[0] == outputs[1]  # same bytes, counts and rejects at 1 and 2 workers
+    out = tmp_path / "out2"
+    docs = {r["doc_id"]: r["sentences"] for r in pq.read_table(str(out / "wiki")).to_pylist()
+            + pq.read_table(str(out / "books")).to_pylist()}
+    assert docs == {
+        "books:delta": ["Delta book first sentence here.", "Delta book second sentence here.",
+                        "This ARTICLE uses material from a shared source.", "It is licensed freely."],
+        "wiki:10": ["Alpha article first sentence here.", "Alpha second sentence here."],
+        "wiki:11": ["Beta article first sentence here.", "Beta second sentence here."],
+    }
+    c = read_manifest(str(out)).counts
+    assert c["duplicate_paragraph_corpus"] == 4
+    assert c["all_paragraphs_duplicate"] == 1 and c["too_few_sentences"] == 1
+    assert c["read"] == 5 == c["documents"] + c["records_rejected"]
+    assert c["sentences"] == 8 and c["parts_dropped"] == 4
+    rejects = pq.read_table(str(out / "rejects")).to_pylist()
+    assert len(rejects) == c["rejects_written"] == (
+        c["records_rejected"] + c["file_faults"] + c["duplicate_paragraph_corpus"])
+    by = collections.Counter((r["record_id"], r["reason"]) for r in rejects)
+    assert by == {(f"wiki:{i}", "duplicate_paragraph_corpus"): 1 for i in (10, 11, 12, 13)} | {
+        ("wiki:12", "all_paragraphs_duplicate"): 1, ("wiki:13", "too_few_sentences"): 1}
+    para = next(r for r in rejects if r["record_id"] == "wiki:11" and r["reason"] == "duplicate_paragraph_corpus")
+    assert para["detail"] == "paragraph 0 same as books:delta" and para["sample"] == BOILER
+
+    off = dataclasses.replace(CFG, dedup_paragraphs=False)
+    m = run_corpus(off, inputs, str(tmp_path / "off"))
+    assert m.counts["documents"] == 5 and m.counts["duplicate_paragraph_corpus"] == 0

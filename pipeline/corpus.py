@@ -221,10 +221,10 @@ class _ReadUnit(Writing):
         self.config = config
 
     def process(self, unit):
-        source, url, start, end = unit
+        source, url, start, end, part, parts = unit
         read = 0
         if source == "wiki":
-            for item in iter_wiki(url, start, end, self.config.max_page_bytes):
+            for item in iter_wiki(url, start, end, self.config.max_page_bytes, part, parts):
                 if isinstance(item, Page):
                     read += 1
                     record, reason = page_record(item)
@@ -296,10 +296,29 @@ def _is_binary(url: str) -> bool:
 
 
 def plan_units(source: str, urls: list[str], config: CorpusConfig) -> list[tuple]:
-    """Units of read work (source, url, start, end): multistream dumps split by stream ranges."""
+    """Units of read work (source, url, start, end, part, parts): multistream dumps split by
+    stream ranges; ``part`` of ``parts`` readers of one file (see :func:`spread_units`)."""
     if source != "wiki":
-        return [(source, url, None, None) for url in urls]
-    return [(source, *unit) for url in urls for unit in plan_reads(url, config.split_bytes)]
+        return [(source, url, None, None, 0, 1) for url in urls]
+    return [(source, *unit, 0, 1) for url in urls for unit in plan_reads(url, config.split_bytes)]
+
+
+def spread_units(units: list[tuple], workers: int) -> list[tuple]:
+    """Units for ``workers``: when there are fewer than two per worker, each whole dump file
+    (one that cannot be split by streams) is read by ``parts`` readers, each parsing and
+    cleaning every ``parts``-th page. Every reader decompresses the whole file (bz2 is ~40% of
+    the per-page time), but no page text crosses a shuffle (it used to be reshuffled, and
+    Beam's local runner held the whole dump's text to do so)."""
+    if workers <= 1 or len(units) >= 2 * workers:
+        return units
+    parts = min(workers, -(-2 * workers // len(units)))
+    out = []
+    for source, url, start, end, _, _ in units:
+        if source == "wiki" and start is None:
+            out += [(source, url, None, None, part, parts) for part in range(parts)]
+        else:
+            out.append((source, url, start, end, 0, 1))
+    return out
 
 
 class ReadUnits(beam.PTransform):
@@ -384,14 +403,11 @@ def run_corpus(config: CorpusConfig, inputs: dict[str, str], output_url: str) ->
     clear_stage(output_url)
     log.info("corpus: %s -> %s", {n: len(f) for n, f in files.items()}, output_url)
 
-    units = [u for name, urls in files.items() for u in plan_units(name, urls, config)]
-    # Raw page text is the bulkiest data of the job: move it between workers only when there are
-    # too few read units to keep every worker busy (a single plain dump file); otherwise each
-    # worker cleans what it reads and only documents cross a shuffle (less memory and pickling).
+    # Page text never crosses a shuffle: each worker cleans what it reads.
     workers = config.beam.num_workers if config.beam.runner in ("FnApiRunner", "DirectRunner") else 64
-    spread_records = workers > 1 and len(units) < 2 * workers
-    log.info("corpus: %d read units for %d workers (%s)", len(units), workers,
-             "records reshuffled" if spread_records else "read and cleaned in place")
+    units = spread_units(
+        [u for name, urls in files.items() for u in plan_units(name, urls, config)], workers)
+    log.info("corpus: %d read units for %d workers", len(units), workers)
 
     work = join_url(output_url, WORK_DIR)
     p = beam.Pipeline(options=pipeline_options(config.beam, job_name="bertflow-corpus"))
@@ -401,10 +417,7 @@ def run_corpus(config: CorpusConfig, inputs: dict[str, str], output_url: str) ->
         | "SpreadUnits" >> beam.Reshuffle()
         | "Read" >> ReadUnits(config, work)
     )
-    records = read.records
-    if spread_records:
-        records = records | "SpreadRecords" >> beam.Reshuffle()
-    cleaned = records | "Clean" >> CleanToFragments(config, work)
+    cleaned = read.records | "Clean" >> CleanToFragments(config, work)
     runs = (read[RUNS], cleaned[RUNS]) | "ReadRuns" >> beam.Flatten()
     _ = (cleaned.keys, cleaned.fragments, runs) | "Dedup" >> DedupAndWrite(config, work, output_url)
     result = p.run()

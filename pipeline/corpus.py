@@ -38,8 +38,8 @@ from pipeline import filters
 from pipeline.beam_io import counters, fill_empty_shards, parquet_rows, pipeline_options
 from pipeline.config import CORPUS_SOURCES, CorpusConfig
 from pipeline.corpus_dedup import (
-    NAMESPACE, REJECTS_FOLDER, RUNS, DedupAndWrite, FragmentWriter, Writing, windowed, doc_digest,
-    paragraph_hash,
+    NAMESPACE, REJECTS_FOLDER, RUNS, DedupAndWrite, FragmentWriter, Writing, doc_digest, pack_doc,
+    paragraph_hash, windowed,
 )
 from pipeline.dumps import iter_wiki, plan_reads
 from pipeline.filters import (
@@ -336,7 +336,7 @@ class ReadUnits(beam.PTransform):
 
 class _CleanToFragments(Writing):
     """Raw record -> its document written to a fragment, and its small key (main output):
-    ``(digest, (doc_id, title, ref, paragraph hashes, minhash or None))``; rejects written to
+    ``(digest, pack_doc(doc_id, title, ref, paragraph hashes[, minhash]))``; rejects written to
     runs; fragment ids (tagged "fragments") and runs ("runs") at the end of each bundle."""
 
     def __init__(self, config: CorpusConfig, work_url: str):
@@ -369,7 +369,7 @@ class _CleanToFragments(Writing):
         hashes = [paragraph_hash(p) for p in paragraphs] if self.config.dedup_paragraphs else []
         sig = (filters.minhash([s for p in paragraphs for s in p])
                if self.config.near_dup_threshold > 0 else None)
-        yield digest, (record["doc_id"], record["title"], ref, hashes, sig)
+        yield bytes.fromhex(digest), pack_doc(record["doc_id"], record["title"], ref, hashes, sig)
 
     def finish_bundle(self):
         for fragment in self._fragments.close():

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import struct
 import uuid
 from typing import Any, Iterable
 
@@ -48,6 +49,8 @@ from pipeline.shards import KEY, RunWriter, merge_runs, use_lean_memory_pool
 
 log = logging.getLogger("bertflow.corpus")
 
+DIGEST_BYTES = 16
+"""Raw bytes of a document text digest (:func:`pipeline.filters.text_digest`, hex there)."""
 FRAGMENT_ROWS = 1000
 """Documents a worker holds before it writes them as one fragment (bounds worker memory)."""
 FRAGMENT_SCHEMA = pa.schema(
@@ -61,10 +64,14 @@ FRAGMENT_SCHEMA = pa.schema(
 )
 
 
+HASH_BYTES = 12
+FRAGMENT_ID_CHARS = 16
+
+
 def paragraph_hash(sentences: list[str]) -> bytes:
     """Stable 12-byte hash of a paragraph's kept sentences, case- and whitespace-normalised."""
     text = normalise(" ".join(sentences))
-    return hashlib.blake2b(text.encode("utf-8"), digest_size=12).digest()
+    return hashlib.blake2b(text.encode("utf-8"), digest_size=HASH_BYTES).digest()
 
 
 def sort_key(text: str) -> int:
@@ -75,6 +82,50 @@ def sort_key(text: str) -> int:
 def doc_digest(paragraphs: list[list[str]]) -> str:
     """The exact-dedup digest of a document: its sentences, paragraph breaks ignored."""
     return text_digest([s for p in paragraphs for s in p])
+
+
+# -- small keys, packed -----------------------------------------------------------------------
+# Beam's local runner holds a grouped value as a Python object: a tuple of strings and a list of
+# hashes costs ~650 bytes a document, one bytes object ~170. Keys are raw digests for the same
+# reason. The layouts: struct header, then the variable fields in order.
+_DOC = struct.Struct("<HHIHH")  # len(doc_id), len(title), row, paragraphs, minhash values
+
+
+def pack_doc(doc_id: str, title: str, ref: tuple[str, int], hashes: list[bytes],
+             sig: list[int] | None = None) -> bytes:
+    """A document's key value: doc_id, title, ref, paragraph hashes[, MinHash signature]."""
+    i, t, f = doc_id.encode(), (title or "").encode(), ref[0].encode("ascii")
+    sig = sig or []
+    return b"".join([_DOC.pack(len(i), len(t), ref[1], len(hashes), len(sig)), i, t, f, *hashes,
+                     struct.pack(f"<{len(sig)}Q", *sig)])
+
+
+def unpack_doc(data: bytes) -> tuple[str, str, tuple[str, int], list[bytes], list[int] | None]:
+    ni, nt, row, nh, ns = _DOC.unpack_from(data)
+    at = _DOC.size
+    doc_id = data[at : at + ni].decode()
+    at += ni
+    title = data[at : at + nt].decode()
+    at += nt
+    frag = data[at : at + FRAGMENT_ID_CHARS].decode("ascii")
+    at += FRAGMENT_ID_CHARS
+    hashes = [data[at + k * HASH_BYTES : at + (k + 1) * HASH_BYTES] for k in range(nh)]
+    at += nh * HASH_BYTES
+    sig = list(struct.unpack_from(f"<{ns}Q", data, at)) if ns else None
+    return doc_id, title, (frag, row), hashes, sig
+
+
+_OCC = struct.Struct("<IH")  # row, paragraph index; then the fragment id and the doc_id
+
+
+def pack_occurrence(doc_id: str, ref: tuple[str, int], index: int) -> bytes:
+    return _OCC.pack(ref[1], index) + ref[0].encode("ascii") + doc_id.encode()
+
+
+def unpack_occurrence(data: bytes) -> tuple[str, tuple[str, int], int]:
+    row, index = _OCC.unpack_from(data)
+    at = _OCC.size + FRAGMENT_ID_CHARS
+    return data[at:].decode(), (data[_OCC.size : at].decode("ascii"), row), index
 
 
 # -- decisions on small keys ------------------------------------------------------------------
@@ -152,7 +203,7 @@ class FragmentWriter:
 
 
 def _new_id() -> str:
-    return uuid.uuid4().hex[:16]
+    return uuid.uuid4().hex[:FRAGMENT_ID_CHARS]
 
 
 def fragment_url(work_url: str, fragment: str) -> str:
@@ -175,6 +226,8 @@ def read_fragment(work_url: str, fragment: str) -> list[dict[str, Any]]:
 # -- Beam: writing DoFns ----------------------------------------------------------------------
 NAMESPACE = "corpus"
 REJECTS_FOLDER = "rejects"
+MERGE_BUDGET_BYTES = 16 << 20
+"""Arrow bytes the merge of one output folder holds across its runs' current batches."""
 RUNS = "runs"
 """Tagged output of every writing DoFn: (output folder, (run URL, rows)) at the end of a bundle."""
 
@@ -241,47 +294,54 @@ def _drop(ref, paragraph: int, reason: str, detail: str):
 
 
 def _dedup_documents(element):
-    """(digest, [(doc_id, title, ref, hashes, sig)]) -> survivors keyed by doc_id; drops."""
+    """(digest, [packed document]) -> survivors (doc_id, digest + packed); drops of the rest."""
     digest, values = element
-    keeper, others = keep_first(values, lambda v: (v[0], v[1]))
-    for doc_id, _title, ref, _hashes, _sig in others:
+    docs = [(unpack_doc(v), v) for v in values]
+    (keeper, packed), others = keep_first(docs, lambda d: (d[0][0], d[0][1]))
+    for (_, _, ref, _, _), _ in others:
         yield beam.pvalue.TaggedOutput("drops", _drop(ref, -1, "duplicate_document", f"same as {keeper[0]}"))
-    doc_id, title, ref, hashes, sig = keeper
-    yield doc_id, (digest, title, ref, hashes, sig)
+    yield keeper[0], digest + packed
 
 
 def _as_survivor(element):
-    digest, (doc_id, title, ref, hashes, sig) = element
-    return doc_id, (digest, title, ref, hashes, sig)
+    digest, packed = element
+    return unpack_doc(packed)[0], digest + packed
+
+
+def _signature(element):
+    doc_id, value = element
+    return 0, (doc_id, unpack_doc(value[DIGEST_BYTES:])[4])
 
 
 class _DropNear(beam.DoFn):
     def process(self, element, dropped):
-        doc_id, (digest, title, ref, hashes, _sig) = element
+        doc_id, value = element
         kept = dropped.get(doc_id)
         if kept is None:
-            yield doc_id, (digest, title, ref, hashes, None)
+            yield element
         else:
+            ref = unpack_doc(value[DIGEST_BYTES:])[2]
             yield beam.pvalue.TaggedOutput(
                 "drops", _drop(ref, -1, "near_duplicate_document", f"near duplicate of {kept}"))
 
 
 def _unique_doc_ids(element):
-    """(doc_id, [(digest, title, ref, hashes, sig)]) -> the paragraph keys of the one kept; drops."""
+    """(doc_id, [digest + packed]) -> the paragraph keys of the one kept; drops of the rest."""
     doc_id, values = element
-    keeper, others = keep_first(values, lambda v: (v[0], v[1]))
+    docs = [(v[:DIGEST_BYTES], unpack_doc(v[DIGEST_BYTES:])) for v in values]
+    (_, keeper), others = keep_first(docs, lambda d: (d[0], d[1][1]))
     if others:
         log.warning("corpus: %d documents share doc_id %s; kept one", len(others) + 1, doc_id)
-    for _digest, _title, ref, _hashes, _sig in others:
+    for _, (_, _, ref, _, _) in others:
         yield beam.pvalue.TaggedOutput("drops", _drop(ref, -1, "duplicate_doc_id", f"same as {doc_id}"))
-    _digest, _title, ref, hashes, _sig = keeper
+    _, _, ref, hashes, _ = keeper
     for index, phash in enumerate(hashes):
-        yield phash, (doc_id, ref, index)
+        yield phash, pack_occurrence(doc_id, ref, index)
 
 
 def _paragraph_drops(element):
     _phash, occurrences = element
-    for (_doc_id, ref, index), kept in paragraph_drops(occurrences):
+    for (_doc_id, ref, index), kept in paragraph_drops(map(unpack_occurrence, occurrences)):
         yield _drop(ref, index, "duplicate_paragraph_corpus", f"paragraph {index} same as {kept}")
 
 
@@ -345,7 +405,7 @@ class _MergeFolder(beam.DoFn):
         runs = sorted(runs)
         schema = REJECT_SCHEMA if folder == REJECTS_FOLDER else DOCUMENT_SCHEMA
         rows = merge_runs(runs, join_url(self.output_url, folder), schema, self.num_shards,
-                          shard_name, row_bytes=_row_bytes(runs))
+                          shard_name, row_bytes=_row_bytes(runs), budget_bytes=MERGE_BUDGET_BYTES)
         yield folder, rows
 
 
@@ -393,7 +453,7 @@ class DedupAndWrite(beam.PTransform):
             t = cfg.near_dup_threshold
             dropped = (
                 survivors
-                | "Sign" >> beam.Map(lambda kv: (0, (kv[0], kv[1][4])))
+                | "Sign" >> beam.Map(_signature)
                 | "AllSignatures" >> beam.GroupByKey()
                 | "Cluster" >> beam.Map(lambda kv: near_duplicates(list(kv[1]), t))
             )

@@ -207,11 +207,11 @@ class _ShardSink:
         return self.rows_per_shard
 
 
-def merge_batch_rows(num_runs: int, row_bytes: int) -> int:
+def merge_batch_rows(num_runs: int, row_bytes: int, budget_bytes: int = MERGE_BUDGET_BYTES) -> int:
     """Rows the merge reads per run at a time: the budget shared by all runs, within limits.
 
     Depends only on the number of runs and the row size, never on the worker count."""
-    return int(max(16, min(RUN_ROW_GROUP, MERGE_BUDGET_BYTES // max(1, num_runs * row_bytes))))
+    return int(max(16, min(RUN_ROW_GROUP, budget_bytes // max(1, num_runs * row_bytes))))
 
 
 def merge_runs(
@@ -221,16 +221,18 @@ def merge_runs(
     num_shards: int,
     name_for,
     row_bytes: int = 512,
+    budget_bytes: int = MERGE_BUDGET_BYTES,
 ) -> list[int]:
     """Merge key-sorted run files into ``num_shards`` balanced shards; rows per shard.
 
     ``runs`` is ``[(url, rows), ...]``; their order is the tie-break between equal keys, so pass
-    them in a deterministic order. ``row_bytes`` (a rough row size) sizes the read batches.
+    them in a deterministic order. ``row_bytes`` (a rough row size) sizes the read batches, so
+    that all runs' current batches hold about ``budget_bytes``.
     """
     runs = list(runs)
     total = sum(n for _, n in runs)
     sink = _ShardSink(output_url, schema, num_shards, total, name_for)
-    batch_rows = merge_batch_rows(len(runs), row_bytes)
+    batch_rows = merge_batch_rows(len(runs), row_bytes, budget_bytes)
     live = [r for r in (_Run(url, batch_rows) for url, n in runs if n) if not r.done]
     while live:
         pivot = min(r.keys[-1] for r in live)

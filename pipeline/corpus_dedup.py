@@ -45,7 +45,7 @@ from pipeline.beam_io import shard_name
 from pipeline.config import CorpusConfig
 from pipeline.filters import REJECT_SCHEMA, near_duplicates, normalise, reject_row, text_digest
 from pipeline.schema import DOCUMENT_SCHEMA, join_url
-from pipeline.shards import KEY, RunWriter, merge_runs, use_lean_memory_pool
+from pipeline.shards import KEY, RunWriter, merge_runs, use_lean_memory_pool, with_key
 
 log = logging.getLogger("bertflow.corpus")
 
@@ -227,7 +227,14 @@ def read_fragment(work_url: str, fragment: str) -> list[dict[str, Any]]:
 NAMESPACE = "corpus"
 REJECTS_FOLDER = "rejects"
 MERGE_BUDGET_BYTES = 16 << 20
-"""Arrow bytes the merge of one output folder holds across its runs' current batches."""
+"""Arrow bytes a merge holds across its runs' current batches."""
+MAX_FAN_IN = 16
+"""Runs merged at once; more are first merged in groups into longer runs (a merge reads a
+row group of every run, so its memory grows with the number of runs, not only the budget)."""
+ROW_GROUP_ROWS = 128
+"""Row-group size of runs (a document row is up to a few KiB): what a merge reads per run."""
+SHARD_ROW_GROUP_ROWS = 512
+"""Row-group size of the output shards (what the last merge buffers before it writes)."""
 RUNS = "runs"
 """Tagged output of every writing DoFn: (output folder, (run URL, rows)) at the end of a bundle."""
 
@@ -269,7 +276,8 @@ class Writing(Counted):
             schema = REJECT_SCHEMA if folder == REJECTS_FOLDER else DOCUMENT_SCHEMA
             prefix = _new_id()
             writer = self._writers[folder] = RunWriter(
-                schema, lambda r: join_url(self.work_url, RUNS, folder, f"{prefix}-{r:04d}.parquet"))
+                schema, lambda r: join_url(self.work_url, RUNS, folder, f"{prefix}-{r:04d}.parquet"),
+                row_group_rows=ROW_GROUP_ROWS)
         writer.add(row)
 
     def reject(self, source: str, reason: str, **fields) -> None:
@@ -391,10 +399,12 @@ class _ApplyDrops(Writing):
 
 
 class _MergeFolder(beam.DoFn):
-    """(folder, [(run URL, rows)]) -> (folder, rows per shard): balanced, key-ordered shards."""
+    """(folder, [(run URL, rows)]) -> (folder, rows per shard): balanced, key-ordered shards,
+    merged at most MAX_FAN_IN runs at a time."""
 
-    def __init__(self, output_url: str, num_shards: int):
+    def __init__(self, output_url: str, work_url: str, num_shards: int):
         self.output_url = output_url
+        self.work_url = work_url
         self.num_shards = num_shards
 
     def setup(self):
@@ -404,8 +414,20 @@ class _MergeFolder(beam.DoFn):
         folder, runs = element
         runs = sorted(runs)
         schema = REJECT_SCHEMA if folder == REJECTS_FOLDER else DOCUMENT_SCHEMA
+        level = 0
+        while len(runs) > MAX_FAN_IN:  # equal keys are equal rows, so the grouping is free
+            merged = []
+            for start in range(0, len(runs), MAX_FAN_IN):
+                group = runs[start : start + MAX_FAN_IN]
+                name = f"level{level}-{start // MAX_FAN_IN:06d}.parquet"
+                rows = merge_runs(group, join_url(self.work_url, "merge", folder), with_key(schema),
+                                  1, lambda _j, _k, name=name: name, row_bytes=_row_bytes(group),
+                                  budget_bytes=MERGE_BUDGET_BYTES, row_group_rows=ROW_GROUP_ROWS)
+                merged.append((join_url(self.work_url, "merge", folder, name), rows[0]))
+            runs, level = merged, level + 1
         rows = merge_runs(runs, join_url(self.output_url, folder), schema, self.num_shards,
-                          shard_name, row_bytes=_row_bytes(runs), budget_bytes=MERGE_BUDGET_BYTES)
+                          shard_name, row_bytes=_row_bytes(runs), budget_bytes=MERGE_BUDGET_BYTES,
+                          row_group_rows=SHARD_ROW_GROUP_ROWS)
         yield folder, rows
 
 
@@ -483,5 +505,5 @@ class DedupAndWrite(beam.PTransform):
             (runs, applied[RUNS])
             | "AllRuns" >> beam.Flatten()
             | "GroupByFolder" >> beam.GroupByKey()
-            | "MergeFolder" >> beam.ParDo(_MergeFolder(self.output_url, cfg.num_shards))
+            | "MergeFolder" >> beam.ParDo(_MergeFolder(self.output_url, self.work_url, cfg.num_shards))
         )

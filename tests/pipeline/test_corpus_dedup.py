@@ -135,3 +135,28 @@ def test_corpus_paragraph_dedup_in_the_job(tmp_path):
     off = dataclasses.replace(CFG, dedup_paragraphs=False)
     m = run_corpus(off, inputs, str(tmp_path / "off"))
     assert m.counts["documents"] == 5 and m.counts["duplicate_paragraph_corpus"] == 0
+
+
+def test_merging_many_runs_in_groups_gives_the_same_shards(tmp_path, monkeypatch):
+    import pipeline.corpus_dedup as cd
+    from pipeline.filters import reject_row
+    from pipeline.shards import KEY, RunWriter
+
+    rng = random.Random(0)
+    runs = []
+    for r in range(7):  # 7 runs of 30 rows, some rows repeated across runs
+        writer = RunWriter(cd.REJECT_SCHEMA, lambda k, r=r: str(tmp_path / "runs" / f"r{r}-{k}.parquet"))
+        for _ in range(30):
+            row = reject_row("wiki", "redirect", record_id=f"wiki:{rng.randrange(150)}", sample="x" * rng.randrange(50))
+            row[KEY] = cd.sort_key(row["reject_id"] + row["sample"])
+            writer.add(row)
+        runs += writer.close()
+    outputs = []
+    for fan_in in (16, 2):
+        monkeypatch.setattr(cd, "MAX_FAN_IN", fan_in)
+        out = tmp_path / f"out{fan_in}"
+        merge = cd._MergeFolder(str(out), str(tmp_path / f"work{fan_in}"), 3)
+        assert list(merge.process(("rejects", list(reversed(runs))))) == [("rejects", [70, 70, 70])]
+        outputs.append([(out / "rejects" / f"part-0000{i}-of-00003.parquet").read_bytes() for i in range(3)])
+    assert outputs[0] == outputs[1]
+    assert len(list((tmp_path / "work2" / "merge" / "rejects").iterdir())) == 4 + 2  # two levels

@@ -7,7 +7,10 @@
 
 The dump is the synthetic sample wiki (``synth``) repeated, with fresh page ids, to ``--mb``
 MB of XML, written as ``.xml.bz2`` like a real dump. Each tool runs in its own process at 1 and
-2 workers; peak memory is the largest resident set of the process tree, sampled from /proc.
+2 workers; peak memory is the largest resident set of the process tree, sampled from /proc;
+CPU seconds are those of the whole process tree (wikiextractor runs a reader process beside
+its ``--processes`` workers, so "1 worker" uses more than one core), the fair figure on a
+shared machine.
 Residue is the share of output documents that still hold each markup trace. wikiextractor is
 not a dependency: install it in its own venv (``python -m venv /tmp/wxvenv &&
 /tmp/wxvenv/bin/pip install wikiextractor``) and give its interpreter.
@@ -21,6 +24,7 @@ import glob
 import json
 import os
 import re
+import resource
 import subprocess
 import sys
 import tempfile
@@ -86,8 +90,10 @@ def _rss(pid: int) -> int:
     return 0
 
 
-def run_measured(cmd: list[str], env=None) -> tuple[float, int, int]:
-    """(wall seconds, peak RSS of the largest process, peak RSS summed over the tree)."""
+def run_measured(cmd: list[str], env=None) -> tuple[float, int, int, float]:
+    """(wall seconds, peak RSS of the largest process, peak RSS summed over the tree, CPU
+    seconds of the whole tree: user + system of every process reaped under it)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     peak_one = peak_sum = 0
@@ -103,7 +109,9 @@ def run_measured(cmd: list[str], env=None) -> tuple[float, int, int]:
     wall = time.perf_counter() - start
     if proc.returncode:
         raise RuntimeError(f"{cmd[:3]} failed: {proc.stderr.read().decode()[-2000:]}")
-    return wall, peak_one, peak_sum
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return wall, peak_one, peak_sum, cpu
 
 
 # -- residue ---------------------------------------------------------------------------------------
@@ -174,8 +182,8 @@ def compare(args) -> None:
 
     def measure(name, workers, cmd, env=None):
         load = os.getloadavg()[0]
-        wall, one, tree = run_measured(cmd, env)
-        rows.append((name, workers, wall, one, tree, load))
+        wall, one, tree, cpu = run_measured(cmd, env)
+        rows.append((name, workers, wall, one, tree, load, cpu))
 
     if not args.no_pure:
         measure("bertflow read+clean+split, no Beam", 1, [sys.executable, "-c", PURE, str(dump)], env)
@@ -188,10 +196,10 @@ def compare(args) -> None:
             measure("wikiextractor", workers, [args.wikiextractor, "-m", "wikiextractor.WikiExtractor",
                                                str(dump), "-o", str(out), "--processes", str(workers), "-q"])
             docs["wikiextractor"] = wx_docs(out)
-    print(f"\n| tool | workers | MB/s of XML | pages/s | peak RSS, largest process (MiB) | peak RSS, all processes (MiB) | load avg (1 min) at start |")
-    print("|---|---|---|---|---|---|---|")
-    for name, w, wall, one, tree, load in rows:
-        print(f"| {name} | {w} | {mb / wall:.2f} | {pages / wall:.0f} | {one / 2**20:.0f} | {tree / 2**20:.0f} | {load:.1f} |")
+    print(f"\n| tool | workers | MB/s of XML | pages/s | MB of XML per CPU-second | peak RSS, largest process (MiB) | peak RSS, all processes (MiB) | load avg (1 min) at start |")
+    print("|---|---|---|---|---|---|---|---|")
+    for name, w, wall, one, tree, load, cpu in rows:
+        print(f"| {name} | {w} | {mb / wall:.2f} | {pages / wall:.0f} | {mb / cpu:.2f} | {one / 2**20:.0f} | {tree / 2**20:.0f} | {load:.1f} |")
     names = list(docs)
     print("\n| share of documents with | " + " | ".join(names) + " |")
     print("|---|" + "---|" * len(names))

@@ -135,6 +135,9 @@ def test_corpus_paragraph_dedup_in_the_job(tmp_path):
     off = dataclasses.replace(CFG, dedup_paragraphs=False)
     m = run_corpus(off, inputs, str(tmp_path / "off"))
     assert m.counts["documents"] == 5 and m.counts["duplicate_paragraph_corpus"] == 0
+    no_doc_dedup = dataclasses.replace(CFG, dedup_sentences=False)  # paragraphs still deduplicated
+    m = run_corpus(no_doc_dedup, inputs, str(tmp_path / "no_doc_dedup"))
+    assert m.counts["documents"] == 3 and m.counts["duplicate_paragraph_corpus"] == 4
 
 
 def test_merging_many_runs_in_groups_gives_the_same_shards(tmp_path, monkeypatch):

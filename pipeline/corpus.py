@@ -1,23 +1,26 @@
 """Stage 1, the corpus job: raw Wikipedia dumps and books to cleaned, deduplicated documents.
 
-    check_corpus_inputs -> plan_units (files, multistream ranges) -> Create -> Reshuffle
-    -> ReadUnits (pages / books / lines, + rejects) -> [Reshuffle] -> CleanDocuments (clean markup,
-    split sentences, filter, + rejects) -> DedupDocuments -> [NearDedup] -> UniqueDocIds
-    -> WriteShards per source, rejects/ -> fill_empty_shards -> _manifest.json (last)
+    check_corpus_inputs -> plan_units (files, multistream ranges) -> spread_units -> Create
+    -> Reshuffle -> ReadUnits (pages / books / lines; rejects to runs) -> CleanToFragments
+    (clean markup, split sentences, filter; documents to fragment files, rejects to runs; small
+    keys out) -> DedupAndWrite (pipeline.corpus_dedup: exact documents, [near], one per doc_id,
+    paragraphs across the corpus, drops applied per fragment, runs merged into shards)
+    -> fill_empty_shards -> _manifest.json (last)
 
 Design choices:
 1. A unit of read work is a file, or a byte range of whole bz2 streams of a multistream dump
    (:func:`pipeline.dumps.plan_reads`, planned before the pipeline), so one big dump is read by
-   many workers. Each worker cleans what it reads; raw records are reshuffled only when there
-   are too few units for the workers (one plain dump file), as raw text is the bulkiest data.
-2. The per-record work is pure functions (:func:`page_record`, :func:`build_document`) that
+   many workers; a file that cannot be split is shared by several readers, each parsing every
+   N-th page (:func:`spread_units`). Each worker cleans what it reads: page text never crosses
+   a shuffle.
+2. The per-record work is pure functions (:func:`page_record`, :func:`build_paragraphs`) that
    return their rejects as a Counter; the DoFns turn those into Beam counters and reject rows.
 3. Nothing is lost silently: every record read is either a document or a reject with a reason
    (``{source}_read == documents + sum of RECORD_REJECTS``, checked by a test), every reject row
    goes to ``rejects/`` with a sample, and a fault in a file costs only what is unreadable
    (:mod:`pipeline.dumps` resynchronises at the next page).
-4. Output is byte-identical whatever the parallelism: dedup keeps the smallest doc_id of a group,
-   and :class:`pipeline.beam_io.WriteShards` places and orders rows by a key alone.
+4. Output is byte-identical whatever the parallelism: every dedup decision sorts by stable
+   keys, and the shards are a merge of key-sorted runs (:mod:`pipeline.corpus_dedup`).
 5. ``rejects/`` is written beside the source folders but left out of the manifest's ``files``:
    downstream stages read every ``.parquet`` the manifest lists as documents. Its row count is
    the manifest count ``rejects_written``.

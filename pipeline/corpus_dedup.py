@@ -6,22 +6,26 @@ stage grew by ~3.5 MiB per MB of XML. Here:
 
 1. Workers write the documents they build to **fragments** (Parquet files of at most
    :data:`FRAGMENT_ROWS` documents, paragraphs kept as lists of sentences) and rejects to
-   key-sorted runs (:class:`pipeline.shards.RunWriter`); only small keys go on:
-   a document key ``(text digest, (doc_id, title, ref[, minhash]))`` and one paragraph key
-   ``(paragraph hash, (doc_id, ref, index))`` per paragraph, where ``ref = (fragment, row)``.
+   key-sorted runs (:class:`pipeline.shards.RunWriter`); only small keys go on, each packed
+   into one ``bytes`` (the local runner holds grouped values as Python objects: a tuple of
+   strings cost ~650 bytes a document, the packed form ~170): a document key
+   ``(16-byte text digest, pack_doc(doc_id, title, ref, paragraph hashes[, minhash]))`` with
+   ``ref = (fragment, row)``.
 2. The decisions are made on those keys (:func:`keep_first`, :func:`paragraph_drops`):
    exact documents (smallest ``(doc_id, title)`` kept), near duplicates (optional), one row per
-   doc_id (smallest ``(digest, title)`` kept), then paragraphs across the corpus: of the
-   documents still kept that hold a paragraph, the smallest doc_id keeps it. Documents dropped
-   by the first three never keep a paragraph, so no text is lost to a dropped document.
+   doc_id (smallest ``(digest, title)`` kept), then paragraphs across the corpus: the keeper of
+   each doc_id passes on one key per paragraph ``(12-byte hash, pack_occurrence(doc_id, ref,
+   index))``, and of the documents that hold a paragraph the smallest doc_id keeps it. Only
+   survivors take part, so no text is lost to a dropped document.
 3. The drops are grouped by fragment (a handful of small tuples), each fragment is read once and
    its kept documents go to key-sorted runs (:func:`apply_drops`), and every output folder is a
-   streaming merge of its runs (:func:`pipeline.shards.merge_runs`): balanced shards in the
-   order of a 64-bit digest of doc_id (rejects: of the whole row).
+   streaming merge of its runs (:func:`pipeline.shards.merge_runs`, at most
+   :data:`MAX_FAN_IN` at once): balanced shards in the order of a 64-bit digest of doc_id
+   (rejects: of the whole row).
 
-What it costs: every document is written and read once more (a fragment, then a run), and the
-local runner still holds the keys: ~100 bytes per document and per paragraph instead of the
-text. Output does not depend on the worker count: every decision sorts by stable keys, and
+What it costs: every document is written and read twice more (a fragment, then a run), and
+the local runner still holds the keys (~190 bytes per built document, ~60 per paragraph of a
+surviving one) instead of the text. Output does not depend on the worker count: every decision sorts by stable keys, and
 equal run keys mean equal rows.
 """
 

@@ -107,8 +107,9 @@ def test_fifty_megabyte_page_is_skipped_in_bounded_memory(tmp_path):
 
 
 def test_memory_is_flat_in_dump_size(tmp_path):
-    small = write_dump(tmp_path / "small.xml.bz2", pages_xml(500, words=60))
-    big = write_dump(tmp_path / "big.xml.bz2", pages_xml(4000, words=60))
+    # the small dump is large enough to fill the reader thread's prefetch window (4 x 256 KiB)
+    small = write_dump(tmp_path / "small.xml.bz2", pages_xml(4000, words=60))
+    big = write_dump(tmp_path / "big.xml.bz2", pages_xml(16000, words=60))
     peak_small = peak_bytes(lambda: sum(1 for _ in iter_wiki(str(small))))
     peak_big = peak_bytes(lambda: sum(1 for _ in iter_wiki(str(big))))
     assert peak_big < 1.5 * peak_small + (256 << 10)
@@ -167,6 +168,26 @@ def test_bz2_of_a_single_page_dump_reads(tmp_path):
     path = tmp_path / "one.xml.bz2"
     path.write_bytes(bz2.compress((HEADER + page_xml(7, "Only", "Text here.") + FOOTER).encode()))
     assert [p.title for p in iter_wiki(str(path))] == ["Only"]
+
+
+def test_prefetched_chunks_are_the_same_and_faults_arrive_in_place():
+    from pipeline.dumps import prefetched
+
+    def chunks(fail_at=None):
+        for i in range(50):
+            if i == fail_at:
+                raise EOFError("cut")
+            yield bytes([i]) * 1000
+
+    assert list(prefetched(chunks(), depth=2)) == list(chunks())
+    got = []
+    with pytest.raises(EOFError, match="cut"):
+        for c in prefetched(chunks(fail_at=30), depth=2):
+            got.append(c)
+    assert got == list(chunks())[:30]  # every chunk before the fault, then the fault
+    it = prefetched(chunks(), depth=2)
+    assert next(it) == bytes([0]) * 1000
+    it.close()  # a reader that stops early stops the thread
 
 
 def test_readers_sharing_one_file_together_read_it_exactly_once(tmp_path):

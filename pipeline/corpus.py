@@ -306,15 +306,20 @@ def plan_units(source: str, urls: list[str], config: CorpusConfig) -> list[tuple
     return [(source, *unit, 0, 1) for url in urls for unit in plan_reads(url, config.split_bytes)]
 
 
+MAX_READERS_PER_FILE = 8
+"""Readers sharing one dump file that cannot be split: each decompresses all of it (~15% of
+the per-page CPU), so past ~8 the extra decompression outweighs the cleaning shared out."""
+
+
 def spread_units(units: list[tuple], workers: int) -> list[tuple]:
     """Units for ``workers``: when there are fewer than two per worker, each whole dump file
-    (one that cannot be split by streams) is read by ``parts`` readers, each parsing and
-    cleaning every ``parts``-th page. Every reader decompresses the whole file (bz2 is ~40% of
-    the per-page time), but no page text crosses a shuffle (it used to be reshuffled, and
-    Beam's local runner held the whole dump's text to do so)."""
+    (one that cannot be split by streams) is read by ``parts`` readers (at most
+    MAX_READERS_PER_FILE), each parsing and cleaning every ``parts``-th page. Every reader
+    decompresses the whole file, but no page text crosses a shuffle (it used to be reshuffled,
+    and Beam's local runner held the whole dump's text to do so)."""
     if workers <= 1 or len(units) >= 2 * workers:
         return units
-    parts = min(workers, -(-2 * workers // len(units)))
+    parts = min(workers, MAX_READERS_PER_FILE, -(-2 * workers // len(units)))
     out = []
     for source, url, start, end, _, _ in units:
         if source == "wiki" and start is None:

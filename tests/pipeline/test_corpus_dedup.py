@@ -163,3 +163,16 @@ def test_merging_many_runs_in_groups_gives_the_same_shards(tmp_path, monkeypatch
         outputs.append([(out / "rejects" / f"part-0000{i}-of-00003.parquet").read_bytes() for i in range(3)])
     assert outputs[0] == outputs[1]
     assert len(list((tmp_path / "work2" / "merge" / "rejects").iterdir())) == 4 + 2  # two levels
+
+
+def test_spread_units_shares_only_files_that_cannot_be_split():
+    from pipeline.corpus import MAX_READERS_PER_FILE, spread_units
+
+    whole, ranged, book = ("wiki", "a.xml.bz2", None, None, 0, 1), ("wiki", "m.bz2", 0, 9, 0, 1), (
+        "books", "b.txt", None, None, 0, 1)
+    assert spread_units([whole, ranged, book], 1) == [whole, ranged, book]
+    assert spread_units([whole, ranged, book], 2) == [
+        ("wiki", "a.xml.bz2", None, None, 0, 2), ("wiki", "a.xml.bz2", None, None, 1, 2), ranged, book]
+    assert len(spread_units([whole], 64)) == MAX_READERS_PER_FILE
+    many = [("wiki", f"{i}.xml", None, None, 0, 1) for i in range(4)]
+    assert spread_units(many, 2) == many  # two units per worker already

@@ -1,12 +1,16 @@
 """The corpus stage against wikiextractor on the same generated dump, figures side by side.
 
     python benchmarks/bench_corpus.py --mb 20 --wikiextractor /tmp/wxvenv/bin/python
+    python benchmarks/bench_corpus.py --mb 500 --workers 1 --no-pure --workdir /tmp/b  # memory
     python benchmarks/bench_corpus.py --parsers      # cleaner vs mwparserfromhell, in-process
     python benchmarks/bench_corpus.py --sentences    # splitter vs pysbd and blingfire
 
 The dump is the synthetic sample wiki (``synth``) repeated, with fresh page ids, to ``--mb``
 MB of XML, written as ``.xml.bz2`` like a real dump. Each tool runs in its own process at 1 and
-2 workers; peak memory is the largest resident set of the process tree, sampled from /proc.
+2 workers; peak memory is the largest resident set of the process tree, sampled from /proc;
+CPU seconds are those of the whole process tree (wikiextractor runs a reader process beside
+its ``--processes`` workers, so "1 worker" uses more than one core), the fair figure on a
+shared machine.
 Residue is the share of output documents that still hold each markup trace. wikiextractor is
 not a dependency: install it in its own venv (``python -m venv /tmp/wxvenv &&
 /tmp/wxvenv/bin/pip install wikiextractor``) and give its interpreter.
@@ -20,6 +24,7 @@ import glob
 import json
 import os
 import re
+import resource
 import subprocess
 import sys
 import tempfile
@@ -85,8 +90,10 @@ def _rss(pid: int) -> int:
     return 0
 
 
-def run_measured(cmd: list[str], env=None) -> tuple[float, int, int]:
-    """(wall seconds, peak RSS of the largest process, peak RSS summed over the tree)."""
+def run_measured(cmd: list[str], env=None) -> tuple[float, int, int, float]:
+    """(wall seconds, peak RSS of the largest process, peak RSS summed over the tree, CPU
+    seconds of the whole tree: user + system of every process reaped under it)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     peak_one = peak_sum = 0
@@ -102,7 +109,9 @@ def run_measured(cmd: list[str], env=None) -> tuple[float, int, int]:
     wall = time.perf_counter() - start
     if proc.returncode:
         raise RuntimeError(f"{cmd[:3]} failed: {proc.stderr.read().decode()[-2000:]}")
-    return wall, peak_one, peak_sum
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return wall, peak_one, peak_sum, cpu
 
 
 # -- residue ---------------------------------------------------------------------------------------
@@ -145,43 +154,52 @@ run_corpus(cfg, {"wiki": sys.argv[1]}, sys.argv[2])
 PURE = """
 import sys
 from pipeline.config import CorpusConfig
-from pipeline.corpus import build_document, page_record
+from pipeline.corpus import build_paragraphs, page_record
 from pipeline.dumps import iter_wiki
 cfg = CorpusConfig()
 for item in iter_wiki(sys.argv[1]):
     if hasattr(item, "page_id"):
         record, _ = page_record(item)
         if record:
-            build_document(record, cfg)
+            build_paragraphs(record, cfg)
 """
 
 
 def compare(args) -> None:
     work = Path(args.workdir or tempfile.mkdtemp(prefix="bench_corpus_"))
     work.mkdir(parents=True, exist_ok=True)
-    dump = work / "bench-pages-articles.xml.bz2"
-    pages, nbytes = make_dump(dump, args.mb)
+    dump = work / f"bench-{args.mb:g}MB-pages-articles.xml.bz2"
+    sidecar = dump.with_name(dump.name + ".json")
+    if dump.exists() and sidecar.exists():  # the same generated dump, kept from an earlier run
+        pages, nbytes = json.loads(sidecar.read_text())
+    else:
+        pages, nbytes = make_dump(dump, args.mb)
+        sidecar.write_text(json.dumps([pages, nbytes]))
     mb = nbytes / 1e6
     print(f"dump: {pages} pages, {mb:.1f} MB of XML ({dump.stat().st_size / 1e6:.1f} MB bz2)")
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     rows, docs = [], {}
-    wall, one, tree = run_measured([sys.executable, "-c", PURE, str(dump)], env)
-    rows.append(("bertflow read+clean+split, no Beam", 1, wall, one, tree))
+
+    def measure(name, workers, cmd, env=None):
+        load = os.getloadavg()[0]
+        wall, one, tree, cpu = run_measured(cmd, env)
+        rows.append((name, workers, wall, one, tree, load, cpu))
+
+    if not args.no_pure:
+        measure("bertflow read+clean+split, no Beam", 1, [sys.executable, "-c", PURE, str(dump)], env)
     for workers in args.workers:
         out = work / f"ours{workers}"
-        wall, one, tree = run_measured([sys.executable, "-c", OURS, str(dump), str(out), str(workers)], env)
-        rows.append(("bertflow corpus", workers, wall, one, tree))
+        measure("bertflow corpus", workers, [sys.executable, "-c", OURS, str(dump), str(out), str(workers)], env)
         docs["bertflow corpus"] = our_docs(out)
         if args.wikiextractor:
             out = work / f"wx{workers}"
-            wall, one, tree = run_measured([args.wikiextractor, "-m", "wikiextractor.WikiExtractor",
-                                            str(dump), "-o", str(out), "--processes", str(workers), "-q"])
-            rows.append(("wikiextractor", workers, wall, one, tree))
+            measure("wikiextractor", workers, [args.wikiextractor, "-m", "wikiextractor.WikiExtractor",
+                                               str(dump), "-o", str(out), "--processes", str(workers), "-q"])
             docs["wikiextractor"] = wx_docs(out)
-    print(f"\n| tool | workers | MB/s of XML | pages/s | peak RSS, largest process (MiB) | peak RSS, all processes (MiB) |")
-    print("|---|---|---|---|---|---|")
-    for name, w, wall, one, tree in rows:
-        print(f"| {name} | {w} | {mb / wall:.2f} | {pages / wall:.0f} | {one / 2**20:.0f} | {tree / 2**20:.0f} |")
+    print(f"\n| tool | workers | MB/s of XML | pages/s | MB of XML per CPU-second | peak RSS, largest process (MiB) | peak RSS, all processes (MiB) | load avg (1 min) at start |")
+    print("|---|---|---|---|---|---|---|---|")
+    for name, w, wall, one, tree, load, cpu in rows:
+        print(f"| {name} | {w} | {mb / wall:.2f} | {pages / wall:.0f} | {mb / cpu:.2f} | {one / 2**20:.0f} | {tree / 2**20:.0f} | {load:.1f} |")
     names = list(docs)
     print("\n| share of documents with | " + " | ".join(names) + " |")
     print("|---|" + "---|" * len(names))
@@ -278,6 +296,7 @@ def main() -> None:
     ap.add_argument("--wikiextractor", help="python of a venv with wikiextractor installed")
     ap.add_argument("--workdir", help="where the dump and outputs go (default: a temp folder)")
     ap.add_argument("--json", help="also write the figures here")
+    ap.add_argument("--no-pure", action="store_true", help="skip the no-Beam read+clean run")
     ap.add_argument("--parsers", action="store_true", help="clean_wikitext vs mwparserfromhell")
     ap.add_argument("--sentences", action="store_true", help="split_sentences vs pysbd, blingfire")
     args = ap.parse_args()

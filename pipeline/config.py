@@ -112,6 +112,10 @@ class CorpusConfig:
     dedup_sentences: bool = True
     """Drop sentences and paragraphs repeated within a document, and documents whose text was
     seen before."""
+    dedup_paragraphs: bool = True
+    """Drop a paragraph already kept by another document (exact, normalised text), across the
+    whole corpus: the document with the smallest doc_id keeps it (duplicate_paragraph_corpus;
+    a document left with nothing is all_paragraphs_duplicate)."""
     near_dup_threshold: float = 0.0
     """Jaccard threshold of MinHash LSH near-duplicate document removal (needs datasketch);
     0: off. Gathers every document's signature in one worker."""

@@ -1,23 +1,26 @@
 """Stage 1, the corpus job: raw Wikipedia dumps and books to cleaned, deduplicated documents.
 
-    check_corpus_inputs -> plan_units (files, multistream ranges) -> Create -> Reshuffle
-    -> ReadUnits (pages / books / lines, + rejects) -> [Reshuffle] -> CleanDocuments (clean markup,
-    split sentences, filter, + rejects) -> DedupDocuments -> [NearDedup] -> UniqueDocIds
-    -> WriteShards per source, rejects/ -> fill_empty_shards -> _manifest.json (last)
+    check_corpus_inputs -> plan_units (files, multistream ranges) -> spread_units -> Create
+    -> Reshuffle -> ReadUnits (pages / books / lines; rejects to runs) -> CleanToFragments
+    (clean markup, split sentences, filter; documents to fragment files, rejects to runs; small
+    keys out) -> DedupAndWrite (pipeline.corpus_dedup: exact documents, [near], one per doc_id,
+    paragraphs across the corpus, drops applied per fragment, runs merged into shards)
+    -> fill_empty_shards -> _manifest.json (last)
 
 Design choices:
 1. A unit of read work is a file, or a byte range of whole bz2 streams of a multistream dump
    (:func:`pipeline.dumps.plan_reads`, planned before the pipeline), so one big dump is read by
-   many workers. Each worker cleans what it reads; raw records are reshuffled only when there
-   are too few units for the workers (one plain dump file), as raw text is the bulkiest data.
-2. The per-record work is pure functions (:func:`page_record`, :func:`build_document`) that
+   many workers; a file that cannot be split is shared by several readers, each parsing every
+   N-th page (:func:`spread_units`). Each worker cleans what it reads: page text never crosses
+   a shuffle.
+2. The per-record work is pure functions (:func:`page_record`, :func:`build_paragraphs`) that
    return their rejects as a Counter; the DoFns turn those into Beam counters and reject rows.
 3. Nothing is lost silently: every record read is either a document or a reject with a reason
    (``{source}_read == documents + sum of RECORD_REJECTS``, checked by a test), every reject row
    goes to ``rejects/`` with a sample, and a fault in a file costs only what is unreadable
    (:mod:`pipeline.dumps` resynchronises at the next page).
-4. Output is byte-identical whatever the parallelism: dedup keeps the smallest doc_id of a group,
-   and :class:`pipeline.beam_io.WriteShards` places and orders rows by a key alone.
+4. Output is byte-identical whatever the parallelism: every dedup decision sorts by stable
+   keys, and the shards are a merge of key-sorted runs (:mod:`pipeline.corpus_dedup`).
 5. ``rejects/`` is written beside the source folders but left out of the manifest's ``files``:
    downstream stages read every ``.parquet`` the manifest lists as documents. Its row count is
    the manifest count ``rejects_written``.
@@ -32,17 +35,18 @@ import time
 
 import apache_beam as beam
 import fsspec
-from apache_beam.metrics import Metrics
 
 from pipeline import filters
-from pipeline.beam_io import (
-    WriteShards, check_runner_urls, counters, fill_empty_shards, parquet_rows, pipeline_options,
-)
+from pipeline.beam_io import check_runner_urls, counters, fill_empty_shards, parquet_rows, pipeline_options
 from pipeline.config import CORPUS_SOURCES, CorpusConfig, output_config
+from pipeline.corpus_dedup import (
+    NAMESPACE, REJECTS_FOLDER, RUNS, DedupAndWrite, FragmentWriter, Writing, doc_digest, pack_doc,
+    paragraph_hash, windowed,
+)
 from pipeline.dumps import iter_wiki, plan_reads
 from pipeline.filters import (
     FILE_EVENTS, NOTES, PART_DROPS, RECORD_REJECTS, REJECT_REASONS, REJECT_SCHEMA, normalise,
-    reject_row, sentence_reject, text_digest,
+    sentence_reject, text_digest,
 )
 from pipeline.readers import (
     BOOK_SUFFIXES, WIKI_SUFFIXES, CorpusReadError, Page, book_stem, expand_inputs,
@@ -56,16 +60,16 @@ from pipeline.sentences import book_paragraphs, split_sentences, strip_boilerpla
 from pipeline.wikitext import clean_wikitext
 
 __all__ = [
-    "run_corpus", "check_corpus_inputs", "CorpusInputError", "build_document", "page_record",
+    "run_corpus", "check_corpus_inputs", "CorpusInputError", "build_document", "build_paragraphs",
+    "page_record",
     "REJECT_REASONS", "RECORD_REJECTS", "sentence_reject", "normalise", "text_digest",
 ]
 
 log = logging.getLogger("bertflow.corpus")
 
-NAMESPACE = "corpus"
 SOURCES = CORPUS_SOURCES
 ARTICLE_NAMESPACE = 0
-REJECTS_FOLDER = "rejects"
+WORK_DIR = "_work"
 PROGRESS_EVERY = 1000
 _DISAMBIGUATION = re.compile(
     r"\{\{\s*(?:disambiguation|disambig|dab|hndis|geodis|numberdis|letter-numbercombdisambig)"
@@ -140,11 +144,12 @@ def paragraphs_of(record: dict, config: CorpusConfig) -> list[str]:
     return book_paragraphs(text)
 
 
-def build_document(record: dict, config: CorpusConfig) -> tuple[dict | None, collections.Counter]:
-    """Clean, split and filter one raw record into a DOCUMENT_SCHEMA row (or None), with rejects.
+def build_paragraphs(record: dict, config: CorpusConfig) -> tuple[list[list[str]] | None, collections.Counter]:
+    """Clean, split and filter one raw record into its paragraphs' kept sentences (or None).
 
     The Counter holds every sentence/paragraph dropped by reason and, when the record is
-    dropped, exactly one reason of :data:`pipeline.filters.RECORD_REJECTS`.
+    dropped, exactly one reason of :data:`pipeline.filters.RECORD_REJECTS`. Paragraphs left
+    with no sentence are left out.
     """
     rejects: collections.Counter = collections.Counter()
     paragraphs = paragraphs_of(record, config)
@@ -156,10 +161,12 @@ def build_document(record: dict, config: CorpusConfig) -> tuple[dict | None, col
         paragraphs, dropped = filters.dedup_paragraphs(paragraphs)
         if dropped:
             rejects["duplicate_paragraph"] += dropped
-    sentences: list[str] = []
+    kept: list[list[str]] = []
     seen: set[str] = set()
     split_any = False
+    num_sentences = num_chars = 0
     for paragraph in paragraphs:
+        sentences = []
         for sentence in split_sentences(paragraph):
             split_any = True
             reason = sentence_reject(sentence, config)
@@ -172,62 +179,60 @@ def build_document(record: dict, config: CorpusConfig) -> tuple[dict | None, col
                 rejects[reason] += 1
             else:
                 sentences.append(sentence)
+                num_chars += len(sentence)
+        if sentences:
+            kept.append(sentences)
+            num_sentences += len(sentences)
     if not split_any:
         rejects["empty_after_cleaning"] += 1
         return None, rejects
-    if len(sentences) < config.min_doc_sentences:
+    if num_sentences < config.min_doc_sentences:
         rejects["too_few_sentences"] += 1
         return None, rejects
-    num_chars = sum(len(s) for s in sentences)
     if num_chars < config.min_doc_chars:
         rejects["doc_too_short"] += 1
         return None, rejects
+    return kept, rejects
+
+
+def build_document(record: dict, config: CorpusConfig) -> tuple[dict | None, collections.Counter]:
+    """Clean, split and filter one raw record into a DOCUMENT_SCHEMA row (or None), with rejects
+    (see :func:`build_paragraphs`); corpus-wide dedup comes later."""
+    paragraphs, rejects = build_paragraphs(record, config)
+    if paragraphs is None:
+        return None, rejects
+    sentences = [s for p in paragraphs for s in p]
     row = {
         "doc_id": record["doc_id"],
         "source": record["source"],
         "title": record["title"],
         "sentences": sentences,
         "num_sentences": len(sentences),
-        "num_chars": num_chars,
+        "num_chars": sum(len(s) for s in sentences),
     }
     return row, rejects
 
 
 # -- DoFns and composite transforms -------------------------------------------------------------
-class _Counted(beam.DoFn):
-    """A DoFn that counts under namespace "corpus", creating each counter once."""
+class _ReadUnit(Writing):
+    """(source, url, start, end) -> raw records {doc_id, source, title, text[, layout]}; rejects
+    written to runs (announced on the tagged output "runs")."""
 
-    def setup(self):
-        self._counters = {}
-
-    def count(self, name: str, value: int = 1) -> None:
-        if name not in self._counters:
-            self._counters[name] = Metrics.counter(NAMESPACE, name)
-        self._counters[name].inc(value)
-
-    def reject(self, source: str, reason: str, **fields):
-        self.count(reason)
-        return beam.pvalue.TaggedOutput(REJECTS_FOLDER, reject_row(source, reason, **fields))
-
-
-class _ReadUnit(_Counted):
-    """(source, url, start, end) -> raw records {doc_id, source, title, text[, layout]}, and
-    rejects on the tagged output "rejects"."""
-
-    def __init__(self, config: CorpusConfig):
+    def __init__(self, config: CorpusConfig, work_url: str):
+        super().__init__(work_url)
         self.config = config
 
     def process(self, unit):
-        source, url, start, end = unit
+        source, url, start, end, part, parts = unit
         read = 0
         if source == "wiki":
-            for item in iter_wiki(url, start, end, self.config.max_page_bytes):
+            for item in iter_wiki(url, start, end, self.config.max_page_bytes, part, parts):
                 if isinstance(item, Page):
                     read += 1
                     record, reason = page_record(item)
                     if reason:
-                        yield self.reject("wiki", reason, record_id=f"wiki:{item.page_id}",
-                                          title=item.title, url=url, sample=item.text)
+                        self.reject("wiki", reason, record_id=f"wiki:{item.page_id}",
+                                    title=item.title, url=url, sample=item.text)
                     else:
                         yield record
                     continue
@@ -239,8 +244,8 @@ class _ReadUnit(_Counted):
                 else:
                     log.error("corpus: %s in %s: %s", item.reason, url, item.detail)
                 rid = f"wiki:{item.record_id}" if item.record_id else ""
-                yield self.reject("wiki", item.reason, record_id=rid, title=item.title,
-                                  url=url, detail=item.detail, sample=item.sample)
+                self.reject("wiki", item.reason, record_id=rid, title=item.title,
+                            url=url, detail=item.detail, sample=item.sample)
         elif self.config.books_layout == "line_per_document":
             read = yield from self._book_lines(url)
         else:
@@ -253,7 +258,7 @@ class _ReadUnit(_Counted):
         if not url.lower().endswith(BOOK_SUFFIXES):
             reason = "binary_file" if _is_binary(url) else "unsupported_file"
             log.error("corpus: %s among the books rejected (%s)", url, reason)
-            yield self.reject("books", reason, record_id=rid, url=url,
+            self.reject("books", reason, record_id=rid, url=url,
                               detail=f"not a book file (expected {', '.join(BOOK_SUFFIXES)})")
             return
         try:
@@ -261,7 +266,7 @@ class _ReadUnit(_Counted):
         except CorpusReadError as exc:
             reason = "unreadable_book" if exc.reason == "unreadable_file" else exc.reason
             log.error("corpus: book rejected (%s): %s", reason, exc)
-            yield self.reject("books", reason, record_id=rid, url=url, detail=str(exc))
+            self.reject("books", reason, record_id=rid, url=url, detail=str(exc))
             return
         if book.encoding != "utf-8":
             self.count("books_reencoded")
@@ -274,7 +279,7 @@ class _ReadUnit(_Counted):
         if _is_binary(url) or not url.lower().endswith(BOOK_SUFFIXES):
             reason = "binary_file" if _is_binary(url) else "unsupported_file"
             log.error("corpus: %s among the books rejected (%s)", url, reason)
-            yield self.reject("books", reason, record_id=f"books:{stem}", url=url)
+            self.reject("books", reason, record_id=f"books:{stem}", url=url)
             return 1
         read = 0
         for number, line in iter_book_lines(url):
@@ -293,223 +298,127 @@ def _is_binary(url: str) -> bool:
 
 
 def plan_units(source: str, urls: list[str], config: CorpusConfig) -> list[tuple]:
-    """Units of read work (source, url, start, end): multistream dumps split by stream ranges."""
+    """Units of read work (source, url, start, end, part, parts): multistream dumps split by
+    stream ranges; ``part`` of ``parts`` readers of one file (see :func:`spread_units`)."""
     if source != "wiki":
-        return [(source, url, None, None) for url in urls]
-    return [(source, *unit) for url in urls for unit in plan_reads(url, config.split_bytes)]
+        return [(source, url, None, None, 0, 1) for url in urls]
+    return [(source, *unit, 0, 1) for url in urls for unit in plan_reads(url, config.split_bytes)]
+
+
+MAX_READERS_PER_FILE = 8
+"""Readers sharing one dump file that cannot be split: each decompresses all of it (~15% of
+the per-page CPU), so past ~8 the extra decompression outweighs the cleaning shared out."""
+
+
+def spread_units(units: list[tuple], workers: int) -> list[tuple]:
+    """Units for ``workers``: when there are fewer than two per worker, each whole dump file
+    (one that cannot be split by streams) is read by ``parts`` readers (at most
+    MAX_READERS_PER_FILE), each parsing and cleaning every ``parts``-th page. Every reader
+    decompresses the whole file, but no page text crosses a shuffle (it used to be reshuffled,
+    and Beam's local runner held the whole dump's text to do so)."""
+    if workers <= 1 or len(units) >= 2 * workers:
+        return units
+    parts = min(workers, MAX_READERS_PER_FILE, -(-2 * workers // len(units)))
+    out = []
+    for source, url, start, end, _, _ in units:
+        if source == "wiki" and start is None:
+            out += [(source, url, None, None, part, parts) for part in range(parts)]
+        else:
+            out.append((source, url, start, end, 0, 1))
+    return out
 
 
 class ReadUnits(beam.PTransform):
-    """Read units -> raw records (main output "records") and reject rows ("rejects")."""
+    """Read units -> raw records (main output "records") and reject runs ("runs")."""
 
-    def __init__(self, config: CorpusConfig):
+    def __init__(self, config: CorpusConfig, work_url: str):
         super().__init__()
         self.config = config
+        self.work_url = work_url
 
     def expand(self, units):
-        return units | "ReadUnit" >> beam.ParDo(_ReadUnit(self.config)).with_outputs(
-            REJECTS_FOLDER, main="records")
+        return units | "ReadUnit" >> beam.ParDo(_ReadUnit(self.config, self.work_url)).with_outputs(
+            RUNS, main="records")
 
 
-class _BuildDocument(_Counted):
-    def __init__(self, config: CorpusConfig):
+class _CleanToFragments(Writing):
+    """Raw record -> its document written to a fragment, and its small key (main output):
+    ``(digest, pack_doc(doc_id, title, ref, paragraph hashes[, minhash]))``; rejects written to
+    runs; fragment ids (tagged "fragments") and runs ("runs") at the end of each bundle."""
+
+    def __init__(self, config: CorpusConfig, work_url: str):
+        super().__init__(work_url)
         self.config = config
 
-    def setup(self):
-        super().setup()
+    def start_bundle(self):
+        super().start_bundle()
+        self._fragments = FragmentWriter(self.work_url)
         self._processed = 0
 
     def process(self, record: dict):
-        row, rejects = build_document(record, self.config)
+        paragraphs, rejects = build_paragraphs(record, self.config)
         for reason, n in rejects.items():
-            self.count(reason, n)
+            if reason not in RECORD_REJECTS:
+                self.count(reason, n)
         self._processed += 1
         if self._processed % PROGRESS_EVERY == 0:
             log.info("corpus: %d documents processed by this worker (last %s)",
                      self._processed, record["doc_id"])
-        if row is not None:
-            yield row
+        if paragraphs is None:
+            reason = next(r for r in rejects if r in RECORD_REJECTS)
+            self.reject(record["source"], reason, record_id=record["doc_id"],
+                        title=record["title"], sample=record["text"])
             return
-        reason = next(r for r in rejects if r in RECORD_REJECTS)
-        yield beam.pvalue.TaggedOutput(REJECTS_FOLDER, reject_row(
-            record["source"], reason, record_id=record["doc_id"], title=record["title"],
-            sample=record["text"]))
+        digest = doc_digest(paragraphs)
+        ref = self._fragments.add({"doc_id": record["doc_id"], "source": record["source"],
+                                   "title": record["title"], "digest": digest,
+                                   "paragraphs": paragraphs})
+        hashes = [paragraph_hash(p) for p in paragraphs] if self.config.dedup_paragraphs else []
+        sig = (filters.minhash([s for p in paragraphs for s in p])
+               if self.config.near_dup_threshold > 0 else None)
+        yield bytes.fromhex(digest), pack_doc(record["doc_id"], record["title"], ref, hashes, sig)
+
+    def finish_bundle(self):
+        for fragment in self._fragments.close():
+            yield beam.pvalue.TaggedOutput("fragments", windowed(fragment))
+        yield from super().finish_bundle()
 
 
-class CleanDocuments(beam.PTransform):
-    """Raw records -> document rows (main output) and reject rows ("rejects")."""
+class CleanToFragments(beam.PTransform):
+    """Raw records -> document keys (main output "keys"), fragment ids ("fragments") and
+    reject runs ("runs")."""
 
-    def __init__(self, config: CorpusConfig, with_rejects: bool = False):
+    def __init__(self, config: CorpusConfig, work_url: str):
         super().__init__()
         self.config = config
-        self.with_rejects = with_rejects
+        self.work_url = work_url
 
     def expand(self, records):
-        out = records | "BuildDocument" >> beam.ParDo(_BuildDocument(self.config)).with_outputs(
-            REJECTS_FOLDER, main="rows")
-        return out if self.with_rejects else out.rows
-
-
-class _KeepFirst(_Counted):
-    """Of a group, keep the row with the smallest sort key; reject the others under ``reason``."""
-
-    def __init__(self, reason: str, sort_key):
-        self.reason = reason
-        self.sort_key = sort_key
-
-    def process(self, element):
-        _, rows = element
-        rows = sorted(rows, key=self.sort_key)
-        if len(rows) > 1 and self.reason == "duplicate_doc_id":
-            log.warning("corpus: %d documents share doc_id %s; kept one", len(rows), rows[0]["doc_id"])
-        for row in rows[1:]:
-            yield self.reject(row["source"], self.reason, record_id=row["doc_id"],
-                              title=row["title"], detail=f"same as {rows[0]['doc_id']}",
-                              sample=" ".join(row["sentences"]))
-        yield rows[0]
-
-
-def _by_id(row):
-    return row["doc_id"], row["title"]
-
-
-def _by_text(row):
-    return text_digest(row["sentences"]), row["title"]
-
-
-def _keep_first(reason, sort_key):
-    return beam.ParDo(_KeepFirst(reason, sort_key)).with_outputs(REJECTS_FOLDER, main="rows")
-
-
-class DedupDocuments(beam.PTransform):
-    """Exact document dedup across all inputs: one row per normalised text, the smallest doc_id."""
-
-    def __init__(self, with_rejects: bool = False):
-        super().__init__()
-        self.with_rejects = with_rejects
-
-    def expand(self, rows):
-        out = (
-            rows
-            | "KeyByText" >> beam.Map(lambda row: (text_digest(row["sentences"]), row))
-            | "GroupByText" >> beam.GroupByKey()
-            | "KeepSmallestId" >> _keep_first("duplicate_document", _by_id)
-        )
-        return out if self.with_rejects else out.rows
-
-
-class UniqueDocIds(beam.PTransform):
-    """One row per doc_id (a page repeated across dump parts), so shard order is total."""
-
-    def __init__(self, with_rejects: bool = False):
-        super().__init__()
-        self.with_rejects = with_rejects
-
-    def expand(self, rows):
-        out = (
-            rows
-            | "KeyById" >> beam.Map(lambda row: (row["doc_id"], row))
-            | "GroupById" >> beam.GroupByKey()
-            | "KeepOne" >> _keep_first("duplicate_doc_id", _by_text)
-        )
-        return out if self.with_rejects else out.rows
-
-
-class _NearDedup(_Counted):
-    def __init__(self, threshold: float):
-        self.threshold = threshold
-
-    def process(self, row, dropped):
-        kept = dropped.get(row["doc_id"])
-        if kept is None:
-            yield row
-        else:
-            yield self.reject(row["source"], "near_duplicate_document", record_id=row["doc_id"],
-                              title=row["title"], detail=f"near duplicate of {kept}",
-                              sample=" ".join(row["sentences"]))
-
-
-class NearDedupDocuments(beam.PTransform):
-    """MinHash LSH near-duplicate removal (optional, ``datasketch``): signatures in parallel,
-    clustering of all signatures in one worker, the smallest doc_id of a cluster kept."""
-
-    def __init__(self, threshold: float):
-        super().__init__()
-        self.threshold = threshold
-
-    def expand(self, rows):
-        t = self.threshold
-        dropped = (
-            rows
-            | "Sign" >> beam.Map(lambda r: (0, (r["doc_id"], filters.minhash(r["sentences"]))))
-            | "AllSignatures" >> beam.GroupByKey()
-            | "Cluster" >> beam.Map(lambda kv: filters.near_duplicates(list(kv[1]), t))
-        )
-        return rows | "DropNear" >> beam.ParDo(
-            _NearDedup(t), beam.pvalue.AsSingleton(dropped)).with_outputs(REJECTS_FOLDER, main="rows")
-
-
-class _CountOutput(_Counted):
-    def process(self, row):
-        source = row["source"]
-        self.count(f"{source}_documents")
-        self.count(f"{source}_sentences", row["num_sentences"])
-        self.count(f"{source}_chars", row["num_chars"])
-        yield row
+        return records | "BuildDocument" >> beam.ParDo(
+            _CleanToFragments(self.config, self.work_url)).with_outputs("fragments", RUNS, main="keys")
 
 
 def build_corpus_pipeline(config: CorpusConfig, files: dict[str, list[str]], output_url: str) -> beam.Pipeline:
     """The corpus job over ``files`` (source -> input file URLs), built, not run, with the
     options of ``config.beam`` (any runner: a test validates it for Dataflow without submitting)."""
     check_runner_urls(config.beam, {**files, "output": [output_url]})
-    units = [u for name, urls in files.items() for u in plan_units(name, urls, config)]
-    # Raw page text is the bulkiest data of the job: move it between workers only when there are
-    # too few read units to keep every worker busy (a single plain dump file); otherwise each
-    # worker cleans what it reads and only documents cross a shuffle (less memory and pickling).
+    # Page text never crosses a shuffle: each worker cleans what it reads.
     workers = config.beam.num_workers if config.beam.runner in ("FnApiRunner", "DirectRunner") else 64
-    spread_records = workers > 1 and len(units) < 2 * workers
-    log.info("corpus: %d read units for %d workers (%s)", len(units), workers,
-             "records reshuffled" if spread_records else "read and cleaned in place")
+    units = spread_units(
+        [u for name, urls in files.items() for u in plan_units(name, urls, config)], workers)
+    log.info("corpus: %d read units for %d workers", len(units), workers)
 
+    work = join_url(output_url, WORK_DIR)
     p = beam.Pipeline(options=pipeline_options(config.beam, job_name="bertflow-corpus"))
     read = (
         p
         | "Units" >> beam.Create(units)
         | "SpreadUnits" >> beam.Reshuffle()
-        | "Read" >> ReadUnits(config)
+        | "Read" >> ReadUnits(config, work)
     )
-    records = read.records
-    if spread_records:
-        records = records | "SpreadRecords" >> beam.Reshuffle()
-    rejects = [read[REJECTS_FOLDER]]
-    cleaned = records | "Clean" >> CleanDocuments(config, with_rejects=True)
-    rows = cleaned.rows
-    rejects.append(cleaned[REJECTS_FOLDER])
-    if config.dedup_sentences:
-        dedup = rows | "DedupDocuments" >> DedupDocuments(with_rejects=True)
-        rows = dedup.rows
-        rejects.append(dedup[REJECTS_FOLDER])
-    if config.near_dup_threshold > 0:
-        near = rows | "NearDedup" >> NearDedupDocuments(config.near_dup_threshold)
-        rows = near.rows
-        rejects.append(near[REJECTS_FOLDER])
-    unique = rows | "UniqueDocIds" >> UniqueDocIds(with_rejects=True)
-    rejects.append(unique[REJECTS_FOLDER])
-    rows = unique.rows | "CountOutput" >> beam.ParDo(_CountOutput())
-    for name in files:
-        _ = (
-            rows
-            | f"Only[{name}]" >> beam.Filter(lambda row, s=name: row["source"] == s)
-            | f"Write[{name}]" >> WriteShards(
-                join_url(output_url, name), DOCUMENT_SCHEMA, config.num_shards,
-                key_fn=lambda row: row["doc_id"])
-        )
-    _ = (
-        tuple(rejects)
-        | "FlattenRejects" >> beam.Flatten()
-        | "WriteRejects" >> WriteShards(join_url(output_url, REJECTS_FOLDER), REJECT_SCHEMA,
-                                        config.num_shards, key_fn=lambda row: row["reject_id"])
-    )
+    cleaned = read.records | "Clean" >> CleanToFragments(config, work)
+    runs = (read[RUNS], cleaned[RUNS]) | "ReadRuns" >> beam.Flatten()
+    _ = (cleaned.keys, cleaned.fragments, runs) | "Dedup" >> DedupAndWrite(config, work, output_url)
     return p
 
 
@@ -526,9 +435,13 @@ def run_corpus(config: CorpusConfig, inputs: dict[str, str], output_url: str) ->
     log.info("corpus: %s -> %s", {n: len(f) for n, f in files.items()}, output_url)
 
     p = build_corpus_pipeline(config, files, output_url)
+    work = join_url(output_url, WORK_DIR)
     result = p.run()
     result.wait_until_finish()
 
+    fs, work_path = fsspec.core.url_to_fs(work)
+    if fs.exists(work_path):
+        fs.rm(work_path, recursive=True)
     for name in list(files) + [REJECTS_FOLDER]:
         schema = REJECT_SCHEMA if name == REJECTS_FOLDER else DOCUMENT_SCHEMA
         fill_empty_shards(join_url(output_url, name), schema, config.num_shards)

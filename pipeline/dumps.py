@@ -26,7 +26,9 @@ counts every page read as kept or rejected.
 from __future__ import annotations
 
 import bz2
+import queue
 import re
+import threading
 import zlib
 import xml.etree.ElementTree as ET
 from typing import Iterable, Iterator
@@ -123,10 +125,61 @@ def _range_chunks(url: str, start: int, end: int) -> Iterator[bytes]:
         yield from _inflate(_raw_chunks(f, end - start), "bz2")
 
 
+PREFETCH_CHUNKS = 4
+"""Decompressed chunks a reader thread may hold ahead of the page scanner (memory bound)."""
+
+
+def prefetched(chunks: Iterator[bytes], depth: int = PREFETCH_CHUNKS) -> Iterator[bytes]:
+    """``chunks`` produced by a thread, at most ``depth`` ahead: bz2/zlib decompression and
+    file reads release the GIL, so they overlap the scanning and cleaning of earlier pages on a
+    second core (wikiextractor does the same with a reader process). The same chunks come in
+    the same order, and an exception of the producer is raised here at the same point."""
+    items: queue.Queue = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def produce():
+        try:
+            for chunk in chunks:
+                while not stop.is_set():
+                    try:
+                        items.put((chunk, None), timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+            items.put((None, None))
+        except BaseException as exc:  # handed over to the consumer, raised there
+            items.put((None, exc))
+
+    thread = threading.Thread(target=produce, name="dump-reader", daemon=True)
+    thread.start()
+    try:
+        while True:
+            chunk, exc = items.get()
+            if exc is not None:
+                raise exc
+            if chunk is None:
+                return
+            yield chunk
+    finally:
+        stop.set()
+        while thread.is_alive():  # unblock a producer waiting on a full queue
+            try:
+                items.get_nowait()
+            except queue.Empty:
+                thread.join(0.05)
+
+
 # -- the page scanner --------------------------------------------------------------------------
-def scan_pages(chunks: Iterable[bytes], url: str, max_page_bytes: int = DEFAULT_MAX_PAGE_BYTES
-               ) -> Iterator[Page | ReadEvent]:
+def scan_pages(chunks: Iterable[bytes], url: str, max_page_bytes: int = DEFAULT_MAX_PAGE_BYTES,
+               part: int = 0, parts: int = 1) -> Iterator[Page | ReadEvent]:
     """Pages and events from a stream of dump bytes; see the module docstring.
+
+    With ``parts > 1`` only every ``parts``-th page from the ``part``-th (0-based; a page event
+    counts as a page) is parsed and yielded, and file events only for part 0: ``parts`` readers
+    of one file that cannot be split (a single-stream ``.bz2``) share its pages between them
+    without moving page text between workers, and together yield exactly what one reader does.
 
     ``buf[pos:]`` is the unconsumed data (``pos`` moves, the buffer is compacted once per chunk,
     so each byte is copied a bounded number of times); ``offset`` is ``buf[0]``'s position in
@@ -140,6 +193,12 @@ def scan_pages(chunks: Iterable[bytes], url: str, max_page_bytes: int = DEFAULT_
     offset = 0
     received = False
     chunks = iter(chunks)
+    ordinal = -1  # of the last page met
+
+    def mine() -> bool:
+        nonlocal ordinal
+        ordinal += 1
+        return ordinal % parts == part
 
     def info(end: int) -> tuple[str, str, str]:
         if skipping:
@@ -152,16 +211,18 @@ def scan_pages(chunks: Iterable[bytes], url: str, max_page_bytes: int = DEFAULT_
             data = next(chunks, None)
         except (OSError, EOFError, ValueError) as exc:
             if not received:
-                yield ReadEvent("file", "unreadable_file", url, "", "",
-                                f"{type(exc).__name__}: {exc}")
+                if part == 0:
+                    yield ReadEvent("file", "unreadable_file", url, "", "",
+                                    f"{type(exc).__name__}: {exc}")
                 return
-            if in_page:
+            if in_page and mine():
                 page_id, title, sample = info(len(buf))
                 yield ReadEvent("page", "truncated_page", url, page_id, title,
                                 f"page cut by the end of the readable data: {exc}", sample)
-            yield ReadEvent("file", "truncated_file", url, "", "",
-                            f"unreadable after byte {offset + len(buf)} of the decompressed "
-                            f"data: {type(exc).__name__}: {exc}")
+            if part == 0:
+                yield ReadEvent("file", "truncated_file", url, "", "",
+                                f"unreadable after byte {offset + len(buf)} of the decompressed "
+                                f"data: {type(exc).__name__}: {exc}")
             return
         if data is None:
             break
@@ -187,24 +248,27 @@ def scan_pages(chunks: Iterable[bytes], url: str, max_page_bytes: int = DEFAULT_
             reopen = buf.find(_OPEN, scan_from, close if close >= 0 else len(buf))
             if reopen >= 0:
                 # A <page> never closed before the next one: reject it, resynchronise.
-                page_id, title, sample = info(reopen)
-                yield ReadEvent("page", "unclosed_page", url, page_id, title,
-                                f"<page> at byte {offset + pos} not closed before the next "
-                                "<page>", sample)
+                if mine():
+                    page_id, title, sample = info(reopen)
+                    yield ReadEvent("page", "unclosed_page", url, page_id, title,
+                                    f"<page> at byte {offset + pos} not closed before the next "
+                                    "<page>", sample)
                 skipping = None
                 pos = reopen
                 scan_from = reopen + len(_OPEN)
                 continue
             if close >= 0:
                 end = close + len(_CLOSE)
-                if skipping:
+                if not mine():
+                    pass
+                elif skipping:
                     page_id, title, sample = skipping
                     yield ReadEvent("page", "page_too_large", url, page_id, title,
                                     f"page larger than {max_page_bytes} bytes (max_page_bytes)",
                                     sample)
-                    skipping = None
                 else:
                     yield from _parse_page(buf[pos:end], url, offset + pos)
+                skipping = None
                 pos = end
                 in_page = False
                 scan_from = end
@@ -216,7 +280,7 @@ def scan_pages(chunks: Iterable[bytes], url: str, max_page_bytes: int = DEFAULT_
             if skipping:
                 pos = scan_from  # forget the page's bytes; only look for its end
             break
-    if in_page:
+    if in_page and mine():
         page_id, title, sample = info(len(buf))
         yield ReadEvent("page", "truncated_page", url, page_id, title,
                         "<page> not closed at the end of the file", sample)
@@ -245,12 +309,16 @@ def _parse_page(data: bytes, url: str, offset: int) -> Iterator[Page | ReadEvent
 
 
 def iter_wiki(url: str, start: int | None = None, end: int | None = None,
-              max_page_bytes: int = DEFAULT_MAX_PAGE_BYTES) -> Iterator[Page | ReadEvent]:
+              max_page_bytes: int = DEFAULT_MAX_PAGE_BYTES, part: int = 0, parts: int = 1
+              ) -> Iterator[Page | ReadEvent]:
     """Every page of a dump file (or of the bz2 streams in bytes [start, end) of a multistream
-    file) and every event, in file order. Never raises on bad content; an input that cannot be
-    opened at all yields one ``unreadable_file`` event."""
+    file) and every event, in file order; with ``parts > 1``, the share of reader ``part`` (see
+    :func:`scan_pages`). Never raises on bad content; an input that cannot be opened at all
+    yields one ``unreadable_file`` event."""
     chunks = _file_chunks(url) if start is None else _range_chunks(url, start, end)
-    yield from scan_pages(chunks, url, max_page_bytes)
+    if start is not None or url.lower().endswith((".bz2", ".gz")):
+        chunks = prefetched(chunks)  # decompression on a second core; a plain file is cheap to read
+    yield from scan_pages(chunks, url, max_page_bytes, part, parts)
 
 
 # -- multistream splitting ---------------------------------------------------------------------

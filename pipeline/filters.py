@@ -33,12 +33,15 @@ RECORD_REJECTS = (
     "doc_too_long",
     # dedup
     "duplicate_document", "near_duplicate_document", "duplicate_doc_id",
+    "all_paragraphs_duplicate",  # every paragraph kept by another document
 )
 FILE_EVENTS = ("unreadable_file", "truncated_file")
 PART_DROPS = (
     "sentence_too_short", "sentence_too_long", "sentence_low_alpha", "duplicate_sentence",
-    "duplicate_paragraph",
+    "duplicate_paragraph", "duplicate_paragraph_corpus",
 )
+WRITTEN_PART_DROPS = ("duplicate_paragraph_corpus",)
+"""Part drops also written to ``rejects/`` (one row each, with the document id)."""
 NOTES = ("invalid_utf8", "books_reencoded")
 REJECT_REASONS = RECORD_REJECTS + FILE_EVENTS + PART_DROPS
 

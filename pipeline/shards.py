@@ -76,10 +76,12 @@ class RunWriter:
     ``[(url, rows), ...]``.
     """
 
-    def __init__(self, schema: pa.Schema, url_for, budget_bytes: int = RUN_BUDGET_BYTES):
+    def __init__(self, schema: pa.Schema, url_for, budget_bytes: int = RUN_BUDGET_BYTES,
+                 row_group_rows: int = RUN_ROW_GROUP):
         self.schema = with_key(schema)
         self.url_for = url_for
         self.budget = budget_bytes
+        self.row_group_rows = row_group_rows
         self.rows: list[dict[str, Any]] = []
         self.batches: list[pa.RecordBatch] = []
         self.held = 0
@@ -108,7 +110,7 @@ class RunWriter:
         table = table.take(pc.sort_indices(table, sort_keys=[(KEY, "ascending")]))
         url = self.url_for(len(self.written))
         with _open_write(url) as f:
-            pq.write_table(table, f, row_group_size=RUN_ROW_GROUP, compression="zstd")
+            pq.write_table(table, f, row_group_size=self.row_group_rows, compression="zstd")
         self.written.append((url, table.num_rows))
         del table
         pa.default_memory_pool().release_unused()
@@ -148,8 +150,10 @@ class _Run:
 class _ShardSink:
     """Streams rows in global order into shard files at exact rank boundaries."""
 
-    def __init__(self, output_url: str, schema: pa.Schema, num_shards: int, total: int, name_for):
+    def __init__(self, output_url: str, schema: pa.Schema, num_shards: int, total: int, name_for,
+                 row_group_rows: int = SHARD_ROW_GROUP):
         self.output_url, self.schema, self.k = output_url, schema, num_shards
+        self.row_group_rows = row_group_rows
         self.bounds = [j * total // num_shards for j in range(num_shards + 1)]
         self.name_for = name_for
         self.shard = -1
@@ -180,9 +184,9 @@ class _ShardSink:
         if not self.buffer:
             return
         table = pa.concat_tables(self.buffer)
-        cut = table.num_rows if final else table.num_rows - table.num_rows % SHARD_ROW_GROUP
+        cut = table.num_rows if final else table.num_rows - table.num_rows % self.row_group_rows
         if cut:
-            self.writer.write_table(table.slice(0, cut), row_group_size=SHARD_ROW_GROUP)
+            self.writer.write_table(table.slice(0, cut), row_group_size=self.row_group_rows)
         rest = table.slice(cut)
         self.buffer, self.buffered = ([rest], rest.num_rows) if rest.num_rows else ([], 0)
 
@@ -198,7 +202,7 @@ class _ShardSink:
             self.buffered += part.num_rows
             self.rows_per_shard[-1] += part.num_rows
             self.written += part.num_rows
-            if self.buffered >= SHARD_ROW_GROUP:
+            if self.buffered >= self.row_group_rows:
                 self._write_buffer(final=False)
 
     def close(self) -> list[int]:
@@ -207,11 +211,11 @@ class _ShardSink:
         return self.rows_per_shard
 
 
-def merge_batch_rows(num_runs: int, row_bytes: int) -> int:
+def merge_batch_rows(num_runs: int, row_bytes: int, budget_bytes: int = MERGE_BUDGET_BYTES) -> int:
     """Rows the merge reads per run at a time: the budget shared by all runs, within limits.
 
     Depends only on the number of runs and the row size, never on the worker count."""
-    return int(max(16, min(RUN_ROW_GROUP, MERGE_BUDGET_BYTES // max(1, num_runs * row_bytes))))
+    return int(max(16, min(RUN_ROW_GROUP, budget_bytes // max(1, num_runs * row_bytes))))
 
 
 def merge_runs(
@@ -221,16 +225,20 @@ def merge_runs(
     num_shards: int,
     name_for,
     row_bytes: int = 512,
+    budget_bytes: int = MERGE_BUDGET_BYTES,
+    row_group_rows: int = SHARD_ROW_GROUP,
 ) -> list[int]:
     """Merge key-sorted run files into ``num_shards`` balanced shards; rows per shard.
 
     ``runs`` is ``[(url, rows), ...]``; their order is the tie-break between equal keys, so pass
-    them in a deterministic order. ``row_bytes`` (a rough row size) sizes the read batches.
+    them in a deterministic order. ``row_bytes`` (a rough row size) sizes the read batches, so
+    that all runs' current batches hold about ``budget_bytes``; shards are written in row groups
+    of ``row_group_rows``.
     """
     runs = list(runs)
     total = sum(n for _, n in runs)
-    sink = _ShardSink(output_url, schema, num_shards, total, name_for)
-    batch_rows = merge_batch_rows(len(runs), row_bytes)
+    sink = _ShardSink(output_url, schema, num_shards, total, name_for, row_group_rows)
+    batch_rows = merge_batch_rows(len(runs), row_bytes, budget_bytes)
     live = [r for r in (_Run(url, batch_rows) for url, n in runs if n) if not r.done]
     while live:
         pivot = min(r.keys[-1] for r in live)

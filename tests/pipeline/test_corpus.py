@@ -15,15 +15,14 @@ from apache_beam.testing.util import assert_that, equal_to
 import pipeline.corpus as corpus
 from pipeline.config import BeamConfig, CorpusConfig
 from pipeline.corpus import (
-    CleanDocuments,
+    CleanToFragments,
     CorpusInputError,
-    DedupDocuments,
-    UniqueDocIds,
     build_document,
     page_record,
     run_corpus,
     sentence_reject,
 )
+from pipeline.corpus_dedup import DedupAndWrite
 from pipeline.readers import Page
 from pipeline.schema import read_manifest
 
@@ -89,7 +88,7 @@ def test_build_document_books():
 
 
 # -- composites on TestPipeline -------------------------------------------------------------------
-def test_clean_dedup_unique_composites():
+def test_clean_dedup_unique_composites(tmp_path):
     records = [
         wiki_record("wiki:2", ADA, "Ada copy"),
         wiki_record("wiki:1", ADA, "Ada"),
@@ -97,17 +96,17 @@ def test_clean_dedup_unique_composites():
         wiki_record("wiki:4", "First distinct sentence. Second distinct sentence.", "Four"),
         wiki_record("wiki:4", "First distinct sentence. Second distinct sentence.", "Four"),
     ]
+    out, work = str(tmp_path / "out"), str(tmp_path / "work")
     options = PipelineOptions(["--runner=FnApiRunner"])
     with BeamTestPipeline(options=options) as p:
-        rows = (
-            p
-            | beam.Create(records)
-            | CleanDocuments(CFG)
-            | DedupDocuments()
-            | UniqueDocIds()
-            | beam.Map(lambda r: (r["doc_id"], r["title"], r["num_sentences"]))
-        )
-        assert_that(rows, equal_to([("wiki:1", "Ada", 3), ("wiki:4", "Four", 2)]))
+        cleaned = p | beam.Create(records) | CleanToFragments(CFG, work)
+        _ = (cleaned.keys, cleaned.fragments, cleaned.runs) | DedupAndWrite(CFG, work, out)
+    rows = read_rows(out + "/wiki")
+    assert sorted((r["doc_id"], r["title"], r["num_sentences"]) for r in rows) == [
+        ("wiki:1", "Ada", 3), ("wiki:4", "Four", 2)]
+    rejects = collections.Counter((r["record_id"], r["reason"]) for r in read_rows(out + "/rejects"))
+    assert rejects == {("wiki:2", "duplicate_document"): 1, ("wiki:3", "too_few_sentences"): 1,
+                       ("wiki:4", "duplicate_document"): 1}
 
 
 # -- run_corpus end to end ------------------------------------------------------------------------
@@ -214,6 +213,7 @@ def test_run_corpus_end_to_end(tmp_path, monkeypatch, caplog):
     # nothing lost silently: every record read is a document or a reject with a reason
     assert c["read"] == c["documents"] + c["records_rejected"]
     rejects = read_rows(out + "/rejects")
+    assert c["duplicate_paragraph_corpus"] == 0
     assert len(rejects) == c["records_rejected"] + c["file_faults"] == c["rejects_written"]
     by_reason = collections.Counter(r["reason"] for r in rejects)
     assert by_reason == {"redirect": 1, "non_article_namespace": 1, "empty_after_cleaning": 1,

@@ -107,8 +107,9 @@ def test_fifty_megabyte_page_is_skipped_in_bounded_memory(tmp_path):
 
 
 def test_memory_is_flat_in_dump_size(tmp_path):
-    small = write_dump(tmp_path / "small.xml.bz2", pages_xml(500, words=60))
-    big = write_dump(tmp_path / "big.xml.bz2", pages_xml(4000, words=60))
+    # the small dump is large enough to fill the reader thread's prefetch window (4 x 256 KiB)
+    small = write_dump(tmp_path / "small.xml.bz2", pages_xml(4000, words=60))
+    big = write_dump(tmp_path / "big.xml.bz2", pages_xml(16000, words=60))
     peak_small = peak_bytes(lambda: sum(1 for _ in iter_wiki(str(small))))
     peak_big = peak_bytes(lambda: sum(1 for _ in iter_wiki(str(big))))
     assert peak_big < 1.5 * peak_small + (256 << 10)
@@ -167,3 +168,45 @@ def test_bz2_of_a_single_page_dump_reads(tmp_path):
     path = tmp_path / "one.xml.bz2"
     path.write_bytes(bz2.compress((HEADER + page_xml(7, "Only", "Text here.") + FOOTER).encode()))
     assert [p.title for p in iter_wiki(str(path))] == ["Only"]
+
+
+def test_prefetched_chunks_are_the_same_and_faults_arrive_in_place():
+    from pipeline.dumps import prefetched
+
+    def chunks(fail_at=None):
+        for i in range(50):
+            if i == fail_at:
+                raise EOFError("cut")
+            yield bytes([i]) * 1000
+
+    assert list(prefetched(chunks(), depth=2)) == list(chunks())
+    got = []
+    with pytest.raises(EOFError, match="cut"):
+        for c in prefetched(chunks(fail_at=30), depth=2):
+            got.append(c)
+    assert got == list(chunks())[:30]  # every chunk before the fault, then the fault
+    it = prefetched(chunks(), depth=2)
+    assert next(it) == bytes([0]) * 1000
+    it.close()  # a reader that stops early stops the thread
+
+
+def test_readers_sharing_one_file_together_read_it_exactly_once(tmp_path):
+    pages = pages_xml(200, words=30)
+    pages[7] = pages[7].replace("<ns>0</ns>", "<ns>0</nss>")  # malformed XML
+    pages[12] = pages[12].split("<revision>")[0]  # never closed
+    pages[20] = pages[20].replace("Thing 21</title>", "Thing 21 &#1;</title>")
+    pages[30] = pages[30].replace("</text>", "x" * 300_000 + "</text>")  # over max_page_bytes
+    full, _ = write_multistream(tmp_path / "w-multistream.xml.bz2", pages, per_stream=20)
+    ends = stream_ends(full)
+    path = tmp_path / "cut.xml.bz2"
+    path.write_bytes(full.read_bytes()[: (ends[5] + ends[6]) // 2])  # truncated in stream 6
+    whole = list(iter_wiki(str(path), max_page_bytes=4096))
+    for parts in (2, 3):
+        shares = [list(iter_wiki(str(path), max_page_bytes=4096, part=k, parts=parts))
+                  for k in range(parts)]
+        assert sorted(map(repr, sum(shares, []))) == sorted(map(repr, whole))
+        assert all(shares)  # every reader got pages
+        file_events = [[e for e in s if isinstance(e, ReadEvent) and e.kind == "file"] for s in shares]
+        assert [len(f) for f in file_events] == [1] + [0] * (parts - 1)  # truncated_file, once
+    reasons = {e.reason for e in whole if isinstance(e, ReadEvent)}
+    assert {"malformed_xml", "unclosed_page", "page_too_large", "truncated_file"} <= reasons

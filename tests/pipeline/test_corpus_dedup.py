@@ -1,0 +1,178 @@
+"""Corpus-wide dedup on small keys: paragraph hashes, decisions, applying drops, and the job."""
+
+import collections
+import dataclasses
+import random
+
+import pyarrow.parquet as pq
+
+from pipeline.config import BeamConfig, CorpusConfig
+from pipeline.corpus import build_paragraphs, run_corpus
+from pipeline.corpus_dedup import (
+    _dedup_documents, _unique_doc_ids, apply_drops, doc_digest, pack_doc, pack_occurrence,
+    paragraph_drops, paragraph_hash, unpack_doc, unpack_occurrence,
+)
+from pipeline.schema import read_manifest
+from synth.dumps import page_xml, write_dump
+
+CFG = CorpusConfig(num_shards=3)
+BOILER = "This article uses material from a shared source. It is licensed freely."
+
+
+def test_paragraph_hash_is_normalised_and_stable():
+    assert paragraph_hash(["This  Article", "uses it."]) == paragraph_hash(["this article uses", "IT."])
+    assert paragraph_hash(["One."]) != paragraph_hash(["Two."])
+    assert len(paragraph_hash(["One."])) == 12
+    assert paragraph_hash(["Äb"]).hex() == paragraph_hash(["äB"]).hex()  # not hash(): stable
+
+
+def test_build_paragraphs_groups_kept_sentences():
+    record = {"doc_id": "wiki:1", "source": "wiki", "title": "T",
+              "text": "First kept sentence here. Tiny.\n\nOk.\n\nSecond paragraph sentence here."}
+    paragraphs, rejects = build_paragraphs(record, CFG)
+    assert paragraphs == [["First kept sentence here."], ["Second paragraph sentence here."]]
+    assert rejects == {"sentence_too_short": 2}  # the paragraph "Ok." is left out whole
+    assert doc_digest(paragraphs) == doc_digest([["First kept sentence here.", "Second paragraph sentence here."]])
+
+
+def test_paragraph_drops_keep_the_smallest_doc_id_in_any_order():
+    occurrences = [("wiki:9", ("f2", 0), 1), ("books:a", ("f1", 3), 0), ("wiki:10", ("f1", 4), 2)]
+    for _ in range(5):
+        random.shuffle(occurrences)
+        assert paragraph_drops(occurrences) == [
+            (("wiki:10", ("f1", 4), 2), "books:a"), (("wiki:9", ("f2", 0), 1), "books:a")]
+    assert paragraph_drops([("wiki:1", ("f", 0), 0)]) == []
+
+
+def test_packed_keys_round_trip():
+    h1, h2 = paragraph_hash(["One."]), paragraph_hash(["Two."])
+    doc = ("wiki:12", "Zürich | „x“", ("0123456789abcdef", 77), [h1, h2], None)
+    assert unpack_doc(pack_doc(*doc)) == doc
+    with_sig = ("books:a", "", ("fedcba9876543210", 0), [], [2**64 - 1, 0, 5])
+    assert unpack_doc(pack_doc(*with_sig)) == with_sig
+    assert len(pack_doc(*doc)) < 80  # the point: a few dozen bytes, not a Python tuple
+    occ = ("wiki:3", ("0123456789abcdef", 5), 2)
+    assert unpack_occurrence(pack_occurrence(*occ)) == occ
+
+
+def test_document_decisions_keep_the_smallest_and_pass_on_only_its_paragraphs():
+    f1, f2, f3, f4 = (c * 16 for c in "1234")
+    values = [pack_doc("wiki:5", "B", (f2, 1), [b"p" * 12]), pack_doc("wiki:1", "A", (f1, 0), [b"p" * 12, b"q" * 12])]
+    out = list(_dedup_documents((b"d" * 16, values)))
+    kept = [o for o in out if not hasattr(o, "tag")]
+    drops = [o.value for o in out if hasattr(o, "tag")]
+    assert kept == [("wiki:1", b"d" * 16 + values[1])]
+    assert drops == [(f2, (1, -1, "duplicate_document", "same as wiki:1"))]
+    same_id = [b"2" * 16 + pack_doc("wiki:7", "A", (f3, 0), [b"x" * 12]),
+               b"1" * 16 + pack_doc("wiki:7", "A", (f4, 0), [b"y" * 12])]
+    out = list(_unique_doc_ids(("wiki:7", same_id)))
+    assert [o.value for o in out if hasattr(o, "tag")] == [(f3, (0, -1, "duplicate_doc_id", "same as wiki:7"))]
+    assert [o for o in out if not hasattr(o, "tag")] == [(b"y" * 12, pack_occurrence("wiki:7", (f4, 0), 0))]
+
+
+def test_apply_drops_refilters_what_is_left():
+    row = {"doc_id": "wiki:1", "source": "wiki", "title": "T",
+           "paragraphs": [["A first sentence here.", "A second one here."], ["Boiler text here."]]}
+    doc, reason = apply_drops(row, {1: "paragraph 1 same as wiki:0"}, CFG)
+    assert reason is None and doc["sentences"] == ["A first sentence here.", "A second one here."]
+    assert doc["num_sentences"] == 2 and doc["num_chars"] == 40
+    assert apply_drops(row, {0: "x", 1: "x"}, CFG) == (None, "all_paragraphs_duplicate")
+    assert apply_drops(row, {0: "x"}, CFG) == (None, "too_few_sentences")
+    assert apply_drops(row, {}, dataclasses.replace(CFG, min_doc_chars=100)) == (None, "doc_too_short")
+
+
+def make_inputs(root):
+    (root / "wiki").mkdir(parents=True)
+    write_dump(root / "wiki" / "a.xml", [
+        page_xml(10, "Alpha", f"Alpha article first sentence here. Alpha second sentence here.\n\n{BOILER}"),
+        page_xml(12, "Only boiler", BOILER),
+    ])
+    write_dump(root / "wiki" / "b.xml", [
+        page_xml(11, "Beta", f"{BOILER}\n\nBeta article first sentence here. Beta second sentence here."),
+        page_xml(13, "Gamma", f"Gamma has a single sentence here.\n\n{BOILER}"),
+    ])
+    (root / "books").mkdir()
+    (root / "books" / "delta.txt").write_text(  # books:delta < wiki:..., so the book keeps it
+        "Delta book first sentence here. Delta book second sentence here.\n\n"
+        + BOILER.replace("article uses", "ARTICLE   uses") + "\n")
+    return {"wiki": str(root / "wiki"), "books": str(root / "books")}
+
+
+def test_corpus_paragraph_dedup_in_the_job(tmp_path):
+    inputs = make_inputs(tmp_path / "raw")
+    outputs = []
+    for workers in (1, 2):
+        cfg = dataclasses.replace(CFG, beam=BeamConfig(num_workers=workers))
+        out = tmp_path / f"out{workers}"
+        m = run_corpus(cfg, inputs, str(out))
+        rejects = pq.read_table(str(out / "rejects")).to_pylist()
+        outputs.append(({f.path: f.sha256 for f in m.files}, m.counts,
+                        sorted(tuple(sorted(r.items())) for r in rejects)))
+    assert outputs[0] == outputs[1]  # same bytes, counts and rejects at 1 and 2 workers
+    out = tmp_path / "out2"
+    docs = {r["doc_id"]: r["sentences"] for r in pq.read_table(str(out / "wiki")).to_pylist()
+            + pq.read_table(str(out / "books")).to_pylist()}
+    assert docs == {
+        "books:delta": ["Delta book first sentence here.", "Delta book second sentence here.",
+                        "This ARTICLE uses material from a shared source.", "It is licensed freely."],
+        "wiki:10": ["Alpha article first sentence here.", "Alpha second sentence here."],
+        "wiki:11": ["Beta article first sentence here.", "Beta second sentence here."],
+    }
+    c = read_manifest(str(out)).counts
+    assert c["duplicate_paragraph_corpus"] == 4
+    assert c["all_paragraphs_duplicate"] == 1 and c["too_few_sentences"] == 1
+    assert c["read"] == 5 == c["documents"] + c["records_rejected"]
+    assert c["sentences"] == 8 and c["parts_dropped"] == 4
+    rejects = pq.read_table(str(out / "rejects")).to_pylist()
+    assert len(rejects) == c["rejects_written"] == (
+        c["records_rejected"] + c["file_faults"] + c["duplicate_paragraph_corpus"])
+    by = collections.Counter((r["record_id"], r["reason"]) for r in rejects)
+    assert by == {(f"wiki:{i}", "duplicate_paragraph_corpus"): 1 for i in (10, 11, 12, 13)} | {
+        ("wiki:12", "all_paragraphs_duplicate"): 1, ("wiki:13", "too_few_sentences"): 1}
+    para = next(r for r in rejects if r["record_id"] == "wiki:11" and r["reason"] == "duplicate_paragraph_corpus")
+    assert para["detail"] == "paragraph 0 same as books:delta" and para["sample"] == BOILER
+
+    off = dataclasses.replace(CFG, dedup_paragraphs=False)
+    m = run_corpus(off, inputs, str(tmp_path / "off"))
+    assert m.counts["documents"] == 5 and m.counts["duplicate_paragraph_corpus"] == 0
+    no_doc_dedup = dataclasses.replace(CFG, dedup_sentences=False)  # paragraphs still deduplicated
+    m = run_corpus(no_doc_dedup, inputs, str(tmp_path / "no_doc_dedup"))
+    assert m.counts["documents"] == 3 and m.counts["duplicate_paragraph_corpus"] == 4
+
+
+def test_merging_many_runs_in_groups_gives_the_same_shards(tmp_path, monkeypatch):
+    import pipeline.corpus_dedup as cd
+    from pipeline.filters import reject_row
+    from pipeline.shards import KEY, RunWriter
+
+    rng = random.Random(0)
+    runs = []
+    for r in range(7):  # 7 runs of 30 rows, some rows repeated across runs
+        writer = RunWriter(cd.REJECT_SCHEMA, lambda k, r=r: str(tmp_path / "runs" / f"r{r}-{k}.parquet"))
+        for _ in range(30):
+            row = reject_row("wiki", "redirect", record_id=f"wiki:{rng.randrange(150)}", sample="x" * rng.randrange(50))
+            row[KEY] = cd.sort_key(row["reject_id"] + row["sample"])
+            writer.add(row)
+        runs += writer.close()
+    outputs = []
+    for fan_in in (16, 2):
+        monkeypatch.setattr(cd, "MAX_FAN_IN", fan_in)
+        out = tmp_path / f"out{fan_in}"
+        merge = cd._MergeFolder(str(out), str(tmp_path / f"work{fan_in}"), 3)
+        assert list(merge.process(("rejects", list(reversed(runs))))) == [("rejects", [70, 70, 70])]
+        outputs.append([(out / "rejects" / f"part-0000{i}-of-00003.parquet").read_bytes() for i in range(3)])
+    assert outputs[0] == outputs[1]
+    assert len(list((tmp_path / "work2" / "merge" / "rejects").iterdir())) == 4 + 2  # two levels
+
+
+def test_spread_units_shares_only_files_that_cannot_be_split():
+    from pipeline.corpus import MAX_READERS_PER_FILE, spread_units
+
+    whole, ranged, book = ("wiki", "a.xml.bz2", None, None, 0, 1), ("wiki", "m.bz2", 0, 9, 0, 1), (
+        "books", "b.txt", None, None, 0, 1)
+    assert spread_units([whole, ranged, book], 1) == [whole, ranged, book]
+    assert spread_units([whole, ranged, book], 2) == [
+        ("wiki", "a.xml.bz2", None, None, 0, 2), ("wiki", "a.xml.bz2", None, None, 1, 2), ranged, book]
+    assert len(spread_units([whole], 64)) == MAX_READERS_PER_FILE
+    many = [("wiki", f"{i}.xml", None, None, 0, 1) for i in range(4)]
+    assert spread_units(many, 2) == many  # two units per worker already

@@ -2,7 +2,8 @@
 
     Create(corpus files) -> TokenizeToBuckets (one token file per corpus file x bucket)
     -> GroupByKey(bucket: file URLs only) -> CreateBucketExamples (sorted runs per length)
-    -> GroupByKey(length: run URLs only) -> MergeShards (balanced shards) -> _manifest.json
+    -> GroupByKey(length: run URLs only) -> MergeShards (balanced shards, at most 16 runs read
+    at once: longer runs first when there are more) -> _manifest.json
 
 Design choices:
 
@@ -65,7 +66,7 @@ from pipeline.schema import (
     read_manifest,
     write_manifest,
 )
-from pipeline.shards import KEY, RunWriter, merge_runs, use_lean_memory_pool
+from pipeline.shards import KEY, RunWriter, merge_runs_in_levels, use_lean_memory_pool
 from pipeline.wordpiece import VOCAB_FILE, build_text_tokenizer, read_vocab, write_vocab
 
 NAMESPACE = "examples"
@@ -406,10 +407,11 @@ class CreateBucketExamples(beam.DoFn):
 class MergeShards(beam.DoFn):
     """(seq name, run URLs) -> (seq name, rows per shard): the balanced, key-ordered shards."""
 
-    def __init__(self, output_url: str, schemas: dict[str, pa.Schema], num_shards: int):
+    def __init__(self, output_url: str, schemas: dict[str, pa.Schema], num_shards: int, work_url: str):
         self.output_url = output_url
         self.schemas = schemas
         self.num_shards = num_shards
+        self.work_url = work_url
 
     def setup(self):
         use_lean_memory_pool()
@@ -417,8 +419,9 @@ class MergeShards(beam.DoFn):
     def process(self, element):
         name, runs = element
         length = int(name[3:])
-        rows = merge_runs(
+        rows = merge_runs_in_levels(
             sorted(runs),
+            join_url(self.work_url, "merge", name),
             join_url(self.output_url, name),
             self.schemas[name],
             self.num_shards,
@@ -463,7 +466,7 @@ class ExamplesFromDocuments(beam.PTransform):
                 CreateBucketExamples(cfg, VocabIds.from_vocab(self.vocab), len(self.vocab), work)
             )
             | "GroupByLength" >> beam.GroupByKey()
-            | "MergeShards" >> beam.ParDo(MergeShards(self.output_url, schemas, cfg.num_shards))
+            | "MergeShards" >> beam.ParDo(MergeShards(self.output_url, schemas, cfg.num_shards, work))
         )
 
 

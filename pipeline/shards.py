@@ -254,3 +254,46 @@ def merge_runs(
             r.refill()
         live = [r for r in live if not r.done]
     return sink.close()
+
+
+MAX_FAN_IN = 16
+"""Runs one merge reads at once. A merge holds a row group of every run it reads (Parquet
+decompresses a column chunk whole), so with thousands of runs its memory grew with the corpus;
+more runs are first merged in consecutive groups into longer runs."""
+
+
+def merge_runs_in_levels(
+    runs: Iterable[tuple[str, int]],
+    work_url: str,
+    output_url: str,
+    schema: pa.Schema,
+    num_shards: int,
+    name_for,
+    row_bytes: int = 512,
+    max_fan_in: int = MAX_FAN_IN,
+    **merge_options,
+) -> list[int]:
+    """:func:`merge_runs` reading at most ``max_fan_in`` runs at a time, so its memory is bounded
+    whatever the number of runs; the output is byte for byte that of one merge of all runs.
+
+    Groups are consecutive in run order and the merge breaks ties by run order, then row order,
+    so merging groups first keeps every tie where one merge would put it. Intermediate runs go to
+    ``work_url/level<L>-<i>.parquet`` (key column kept) and are deleted once merged. The cost:
+    every row is written and read once more per level (``ceil(log_fan_in(runs)) - 1`` levels).
+    """
+    runs = [r for r in runs if r[1]]
+    level = 0
+    while len(runs) > max_fan_in:
+        merged = []
+        for start in range(0, len(runs), max_fan_in):
+            group = runs[start : start + max_fan_in]
+            name = f"level{level}-{start // max_fan_in:06d}.parquet"
+            rows = merge_runs(group, work_url, with_key(schema), 1, lambda _j, _k, name=name: name,
+                              row_bytes=row_bytes, row_group_rows=RUN_ROW_GROUP)
+            merged.append((f"{work_url.rstrip('/')}/{name}", rows[0]))
+            if level > 0:  # the first level's inputs are the producers' runs: their owner removes them
+                for url, _ in group:
+                    fs, path = fsspec.core.url_to_fs(url)
+                    fs.rm(path)
+        runs, level = merged, level + 1
+    return merge_runs(runs, output_url, schema, num_shards, name_for, row_bytes=row_bytes, **merge_options)

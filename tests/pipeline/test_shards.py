@@ -78,3 +78,33 @@ def test_fewer_rows_than_shards_leaves_empty_shards(tmp_path):
     assert sorted(counts) == [0, 0, 0, 1, 1]
     assert [t.num_rows for t in read_shards(tmp_path / "out", 5)] == counts
     assert merge_runs([], str(tmp_path / "none"), SCHEMA, 2, shard_name) == [0, 0]
+
+
+def test_merging_in_levels_gives_the_same_bytes_and_reads_few_runs_at_once(tmp_path, monkeypatch):
+    monkeypatch.setattr(shards, "CONVERT_ROWS", 64)
+    rows = make_rows(4001)
+    # equal keys in different runs: the tie-break by run order must survive the grouping
+    for i in range(0, 200, 2):
+        rows[i + 1][KEY] = rows[i][KEY]
+    (tmp_path / "runs").mkdir()
+    runs = write_runs(tmp_path / "runs", rows, parts=7, budget=2_000)
+    assert len(runs) > 20
+    calls = []
+    real_merge = shards.merge_runs
+
+    def recording_merge(group, *args, **kwargs):
+        calls.append(len([r for r in group if r[1]]))
+        return real_merge(group, *args, **kwargs)
+
+    flat = merge_runs(runs, str(tmp_path / "flat"), SCHEMA, 3, shard_name)
+    monkeypatch.setattr(shards, "merge_runs", recording_merge)
+    work = tmp_path / "work"
+    levels = shards.merge_runs_in_levels(runs, str(work), str(tmp_path / "levels"), SCHEMA, 3, shard_name, max_fan_in=4)
+    assert levels == flat
+    for j in range(3):
+        assert (tmp_path / "levels" / shard_name(j, 3)).read_bytes() == (tmp_path / "flat" / shard_name(j, 3)).read_bytes()
+    assert max(calls) <= 4 and len(calls) > len(runs) // 4  # several levels, never more than 4 runs at once
+    # the producers' runs are their owner's to remove; intermediate runs of all but the last level are gone
+    assert all((tmp_path / "runs" / url.rsplit("/", 1)[1]).exists() for url, _ in runs)
+    left = {p.name.split("-")[0] for p in work.iterdir()}
+    assert len(left) == 1 and len(list(work.iterdir())) <= 4

@@ -37,37 +37,8 @@ flags:
 EOF
 }
 
-die() {
-  echo "$(basename "$0"): $*" >&2
-  exit 2
-}
-
-# quote ARGS...: one line that a shell reads back as the same words
-quote() {
-  local out="" arg q="'"
-  for arg in "$@"; do
-    if [[ "$arg" =~ ^[A-Za-z0-9_@%+=:,./-]+$ ]]; then
-      out+="$arg "
-    else
-      out+="'${arg//$q/$q\\$q$q}' "
-    fi
-  done
-  printf '%s' "${out% }"
-}
-
-DRY_RUN=0
-run() {
-  if [[ "$DRY_RUN" == 1 ]]; then
-    echo "+ $(quote "$@")"
-  else
-    echo "+ $(quote "$@")" >&2
-    "$@"
-  fi
-}
-
-need_value() {
-  [[ $# -ge 2 && -n "$2" && "$2" != --* ]] || die "$1 needs a value"
-}
+# shellcheck source=infra/lib.sh source-path=SCRIPTDIR/../..
+source "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"  # die, quote, run (the --dry-run switch), need_value
 
 PROJECT="" REGION="" ROOT="" MLFLOW_URI="" IMAGE="" SETUP_FILE=0 BUILD=0 TEMP="" PRESET=base
 WIKI="" BOOKS="" MACHINE_TYPE=n2-highmem-4 WORKERS=4 MAX_WORKERS=64 STAGES="corpus vocab examples"

@@ -12,7 +12,7 @@ import sys
 import pytest
 
 OVERRIDES = [
-    "pretrain.phases.0.steps=150",
+    "pretrain.phases.0.steps=300",  # 150 left the [CLS] features of some corpora near-constant (SST-2 at chance)
     "pretrain.phases.1.steps=30",
     "pretrain.warmup_steps=20",
     "pretrain.checkpoint_every=50",

@@ -511,7 +511,8 @@ def run_stage(
         manifest = run_in_process(call, row.where, env or {}, on_progress)
     manifest.code_version = code_version(stage)
     save_manifest(manifest)
-    seconds = time.time() - start
+    # a gathered stage's own time is the gathering; its manifest has the units' total
+    seconds = manifest.seconds if aggregate_only and manifest.seconds else time.time() - start
     log.info("stage %s: done in %.1f s", stage, seconds)
     return StageResult(stage, "done", seconds, url, manifest.counts, manifest, inputs)
 

@@ -112,7 +112,12 @@ def test_memory_is_flat_in_dump_size(tmp_path):
     big = write_dump(tmp_path / "big.xml.bz2", pages_xml(16000, words=60))
     peak_small = peak_bytes(lambda: sum(1 for _ in iter_wiki(str(small))))
     peak_big = peak_bytes(lambda: sum(1 for _ in iter_wiki(str(big))))
-    assert peak_big < 1.5 * peak_small + (256 << 10)
+    # the bound is flat: how full the reader thread's window happens to be (up to its queue, one
+    # chunk being made and one being read) is scheduling, not dump size; the big dump is ~8 MB of XML
+    from pipeline.dumps import CHUNK, PREFETCH_CHUNKS
+
+    assert peak_big < peak_small + (PREFETCH_CHUNKS + 2) * CHUNK
+    assert big.stat().st_size > 4 * small.stat().st_size * 0.9
 
 
 def test_multistream_ranges_read_every_page_once(tmp_path):

@@ -19,7 +19,7 @@ stage grew by ~3.5 MiB per MB of XML. Here:
    survivors take part, so no text is lost to a dropped document.
 3. The drops are grouped by fragment (a handful of small tuples), each fragment is read once and
    its kept documents go to key-sorted runs (:func:`apply_drops`), and every output folder is a
-   streaming merge of its runs (:func:`pipeline.shards.merge_runs`, at most
+   streaming merge of its runs (:func:`pipeline.shards.merge_runs_in_levels`, at most
    :data:`MAX_FAN_IN` at once): balanced shards in the order of a 64-bit digest of doc_id
    (rejects: of the whole row).
 
@@ -49,7 +49,7 @@ from pipeline.beam_io import shard_name
 from pipeline.config import CorpusConfig
 from pipeline.filters import REJECT_SCHEMA, near_duplicates, normalise, reject_row, text_digest
 from pipeline.schema import DOCUMENT_SCHEMA, join_url
-from pipeline.shards import KEY, RunWriter, merge_runs, use_lean_memory_pool, with_key
+from pipeline.shards import KEY, RunWriter, merge_runs_in_levels, use_lean_memory_pool
 
 log = logging.getLogger("bertflow.corpus")
 
@@ -418,20 +418,11 @@ class _MergeFolder(beam.DoFn):
         folder, runs = element
         runs = sorted(runs)
         schema = REJECT_SCHEMA if folder == REJECTS_FOLDER else DOCUMENT_SCHEMA
-        level = 0
-        while len(runs) > MAX_FAN_IN:  # equal keys are equal rows, so the grouping is free
-            merged = []
-            for start in range(0, len(runs), MAX_FAN_IN):
-                group = runs[start : start + MAX_FAN_IN]
-                name = f"level{level}-{start // MAX_FAN_IN:06d}.parquet"
-                rows = merge_runs(group, join_url(self.work_url, "merge", folder), with_key(schema),
-                                  1, lambda _j, _k, name=name: name, row_bytes=_row_bytes(group),
-                                  budget_bytes=MERGE_BUDGET_BYTES, row_group_rows=ROW_GROUP_ROWS)
-                merged.append((join_url(self.work_url, "merge", folder, name), rows[0]))
-            runs, level = merged, level + 1
-        rows = merge_runs(runs, join_url(self.output_url, folder), schema, self.num_shards,
-                          shard_name, row_bytes=_row_bytes(runs), budget_bytes=MERGE_BUDGET_BYTES,
-                          row_group_rows=SHARD_ROW_GROUP_ROWS)
+        rows = merge_runs_in_levels(
+            runs, join_url(self.work_url, "merge", folder), join_url(self.output_url, folder), schema,
+            self.num_shards, shard_name, row_bytes=_row_bytes(runs), max_fan_in=MAX_FAN_IN,
+            budget_bytes=MERGE_BUDGET_BYTES, level_row_group_rows=ROW_GROUP_ROWS,
+            row_group_rows=SHARD_ROW_GROUP_ROWS, keep_levels=True)  # the job removes its work folder
         yield folder, rows
 
 

@@ -271,14 +271,18 @@ def merge_runs_in_levels(
     name_for,
     row_bytes: int = 512,
     max_fan_in: int = MAX_FAN_IN,
-    **merge_options,
+    budget_bytes: int = MERGE_BUDGET_BYTES,
+    level_row_group_rows: int = RUN_ROW_GROUP,
+    row_group_rows: int = SHARD_ROW_GROUP,
+    keep_levels: bool = False,
 ) -> list[int]:
     """:func:`merge_runs` reading at most ``max_fan_in`` runs at a time, so its memory is bounded
     whatever the number of runs; the output is byte for byte that of one merge of all runs.
 
     Groups are consecutive in run order and the merge breaks ties by run order, then row order,
     so merging groups first keeps every tie where one merge would put it. Intermediate runs go to
-    ``work_url/level<L>-<i>.parquet`` (key column kept) and are deleted once merged. The cost:
+    ``work_url/level<L>-<i>.parquet`` (key column kept) and are deleted once merged (unless
+    ``keep_levels``: the caller removes ``work_url`` itself). The cost:
     every row is written and read once more per level (``ceil(log_fan_in(runs)) - 1`` levels).
     """
     runs = [r for r in runs if r[1]]
@@ -289,11 +293,12 @@ def merge_runs_in_levels(
             group = runs[start : start + max_fan_in]
             name = f"level{level}-{start // max_fan_in:06d}.parquet"
             rows = merge_runs(group, work_url, with_key(schema), 1, lambda _j, _k, name=name: name,
-                              row_bytes=row_bytes, row_group_rows=RUN_ROW_GROUP)
+                              row_bytes=row_bytes, budget_bytes=budget_bytes, row_group_rows=level_row_group_rows)
             merged.append((f"{work_url.rstrip('/')}/{name}", rows[0]))
-            if level > 0:  # the first level's inputs are the producers' runs: their owner removes them
+            if level > 0 and not keep_levels:  # the first level's inputs are the producers' runs: their owner removes them
                 for url, _ in group:
                     fs, path = fsspec.core.url_to_fs(url)
                     fs.rm(path)
         runs, level = merged, level + 1
-    return merge_runs(runs, output_url, schema, num_shards, name_for, row_bytes=row_bytes, **merge_options)
+    return merge_runs(runs, output_url, schema, num_shards, name_for, row_bytes=row_bytes,
+                      budget_bytes=budget_bytes, row_group_rows=row_group_rows)

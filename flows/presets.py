@@ -162,15 +162,17 @@ def _small() -> RunConfig:
         ),
         pretrain=PretrainConfig(
             phases=(PhaseConfig("phase1", 64, 1800, 64), PhaseConfig("phase2", 128, 200, 64)),
-            learning_rate=5e-4,
+            learning_rate=1e-3,
             warmup_steps=200,
             log_every=50,
             checkpoint_every=500,
             eval_every=500,
             eval_batches=5,
         ),
-        finetune=FinetuneConfig(learning_rate=2e-4, batch_size=32, epochs=3, max_seq_length=128),
-        finetune_tasks=("sst2", "squad1"),
+        # the bundled sets are small (1,000-2,000 training rows): more epochs than the paper's 2-4,
+        # the best epoch on dev kept (measured: SQuAD F1 31.6 at 10 epochs vs 25.7 at 3, 800 steps)
+        finetune=FinetuneConfig(learning_rate=2e-4, batch_size=32, epochs=10, max_seq_length=128),
+        finetune_tasks=("sst2", "squad1", "conll2003"),
         model_name="bert-small",
     )
 

@@ -123,7 +123,8 @@ def main() -> None:
         task = TASKS[name]
         scores = []
         for label, model_url in (("pretrained", export), ("random", random_init)):
-            tag = f"{label}-{cfg.pretrain.total_steps}" if label == "pretrained" else label  # random: any schedule
+            # a folder per model, pretraining schedule (random: any) and fine-tuning budget
+            tag = (f"{label}-{cfg.pretrain.total_steps}" if label == "pretrained" else label) + f"-ep{cfg.finetune.epochs:g}"
             out = join_url(root, "finetune", tag, name)
             t = time.time()
             if has_manifest(out):

@@ -104,14 +104,21 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
     """softmax(q k^T / sqrt(hs), padded keys excluded) v, dropout p on the probabilities when training.
 
     q (B, nh, M, hs); k, v (B, nh, T, hs); mask (B, 1, 1, T) bool, True = attend. Returns
-    (B, nh, M, hs). The CPU dropout path fills padded keys' scores with the dtype's lowest value:
-    in a row with at least one real key they get probability exactly 0, as with ``-inf`` (every
-    BERT sequence has its [CLS]), and a row with none stays finite.
+    (B, nh, M, hs). The CPU dropout path adds the dtype's lowest value to padded keys' scores
+    (``baddbmm``: one op for q k^T, the scale and the mask): in a row with at least one real key
+    they get probability exactly 0, as with ``-inf`` (every BERT sequence has its [CLS]), and a
+    row with none stays finite.
     """
     p = p if training else 0.0
     if p == 0.0 or q.device.type != "cpu":
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
-    scores = torch.matmul(q * (q.size(-1) ** -0.5), k.transpose(-1, -2))  # (B, nh, M, T)
+    B, nh, M, hs = q.shape
+    T = k.size(2)
+    bias = torch.zeros(B, 1, 1, T, dtype=q.dtype)  # the mask as an additive bias: no backward pass
     if mask is not None:
-        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
-    return torch.matmul(dropout(scores.softmax(-1), p, True), v)
+        bias = bias.masked_fill(~mask.expand(B, 1, 1, T), torch.finfo(q.dtype).min)
+    bias = bias.expand(B, nh, 1, T).reshape(B * nh, 1, T)
+    scores = torch.baddbmm(bias, q.reshape(B * nh, M, hs), k.reshape(B * nh, T, hs).transpose(1, 2),
+                           alpha=hs**-0.5)  # (B*nh, M, T): scale, product and mask in one op
+    y = torch.bmm(dropout(scores.softmax(-1), p, True), v.reshape(B * nh, T, hs))
+    return y.view(B, nh, M, hs)

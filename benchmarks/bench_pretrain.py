@@ -16,7 +16,8 @@ the speed-up line compares ours with the faster of eager and sdpa. Then the stre
     python benchmarks/bench_pretrain.py --shapes small,medium,base --batch 32,16,8 --threads 1
     python benchmarks/bench_pretrain.py --device cuda --precision bf16 --shapes base,large --seq 128,512
 
-The batch: ``--seq`` tokens, 10% of sequences shorter (uniform in [8, seq], like short_seq_prob),
+The batch: ``--seq`` tokens, 10% of the sequences (rounded: 1 of 8, 3 of 32) shorter, uniform
+in [8, seq), like short_seq_prob; the rest full length (so the batch pads to ``seq``),
 20 masked positions per sequence (``seq * 0.15`` capped at 20, as BERT's phase 1). Threads are
 pinned with ``torch.set_num_threads``. Needs the ``bench`` extra (transformers).
 """
@@ -45,7 +46,8 @@ V = 30522
 
 def make_batch(batch: int, seq: int, seed: int = 0) -> dict[str, torch.Tensor]:
     rng = random.Random(seed)
-    lengths = [seq if rng.random() > 0.1 else rng.randint(8, seq) for _ in range(batch)]
+    short = set(rng.sample(range(batch), round(batch * 0.1)))  # exactly 10% shorter, whatever the seed
+    lengths = [rng.randint(8, seq - 1) if i in short else seq for i in range(batch)]
     width = min(seq, -(-max(lengths) // 8) * 8)
     ids = torch.zeros(batch, width, dtype=torch.long)
     labels = torch.full((batch, width), IGNORE_INDEX, dtype=torch.long)

@@ -114,7 +114,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
     B, nh, M, hs = q.shape
     T = k.size(2)
-    bias = torch.zeros(B, 1, 1, T, dtype=q.dtype)  # the mask as an additive bias: no backward pass
+    bias = torch.zeros(B, 1, 1, T, dtype=q.dtype, device=q.device)  # the mask as an additive bias: no backward pass
     if mask is not None:
         bias = bias.masked_fill(~mask.expand(B, 1, 1, T), torch.finfo(q.dtype).min)
     bias = bias.expand(B, nh, 1, T).reshape(B * nh, 1, T)

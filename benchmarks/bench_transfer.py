@@ -134,7 +134,7 @@ def main() -> None:
                 print(f"  ({name} {label}: {time.time() - t:.0f} s)")
             key = task.metric if task.metric in m.counts else f"eval_{task.metric}"
             scores.append(float(m.counts[key]))
-        scale = 1.0 if task.metric == "f1" else 100.0  # both as percentages
+        scale = 1.0 if task.percent else 100.0  # both as percentages
         print(f"{name:<8} {task.metric:<14} {scores[0] * scale:11.2f} {scores[1] * scale:12.2f} "
               f"{(scores[0] - scores[1]) * scale:+11.2f}")
 

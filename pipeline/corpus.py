@@ -37,7 +37,7 @@ import apache_beam as beam
 import fsspec
 
 from pipeline import filters
-from pipeline.beam_io import check_runner_urls, counters, fill_empty_shards, parquet_rows, pipeline_options
+from pipeline.beam_io import check_runner_urls, counters, fill_empty_shards, make_pipeline, parquet_rows
 from pipeline.config import CORPUS_SOURCES, CorpusConfig, output_config
 from pipeline.corpus_dedup import (
     NAMESPACE, REJECTS_FOLDER, RUNS, DedupAndWrite, FragmentWriter, Writing, doc_digest, pack_doc,
@@ -409,7 +409,7 @@ def build_corpus_pipeline(config: CorpusConfig, files: dict[str, list[str]], out
     log.info("corpus: %d read units for %d workers", len(units), workers)
 
     work = join_url(output_url, WORK_DIR)
-    p = beam.Pipeline(options=pipeline_options(config.beam, job_name="bertflow-corpus"))
+    p = make_pipeline(config.beam, job_name="bertflow-corpus")
     read = (
         p
         | "Units" >> beam.Create(units)

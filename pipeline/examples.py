@@ -490,7 +490,7 @@ def build_examples_pipeline(
     """The examples job over the corpus files ``doc_urls``, built, not run, with the options of
     ``config.beam`` (any runner: a test validates it for Dataflow without submitting)."""
     check_runner_urls(config.beam, {"corpus": doc_urls, "output": [output_url]})
-    pipeline = beam.Pipeline(options=pipeline_options(config.beam, job_name="bertflow-examples"))
+    pipeline = make_pipeline(config.beam, job_name="bertflow-examples")
     _ = (
         pipeline
         | "ListFiles" >> beam.Create(list(enumerate(doc_urls)))

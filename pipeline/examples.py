@@ -46,8 +46,8 @@ from pipeline.beam_io import (
     check_runner_urls,
     counters,
     fill_empty_shards,
+    make_pipeline,
     parquet_rows,
-    pipeline_options,
     shard_name,
     stable_shard,
 )

@@ -27,6 +27,7 @@ too, which gRPC's core tolerates when no channel or server is open at the moment
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 import os
@@ -45,6 +46,9 @@ log = logging.getLogger(__name__)
 
 URN = "bertflow:env:forked_python:v1"
 """Environment URN of forked workers; its payload names the pool of processes forked for a run."""
+
+PRELOAD = ("apache_beam.runners.worker.sdk_worker_main", "pyarrow.dataset", "grpc._interceptor")
+"""Modules every worker imports (measured): imported by the driver before it forks."""
 
 _POOLS: dict[str, list["_ForkedProcess"]] = {}
 _WRITE_FDS: set[int] = set()
@@ -80,10 +84,13 @@ def _fresh_thread_state() -> None:
     )
 
 
-def _child_main(fd: int) -> None:
+def _child_main(fd: int, threads: int) -> None:
     """The forked process: wait for the worker environment, run Beam's harness, exit."""
     code = 1
     try:
+        # Native thread pools (tokenizers' rayon) sized to this worker's share of the cores, not
+        # all of them in every worker; only where the driver has not started the pool already.
+        os.environ.setdefault("RAYON_NUM_THREADS", str(threads))
         data = _read_message(fd)
         os.close(fd)
         if not data:  # the run ended (or failed) before it needed this worker
@@ -111,13 +118,13 @@ def _child_main(fd: int) -> None:
 class _ForkedProcess:
     """One forked worker process, idle until :meth:`start` sends it its environment."""
 
-    def __init__(self):
+    def __init__(self, threads: int = 1):
         read_fd, self.fd = os.pipe()
         pid = os.fork()
         if pid == 0:
             for fd in _WRITE_FDS | {self.fd}:
                 os.close(fd)
-            _child_main(read_fd)  # never returns
+            _child_main(read_fd, threads)  # never returns
         os.close(read_fd)
         _WRITE_FDS.add(self.fd)
         self.pid = pid
@@ -192,9 +199,15 @@ class ForkingFnApiRunner(FnApiRunner):
                 swapped = True
         if not swapped:
             return super().run_via_runner_api(pipeline_proto, options)
+        for name in PRELOAD:  # once here rather than once in every worker
+            try:
+                importlib.import_module(name)
+            except ImportError:
+                pass
         sys.stdout.flush()
         sys.stderr.flush()
-        pool = [_ForkedProcess() for _ in range(workers)]
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        pool = [_ForkedProcess(max(1, cores // workers)) for _ in range(workers)]
         with _LOCK:
             _POOLS[pool_id] = list(pool)
         try:

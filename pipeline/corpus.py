@@ -1,7 +1,8 @@
 """Stage 1, the corpus job: raw Wikipedia dumps and books to cleaned, deduplicated documents.
 
     check_corpus_inputs -> plan_units (files, multistream ranges) -> spread_units -> Create
-    -> Reshuffle -> ReadUnits (pages / books / lines; rejects to runs) -> CleanToFragments
+    -> Reshuffle -> ReadUnits (pages / books / lines; rejects to runs; a handing-off reader's
+    records to batch files, dealt to every worker) -> CleanToFragments
     (clean markup, split sentences, filter; documents to fragment files, rejects to runs; small
     keys out) -> DedupAndWrite (pipeline.corpus_dedup: exact documents, [near], one per doc_id,
     paragraphs across the corpus, drops applied per fragment, runs merged into shards)
@@ -10,9 +11,9 @@
 Design choices:
 1. A unit of read work is a file, or a byte range of whole bz2 streams of a multistream dump
    (:func:`pipeline.dumps.plan_reads`, planned before the pipeline), so one big dump is read by
-   many workers; a file that cannot be split is shared by several readers, each parsing every
-   N-th page (:func:`spread_units`). Each worker cleans what it reads: page text never crosses
-   a shuffle.
+   many workers; a file that cannot be split is read once and its records handed to every
+   worker through batch files (:func:`spread_units`). Page text never crosses a shuffle (only
+   batch file URLs do).
 2. The per-record work is pure functions (:func:`page_record`, :func:`build_paragraphs`) that
    return their rejects as a Counter; the DoFns turn those into Beam counters and reject rows.
 3. Nothing is lost silently: every record read is either a document or a reject with a reason

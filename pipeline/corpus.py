@@ -319,8 +319,10 @@ def plan_units(source: str, urls: list[str], config: CorpusConfig) -> list[tuple
 HANDOFF = 0
 """``parts`` of a unit read by one reader that hands its page records to every worker (through
 record batch files): see :func:`spread_units`."""
-BATCH_BYTES = 8 << 20
-"""Page text a handing-off reader holds before it writes a record batch file."""
+BATCH_BYTES = 1 << 20
+"""Page text a handing-off reader holds before it writes a record batch file: small enough that
+the batches of a file deal out evenly (the local runner deals them once, round robin: 8 MiB
+made 2 batches of a 20 MB dump), large enough that a 20 GB dump makes ~20,000 files, not more."""
 
 
 def spread_units(units: list[tuple], workers: int) -> list[tuple]:

@@ -30,6 +30,7 @@ from __future__ import annotations
 import importlib
 import json
 import logging
+import multiprocessing
 import os
 import sys
 import threading
@@ -190,7 +191,10 @@ class ForkingFnApiRunner(FnApiRunner):
     def run_via_runner_api(self, pipeline_proto, options):
         from apache_beam.options.pipeline_options import DirectOptions  # noqa: PLC0415
 
-        workers = options.view_as(DirectOptions).direct_num_workers or 1
+        workers = options.view_as(DirectOptions).direct_num_workers
+        if workers == 0:  # Beam's "one per CPU", as FnApiRunner counts them
+            workers = multiprocessing.cpu_count()
+        workers = workers or 1
         pool_id = uuid.uuid4().hex
         swapped = False
         for env in pipeline_proto.components.environments.values():

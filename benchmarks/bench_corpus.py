@@ -146,7 +146,8 @@ OURS = """
 import logging, sys
 from pipeline.config import BeamConfig, CorpusConfig
 from pipeline.corpus import run_corpus
-cfg = CorpusConfig(sources=("wiki",), num_shards=2, beam=BeamConfig(num_workers=int(sys.argv[3])))
+cfg = CorpusConfig(sources=("wiki",), num_shards=2,
+                   beam=BeamConfig(num_workers=int(sys.argv[3]), fork_workers=sys.argv[4] == "fork"))
 run_corpus(cfg, {"wiki": sys.argv[1]}, sys.argv[2])
 """
 
@@ -189,7 +190,9 @@ def compare(args) -> None:
         measure("bertflow read+clean+split, no Beam", 1, [sys.executable, "-c", PURE, str(dump)], env)
     for workers in args.workers:
         out = work / f"ours{workers}"
-        measure("bertflow corpus", workers, [sys.executable, "-c", OURS, str(dump), str(out), str(workers)], env)
+        measure("bertflow corpus" + (", Beam's subprocess workers" if args.no_fork and workers > 1 else ""),
+                workers, [sys.executable, "-c", OURS, str(dump), str(out), str(workers),
+                          "no-fork" if args.no_fork else "fork"], env)
         docs["bertflow corpus"] = our_docs(out)
         if args.wikiextractor:
             out = work / f"wx{workers}"
@@ -297,6 +300,8 @@ def main() -> None:
     ap.add_argument("--workdir", help="where the dump and outputs go (default: a temp folder)")
     ap.add_argument("--json", help="also write the figures here")
     ap.add_argument("--no-pure", action="store_true", help="skip the no-Beam read+clean run")
+    ap.add_argument("--no-fork", action="store_true",
+                    help="Beam's own subprocess workers at 2+ workers (BeamConfig.fork_workers=False), for comparison")
     ap.add_argument("--parsers", action="store_true", help="clean_wikitext vs mwparserfromhell")
     ap.add_argument("--sentences", action="store_true", help="split_sentences vs pysbd, blingfire")
     args = ap.parse_args()

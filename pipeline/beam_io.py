@@ -55,6 +55,22 @@ def pipeline_options(cfg: BeamConfig, job_name: str | None = None) -> PipelineOp
     return PipelineOptions(beam_args(cfg, job_name))
 
 
+def local_runner(cfg: BeamConfig):
+    """The runner instance for a BeamConfig, or None to let Beam pick it from ``--runner``: the
+    local FnApiRunner at 2+ workers forks its workers from the driver (``cfg.fork_workers``)."""
+    if cfg.runner == "FnApiRunner" and cfg.num_workers > 1 and cfg.fork_workers:
+        from pipeline.local_workers import ForkingFnApiRunner, can_fork  # noqa: PLC0415
+
+        if can_fork():
+            return ForkingFnApiRunner()
+    return None
+
+
+def make_pipeline(cfg: BeamConfig, job_name: str | None = None) -> beam.Pipeline:
+    """A Beam pipeline with the options and the runner of a BeamConfig."""
+    return beam.Pipeline(runner=local_runner(cfg), options=pipeline_options(cfg, job_name))
+
+
 def check_runner_urls(cfg: BeamConfig, urls: dict[str, list[str]]) -> None:
     """Refuse, before any work, local paths for a job whose workers run elsewhere (Dataflow's
     workers cannot see this machine's disk); ``urls`` maps a name (an input, "output") to URLs."""

@@ -49,6 +49,10 @@ class BeamConfig:
     setup_file: str = ""
     """A setup.py that packages our Beam code for the workers (--setup_file); the alternative to
     a worker image (see infra/dataflow/run.sh --setup-file)."""
+    fork_workers: bool = True
+    """FnApiRunner at num_workers > 1: fork the worker processes from the driver (they share its
+    imports and start in milliseconds, see pipeline.local_workers) instead of starting each as a
+    fresh Python (~1.5 s of imports each). False: Beam's own subprocess workers. Linux only."""
     options: dict[str, Any] = field(default_factory=dict)
     """Further pipeline options by name: {"flink_master": "host:8081"} -> --flink_master=host:8081;
     true -> a bare flag, false/null -> left out, a list -> the option repeated."""

@@ -1,7 +1,8 @@
 """Stage 1, the corpus job: raw Wikipedia dumps and books to cleaned, deduplicated documents.
 
     check_corpus_inputs -> plan_units (files, multistream ranges) -> spread_units -> Create
-    -> Reshuffle -> ReadUnits (pages / books / lines; rejects to runs) -> CleanToFragments
+    -> Reshuffle -> ReadUnits (pages / books / lines; rejects to runs; a handing-off reader's
+    records to batch files, dealt to every worker) -> CleanToFragments
     (clean markup, split sentences, filter; documents to fragment files, rejects to runs; small
     keys out) -> DedupAndWrite (pipeline.corpus_dedup: exact documents, [near], one per doc_id,
     paragraphs across the corpus, drops applied per fragment, runs merged into shards)
@@ -10,9 +11,9 @@
 Design choices:
 1. A unit of read work is a file, or a byte range of whole bz2 streams of a multistream dump
    (:func:`pipeline.dumps.plan_reads`, planned before the pipeline), so one big dump is read by
-   many workers; a file that cannot be split is shared by several readers, each parsing every
-   N-th page (:func:`spread_units`). Each worker cleans what it reads: page text never crosses
-   a shuffle.
+   many workers; a file that cannot be split is read once and its records handed to every
+   worker through batch files (:func:`spread_units`). Page text never crosses a shuffle (only
+   batch file URLs do).
 2. The per-record work is pure functions (:func:`page_record`, :func:`build_paragraphs`) that
    return their rejects as a Counter; the DoFns turn those into Beam counters and reject rows.
 3. Nothing is lost silently: every record read is either a document or a reject with a reason
@@ -32,16 +33,19 @@ import collections
 import logging
 import re
 import time
+import uuid
 
 import apache_beam as beam
 import fsspec
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from pipeline import filters
-from pipeline.beam_io import check_runner_urls, counters, fill_empty_shards, parquet_rows, pipeline_options
+from pipeline.beam_io import check_runner_urls, counters, fill_empty_shards, make_pipeline, parquet_rows
 from pipeline.config import CORPUS_SOURCES, CorpusConfig, output_config
 from pipeline.corpus_dedup import (
     NAMESPACE, REJECTS_FOLDER, RUNS, DedupAndWrite, FragmentWriter, Writing, doc_digest, pack_doc,
-    paragraph_hash, windowed,
+    paragraph_hash, windowed, write_table,
 )
 from pipeline.dumps import iter_wiki, plan_reads
 from pipeline.filters import (
@@ -70,6 +74,7 @@ log = logging.getLogger("bertflow.corpus")
 SOURCES = CORPUS_SOURCES
 ARTICLE_NAMESPACE = 0
 WORK_DIR = "_work"
+BATCHES = "batches"
 PROGRESS_EVERY = 1000
 _DISAMBIGUATION = re.compile(
     r"\{\{\s*(?:disambiguation|disambig|dab|hndis|geodis|numberdis|letter-numbercombdisambig)"
@@ -226,15 +231,19 @@ class _ReadUnit(Writing):
         source, url, start, end, part, parts = unit
         read = 0
         if source == "wiki":
-            for item in iter_wiki(url, start, end, self.config.max_page_bytes, part, parts):
+            batches = _RecordBatches(self.work_url) if parts == HANDOFF else None
+            for item in iter_wiki(url, start, end, self.config.max_page_bytes, part, max(parts, 1)):
                 if isinstance(item, Page):
                     read += 1
                     record, reason = page_record(item)
                     if reason:
                         self.reject("wiki", reason, record_id=f"wiki:{item.page_id}",
                                     title=item.title, url=url, sample=item.text)
-                    else:
+                    elif batches is None:
                         yield record
+                    else:
+                        for batch in batches.add(record):
+                            yield beam.pvalue.TaggedOutput(BATCHES, batch)
                     continue
                 if item.kind == "note":
                     self.count(item.reason)
@@ -246,6 +255,8 @@ class _ReadUnit(Writing):
                 rid = f"wiki:{item.record_id}" if item.record_id else ""
                 self.reject("wiki", item.reason, record_id=rid, title=item.title,
                             url=url, detail=item.detail, sample=item.sample)
+            for batch in batches.close() if batches is not None else []:
+                yield beam.pvalue.TaggedOutput(BATCHES, batch)
         elif self.config.books_layout == "line_per_document":
             read = yield from self._book_lines(url)
         else:
@@ -305,31 +316,81 @@ def plan_units(source: str, urls: list[str], config: CorpusConfig) -> list[tuple
     return [(source, *unit, 0, 1) for url in urls for unit in plan_reads(url, config.split_bytes)]
 
 
-MAX_READERS_PER_FILE = 8
-"""Readers sharing one dump file that cannot be split: each decompresses all of it (~15% of
-the per-page CPU), so past ~8 the extra decompression outweighs the cleaning shared out."""
+HANDOFF = 0
+"""``parts`` of a unit read by one reader that hands its page records to every worker (through
+record batch files): see :func:`spread_units`."""
+BATCH_BYTES = 1 << 20
+"""Page text a handing-off reader holds before it writes a record batch file: small enough that
+the batches of a file deal out evenly (the local runner deals them once, round robin: 8 MiB
+made 2 batches of a 20 MB dump), large enough that a 20 GB dump makes ~20,000 files, not more."""
 
 
 def spread_units(units: list[tuple], workers: int) -> list[tuple]:
     """Units for ``workers``: when there are fewer than two per worker, each whole dump file
-    (one that cannot be split by streams) is read by ``parts`` readers (at most
-    MAX_READERS_PER_FILE), each parsing and cleaning every ``parts``-th page. Every reader
-    decompresses the whole file, but no page text crosses a shuffle (it used to be reshuffled,
-    and Beam's local runner held the whole dump's text to do so)."""
+    (one that cannot be split by streams, e.g. a single-stream ``.bz2``) is read by one reader
+    that writes its article records to batch files (``parts == HANDOFF``); the batches are
+    dealt to every worker to clean. Page text never crosses a shuffle (only batch file URLs).
+
+    Measured (20 MB dump, 2 workers, CPU-seconds of the whole job): the former choice, N
+    readers each decompressing the whole file and cleaning every N-th page, took 8.6 against
+    6.4 at 1 worker; one reader alone, 6.5 (and was faster in wall time on the loaded machine
+    even with its cleaning on one worker). The cost here: the records are written and read once
+    more, and the read (decompression and page scan) is not shared out."""
     if workers <= 1 or len(units) >= 2 * workers:
         return units
-    parts = min(workers, MAX_READERS_PER_FILE, -(-2 * workers // len(units)))
-    out = []
-    for source, url, start, end, _, _ in units:
-        if source == "wiki" and start is None:
-            out += [(source, url, None, None, part, parts) for part in range(parts)]
-        else:
-            out.append((source, url, start, end, 0, 1))
-    return out
+    return [(source, url, start, end, 0, HANDOFF) if source == "wiki" and start is None
+            else (source, url, start, end, part, parts)
+            for source, url, start, end, part, parts in units]
+
+
+RECORD_SCHEMA = pa.schema([
+    pa.field("doc_id", pa.string(), nullable=False),
+    pa.field("source", pa.string(), nullable=False),
+    pa.field("title", pa.string()),
+    pa.field("text", pa.string(), nullable=False),
+])
+
+
+class _RecordBatches:
+    """Records of a handing-off reader, written every ~BATCH_BYTES of text as one batch file
+    under ``work_url/batches/``; :meth:`close` returns the URLs written."""
+
+    def __init__(self, work_url: str):
+        self.work_url = work_url
+        self.rows: list[dict] = []
+        self.held = 0
+        self.written: list[str] = []
+
+    def add(self, record: dict) -> list[str]:
+        self.rows.append(record)
+        self.held += len(record["text"])
+        return self._flush() if self.held >= BATCH_BYTES else []
+
+    def _flush(self) -> list[str]:
+        if not self.rows:
+            return []
+        url = join_url(self.work_url, "batches", f"{uuid.uuid4().hex}.parquet")
+        write_table(url, pa.Table.from_pylist(self.rows, schema=RECORD_SCHEMA))
+        self.rows, self.held = [], 0
+        return [url]
+
+    def close(self) -> list[str]:
+        return self._flush()
+
+
+class _ReadBatch(beam.DoFn):
+    """Record batch file URL -> its records (the file stays until the job removes its work
+    folder, so a retried bundle reads it again)."""
+
+    def process(self, url: str):
+        fs, path = fsspec.core.url_to_fs(url)
+        with fs.open(path, "rb") as f:
+            yield from pq.read_table(f).to_pylist()
 
 
 class ReadUnits(beam.PTransform):
-    """Read units -> raw records (main output "records") and reject runs ("runs")."""
+    """Read units -> {"records": raw records, "handed": the raw records a handing-off reader
+    wrote to batch files, read back wherever the batches were dealt, "runs": reject runs}."""
 
     def __init__(self, config: CorpusConfig, work_url: str):
         super().__init__()
@@ -337,8 +398,12 @@ class ReadUnits(beam.PTransform):
         self.work_url = work_url
 
     def expand(self, units):
-        return units | "ReadUnit" >> beam.ParDo(_ReadUnit(self.config, self.work_url)).with_outputs(
-            RUNS, main="records")
+        read = units | "ReadUnit" >> beam.ParDo(_ReadUnit(self.config, self.work_url)).with_outputs(
+            RUNS, BATCHES, main="records")
+        # Cleaned apart from the direct records, not flattened with them: a Flatten of two
+        # stages' outputs is a buffer in the local runner, and these are whole pages.
+        handed = read[BATCHES] | "SpreadBatches" >> beam.Reshuffle() | "ReadBatch" >> beam.ParDo(_ReadBatch())
+        return {"records": read.records, "handed": handed, RUNS: read[RUNS]}
 
 
 class _CleanToFragments(Writing):
@@ -409,16 +474,19 @@ def build_corpus_pipeline(config: CorpusConfig, files: dict[str, list[str]], out
     log.info("corpus: %d read units for %d workers", len(units), workers)
 
     work = join_url(output_url, WORK_DIR)
-    p = beam.Pipeline(options=pipeline_options(config.beam, job_name="bertflow-corpus"))
+    p = make_pipeline(config.beam, job_name="bertflow-corpus")
     read = (
         p
         | "Units" >> beam.Create(units)
         | "SpreadUnits" >> beam.Reshuffle()
         | "Read" >> ReadUnits(config, work)
     )
-    cleaned = read.records | "Clean" >> CleanToFragments(config, work)
-    runs = (read[RUNS], cleaned[RUNS]) | "ReadRuns" >> beam.Flatten()
-    _ = (cleaned.keys, cleaned.fragments, runs) | "Dedup" >> DedupAndWrite(config, work, output_url)
+    cleaned = read["records"] | "Clean" >> CleanToFragments(config, work)
+    handed = read["handed"] | "CleanHanded" >> CleanToFragments(config, work)
+    keys = (cleaned.keys, handed.keys) | "AllKeys" >> beam.Flatten()
+    fragments = (cleaned.fragments, handed.fragments) | "AllFragments" >> beam.Flatten()
+    runs = (read[RUNS], cleaned[RUNS], handed[RUNS]) | "ReadRuns" >> beam.Flatten()
+    _ = (keys, fragments, runs) | "Dedup" >> DedupAndWrite(config, work, output_url)
     return p
 
 

@@ -46,8 +46,8 @@ from pipeline.beam_io import (
     check_runner_urls,
     counters,
     fill_empty_shards,
+    make_pipeline,
     parquet_rows,
-    pipeline_options,
     shard_name,
     stable_shard,
 )
@@ -141,18 +141,68 @@ def token_schema(vocab_size: int) -> pa.Schema:
     )
 
 
-def read_documents(url: str, batch_docs: int = READ_DOCS) -> Iterator[tuple[list, list]]:
-    """(doc_ids, sentences) batches of one document Parquet file."""
+def read_documents(
+    url: str, batch_docs: int = READ_DOCS, row_groups: tuple[int, int] | None = None
+) -> Iterator[tuple[list, list]]:
+    """(doc_ids, sentences) batches of one document Parquet file (row groups [first, end) only
+    when ``row_groups`` is given)."""
     fs, path = fsspec.core.url_to_fs(url)
     with fs.open(path, "rb") as f:
         # Buffered column reads: a corpus file may be one row group of hundreds of MB.
         pf = pq.ParquetFile(f, pre_buffer=False, buffer_size=1 << 20)
-        for batch in pf.iter_batches(columns=["doc_id", "sentences"], batch_size=batch_docs):
+        groups = None if row_groups is None else list(range(*row_groups))
+        for batch in pf.iter_batches(columns=["doc_id", "sentences"], batch_size=batch_docs, row_groups=groups):
             yield batch.column(0).to_pylist(), batch.column(1).to_pylist()
 
 
+UNITS_PER_WORKER = 4
+"""Tokenizing units planned per local worker: enough to balance the workers' shares."""
+
+
+def plan_token_work(doc_urls: list[str], workers: int) -> list[tuple[int, list[tuple[str, int, int]]]]:
+    """The tokenizing work of the local runner's ``workers``: ``[(part, [(url, first row group,
+    end row group), ...]), ...]``, one part per worker, of about equal text.
+
+    Beam's local runner deals a stage's elements out to its workers once, round robin, with no
+    rebalancing: whole corpus files (books files hold fewer, longer documents than wiki files)
+    left one worker with up to twice the other's share. Here row groups are gathered into
+    ``UNITS_PER_WORKER`` units of text per worker, dealt largest first to the least loaded
+    part; one part per worker. The output does not depend on this plan (a bucket's documents
+    are sorted by doc_id whatever file they come from: tested across worker counts)."""
+    sizes = []  # (bytes, url, first, end)
+    for url in doc_urls:
+        fs, path = fsspec.core.url_to_fs(url)
+        with fs.open(path, "rb") as f:
+            meta = pq.ParquetFile(f).metadata
+        sizes += [(meta.row_group(g).total_byte_size, url, g, g + 1) for g in range(meta.num_row_groups)]
+    target = sum(s[0] for s in sizes) / max(1, workers * UNITS_PER_WORKER)
+    units: list[list] = []
+    for size, url, first, end in sizes:  # consecutive row groups of a file, up to the target
+        if units and units[-1][1] == url and units[-1][3] == first and units[-1][0] + size <= target:
+            units[-1][0] += size
+            units[-1][3] = end
+        else:
+            units.append([size, url, first, end])
+    loads = [0] * workers
+    parts: list[list[int]] = [[] for _ in range(workers)]
+    for i in sorted(range(len(units)), key=lambda i: (-units[i][0], i)):
+        j = min(range(workers), key=lambda j: (loads[j], j))
+        loads[j] += units[i][0]
+        parts[j].append(i)
+    return [(j, [tuple(units[i][1:]) for i in sorted(part)]) for j, part in enumerate(parts) if part]
+
+
+def token_work(doc_urls: list[str], beam_config) -> list[tuple[int, list[tuple[str, int, int]]]]:
+    """Elements of TokenizeToBuckets: balanced parts on the local runner at 2+ workers, else one
+    element per corpus file (a runner that rebalances work, e.g. Dataflow, splits files itself)."""
+    if beam_config.runner in ("FnApiRunner", "DirectRunner") and beam_config.num_workers > 1:
+        return plan_token_work(doc_urls, beam_config.num_workers)
+    return [(i, [(url, 0, -1)]) for i, url in enumerate(doc_urls)]
+
+
 class TokenizeToBuckets(beam.DoFn):
-    """(file index, corpus file URL) -> (bucket, token file URL) for each bucket it wrote.
+    """(part, [(corpus file URL, first row group, end row group or -1 for all), ...]) ->
+    (bucket, token file URL) for each bucket it wrote (one token file per part and bucket).
 
     Documents are tokenized (empty sentences and documents dropped and counted) and appended to
     one token file per bucket, flushed as row groups so the worker holds a bounded buffer."""
@@ -180,20 +230,28 @@ class TokenizeToBuckets(beam.DoFn):
         self.unk_id = self.tokenizer.token_to_id("[UNK]")
         self.schema = token_schema(id_space(len(self.vocab), self.segmenter))
         self.words = Segmenter(self.segmenter) if self.segmenter != "none" else None
+        # Without a segmenter no character offsets are needed: encode_batch_fast gives the same
+        # ids without computing them (~15% less tokenizing time, measured).
+        self.encode = self.tokenizer.encode_batch if self.words else self.tokenizer.encode_batch_fast
 
     def process(self, element):
-        file_index, url = element
+        part, units = element
         buffers: dict[int, tuple[list, list]] = {}
         writers: dict[int, Any] = {}
         held = 0
-        for doc_ids, docs in read_documents(url):
+        batches = (
+            batch
+            for url, first, end in units
+            for batch in read_documents(url, row_groups=None if end < 0 else (first, end))
+        )
+        for doc_ids, docs in batches:
             flat = [s for doc in docs for s in doc]
             encoded = [
                 self._ids(text, e)
                 for i in range(0, len(flat), ENCODE_SENTENCES)
                 for text, e in zip(
                     flat[i : i + ENCODE_SENTENCES],
-                    self.tokenizer.encode_batch(flat[i : i + ENCODE_SENTENCES], add_special_tokens=False),
+                    self.encode(flat[i : i + ENCODE_SENTENCES], add_special_tokens=False),
                     strict=True,
                 )
             ]
@@ -209,9 +267,9 @@ class TokenizeToBuckets(beam.DoFn):
                 docs_buf.append(ids)
                 held += sum(map(len, ids))
             if held >= FLUSH_TOKENS:
-                self._flush(buffers, writers, file_index)
+                self._flush(buffers, writers, part)
                 held = 0
-        self._flush(buffers, writers, file_index)
+        self._flush(buffers, writers, part)
         for bucket, (file, writer, out_url) in sorted(writers.items()):
             writer.close()
             file.close()
@@ -238,10 +296,10 @@ class TokenizeToBuckets(beam.DoFn):
         self.unknown.inc(sum(s.count(self.unk_id) for s in ids))  # marked ids are ideographs
         self.tokens.inc(sum(map(len, ids)))
 
-    def _flush(self, buffers, writers, file_index: int) -> None:
+    def _flush(self, buffers, writers, part: int) -> None:
         for bucket, (doc_ids, docs) in sorted(buffers.items()):
             if bucket not in writers:
-                out_url = join_url(self.work_url, "tokens", f"b{bucket:05d}", f"f{file_index:05d}.parquet")
+                out_url = join_url(self.work_url, "tokens", f"b{bucket:05d}", f"f{part:05d}.parquet")
                 fs, path = fsspec.core.url_to_fs(out_url)
                 fs.makedirs(fs._parent(path), exist_ok=True)
                 file = fs.open(path, "wb")
@@ -432,7 +490,7 @@ class MergeShards(beam.DoFn):
 
 
 class ExamplesFromDocuments(beam.PTransform):
-    """(file index, corpus file URL) -> (seq name, rows per shard): the whole job."""
+    """Tokenizing work (see :func:`token_work`) -> (seq name, rows per shard): the whole job."""
 
     def __init__(
         self,
@@ -449,12 +507,12 @@ class ExamplesFromDocuments(beam.PTransform):
         self.num_buckets = num_buckets
         self.output_url = output_url
 
-    def expand(self, files):
+    def expand(self, parts):
         cfg = self.config
         work = join_url(self.output_url, WORK_DIR)
         schemas = {seq_name(n): example_schema(len(self.vocab), n) for n in cfg.max_seq_lengths}
         return (
-            files
+            parts
             | "SpreadFiles" >> beam.Reshuffle()
             | "TokenizeToBuckets"
             >> beam.ParDo(
@@ -490,10 +548,10 @@ def build_examples_pipeline(
     """The examples job over the corpus files ``doc_urls``, built, not run, with the options of
     ``config.beam`` (any runner: a test validates it for Dataflow without submitting)."""
     check_runner_urls(config.beam, {"corpus": doc_urls, "output": [output_url]})
-    pipeline = beam.Pipeline(options=pipeline_options(config.beam, job_name="bertflow-examples"))
+    pipeline = make_pipeline(config.beam, job_name="bertflow-examples")
     _ = (
         pipeline
-        | "ListFiles" >> beam.Create(list(enumerate(doc_urls)))
+        | "ListFiles" >> beam.Create(token_work(doc_urls, config.beam))
         | "Examples" >> ExamplesFromDocuments(config, vocab, lowercase, num_buckets, output_url)
     )
     return pipeline

@@ -165,14 +165,44 @@ def test_merging_many_runs_in_groups_gives_the_same_shards(tmp_path, monkeypatch
     assert len(list((tmp_path / "work2" / "merge" / "rejects").iterdir())) == 4 + 2  # two levels
 
 
-def test_spread_units_shares_only_files_that_cannot_be_split():
-    from pipeline.corpus import MAX_READERS_PER_FILE, spread_units
+def test_spread_units_hands_off_only_files_that_cannot_be_split():
+    from pipeline.corpus import HANDOFF, spread_units
 
     whole, ranged, book = ("wiki", "a.xml.bz2", None, None, 0, 1), ("wiki", "m.bz2", 0, 9, 0, 1), (
         "books", "b.txt", None, None, 0, 1)
     assert spread_units([whole, ranged, book], 1) == [whole, ranged, book]
-    assert spread_units([whole, ranged, book], 2) == [
-        ("wiki", "a.xml.bz2", None, None, 0, 2), ("wiki", "a.xml.bz2", None, None, 1, 2), ranged, book]
-    assert len(spread_units([whole], 64)) == MAX_READERS_PER_FILE
+    # One reader of the whole file, its records handed to every worker through batch files.
+    assert spread_units([whole, ranged, book], 2) == [("wiki", "a.xml.bz2", None, None, 0, HANDOFF), ranged, book]
+    assert spread_units([whole], 64) == [("wiki", "a.xml.bz2", None, None, 0, HANDOFF)]
     many = [("wiki", f"{i}.xml", None, None, 0, 1) for i in range(4)]
     assert spread_units(many, 2) == many  # two units per worker already
+
+
+def test_single_file_handed_off_gives_the_same_corpus(tmp_path, monkeypatch):
+    """A single-stream dump at 2 workers: one reader writes its records to batch files (tiny
+    here, so many), every worker cleans some; same bytes, counts and rejects as 1 worker."""
+    import glob
+
+    import pipeline.corpus as corpus
+
+    wiki = sorted(glob.glob("data/sample/wiki/*.xml.bz2"))
+    assert len(wiki) == 1
+    monkeypatch.setattr(corpus, "BATCH_BYTES", 20_000)  # forked workers inherit it
+    outputs = []
+    for workers in (1, 2):
+        cfg = dataclasses.replace(CFG, sources=("wiki",), beam=BeamConfig(num_workers=workers))
+        out = tmp_path / f"out{workers}"
+        m = run_corpus(cfg, {"wiki": wiki[0]}, str(out))
+        rejects = pq.read_table(str(out / "rejects")).to_pylist()
+        outputs.append(({f.path: f.sha256 for f in m.files}, m.counts,
+                        sorted(tuple(sorted(r.items())) for r in rejects)))
+    assert outputs[0] == outputs[1]
+    assert outputs[0][1]["wiki_documents"] > 300
+    unit = corpus.spread_units(corpus.plan_units("wiki", wiki, cfg), 2)
+    assert unit == [("wiki", wiki[0], None, None, 0, corpus.HANDOFF)]
+    # The batches round-trip: what a reader writes is what the cleaners read.
+    records = [{"doc_id": f"wiki:{i}", "source": "wiki", "title": f"T{i}", "text": "x" * 9000} for i in range(5)]
+    writer = corpus._RecordBatches(str(tmp_path / "work"))
+    urls = [u for r in records for u in writer.add(r)] + writer.close()
+    assert len(urls) == 2  # written once 20,000 characters are held: 3 records, then the last 2
+    assert [r for u in urls for r in corpus._ReadBatch().process(u)] == records

@@ -11,7 +11,14 @@ import pytest
 
 from pipeline.config import BeamConfig, ExamplesConfig, VocabConfig
 from pipeline.example_view import histogram_bin, histogram_bins
-from pipeline.examples import decode_examples, example_key, num_buckets_for, run_examples
+from pipeline.examples import (
+    decode_examples,
+    example_key,
+    num_buckets_for,
+    plan_token_work,
+    run_examples,
+    token_work,
+)
 from pipeline.schema import (
     DOCUMENT_SCHEMA,
     ManifestError,
@@ -71,11 +78,11 @@ def make_docs(num_docs: int) -> list[dict]:
     return docs
 
 
-def write_corpus(path, docs, shards: int) -> str:
+def write_corpus(path, docs, shards: int, row_group_size: int | None = None) -> str:
     path.mkdir(parents=True)
     for k in range(shards):
         table = pa.Table.from_pylist(docs[k::shards], schema=DOCUMENT_SCHEMA)
-        pq.write_table(table, path / f"part-{k:05d}-of-{shards:05d}.parquet")
+        pq.write_table(table, path / f"part-{k:05d}-of-{shards:05d}.parquet", row_group_size=row_group_size)
     write_manifest("corpus", str(path), {}, {}, {"documents": len(docs)})
     return str(path)
 
@@ -164,18 +171,39 @@ def test_example_contents(stages):
 
 def test_byte_identical_across_workers_layouts_and_runs(stages, tmp_path):
     root, docs, corpus, vocab, manifest = stages
-    # Another file layout of the same documents, two worker processes.
-    other_corpus = write_corpus(tmp_path / "corpus3", list(reversed(docs)), shards=3)
-    two = run_examples(
-        ExamplesConfig(**{**CONFIG.__dict__, "beam": BeamConfig(num_workers=2)}),
-        other_corpus,
-        vocab,
-        str(tmp_path / "examples2"),
-    )
+    # Another file layout of the same documents (small row groups: the local runner's workers
+    # share them out, see plan_token_work), two and three worker processes.
+    other_corpus = write_corpus(tmp_path / "corpus3", list(reversed(docs)), shards=3, row_group_size=37)
     checksums = lambda m: sorted((f.path, f.sha256) for f in m.files)  # noqa: E731
-    assert checksums(two) == checksums(manifest)
+    for workers in (2, 3):
+        many = run_examples(
+            ExamplesConfig(**{**CONFIG.__dict__, "beam": BeamConfig(num_workers=workers)}),
+            other_corpus,
+            vocab,
+            str(tmp_path / f"examples{workers}"),
+        )
+        assert checksums(many) == checksums(manifest)
     again = run_examples(CONFIG, corpus, vocab, manifest.url)  # rerun in place: clears first
     assert again.fingerprint == manifest.fingerprint
+
+
+def test_token_work_is_balanced_and_complete(stages, tmp_path):
+    _, docs, _, _, _ = stages
+    # Files of very different sizes: one file of long documents, two of short ones.
+    long_docs = [dict(d, sentences=d["sentences"] * 6) for d in docs[:60]]
+    folder = write_corpus(tmp_path / "uneven", docs[60:], shards=2, row_group_size=25)
+    big = write_corpus(tmp_path / "big", long_docs, shards=1, row_group_size=10)
+    urls = sorted(str(p) for p in (tmp_path / "uneven").glob("*.parquet")) + [big + "/part-00000-of-00001.parquet"]
+    groups = {u: pq.ParquetFile(u).metadata.num_row_groups for u in urls}
+    sizes = {(u, g): pq.ParquetFile(u).metadata.row_group(g).total_byte_size for u in urls for g in range(groups[u])}
+    for workers in (2, 3, 4):
+        parts = plan_token_work(urls, workers)
+        assert [p for p, _ in parts] == list(range(workers))
+        covered = [(u, g) for _, units in parts for u, first, end in units for g in range(first, end)]
+        assert sorted(covered) == sorted(sizes)  # every row group exactly once
+        loads = [sum(sizes[u, g] for u, first, end in units for g in range(first, end)) for _, units in parts]
+        assert max(loads) <= 1.3 * sum(loads) / workers
+    assert token_work(urls, BeamConfig(num_workers=1)) == [(i, [(u, 0, -1)]) for i, u in enumerate(urls)]
 
 
 def test_refuses_unfinished_inputs(stages, tmp_path):

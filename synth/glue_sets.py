@@ -162,6 +162,15 @@ def wnli_rows(world: World, split: str, n: int) -> list[tuple[str, str, int]]:
 SIZES = {"train": 400, "dev": 100, "test": 50}
 
 
+def _balanced(pairs: list[dict], n: int) -> list[dict]:
+    """The first ``n`` pairs with as many "same" pairs as others, in their order: RTE's two
+    classes are balanced like the real set's (a quarter of the pairs are "same")."""
+    same = [p for p in pairs if p["kind"] == "same"][: n // 2]
+    other = [p for p in pairs if p["kind"] != "same"][: n - len(same)]
+    keep = {id(p) for p in same + other}
+    return [p for p in pairs if id(p) in keep]
+
+
 def glue_files(world: World) -> dict[str, dict[str, tuple[str, list[tuple]]]]:
     """GLUE folder -> file name -> (header line or "" for none, rows)."""
     out: dict[str, dict[str, tuple[str, list[tuple]]]] = {}
@@ -240,7 +249,7 @@ def glue_files(world: World) -> dict[str, dict[str, tuple[str, list[tuple]]]]:
     rte = {"same": "entailment", "other_object": "not_entailment", "other_fact": "not_entailment",
            "unrelated": "not_entailment"}
     out["RTE"] = {f"{s}.tsv": ("index\tsentence1\tsentence2\tlabel",
-                               [(i, p["s1"], p["s2"], rte[p["kind"]]) for i, p in enumerate(labelled(s)[:SIZES[s] // 2])])
+                               [(i, p["s1"], p["s2"], rte[p["kind"]]) for i, p in enumerate(_balanced(labelled(s), SIZES[s] // 2))])
                   for s in ("train", "dev")}
     out["RTE"]["test.tsv"] = ("index\tsentence1\tsentence2",
                               [(i, p["s1"], p["s2"]) for i, p in enumerate(data["test"][:50])])

@@ -51,13 +51,15 @@ def main() -> None:
     parser.add_argument("--nproc", type=int, default=1, help="training processes (torchrun when > 1)")
     parser.add_argument("--tasks", default=",".join(TASKS))
     parser.add_argument("--finetune-epochs", type=float, default=0, help="0: the preset's")
-    parser.add_argument("--seed", type=int, default=42, help="fine-tuning seed (both models)")
+    parser.add_argument("--seeds", default="42", help="fine-tuning seeds (both models), e.g. 42,43,44: "
+                        "each task is fine-tuned once per seed and the mean is printed")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
 
     data, root = join_url(args.work, "data"), join_url(args.work, "run")
     overrides = {"data.wiki": join_url(data, "wiki"), "data.books": join_url(data, "books"),
-                 "data.downstream": str(SAMPLE_DIR), "finetune.seed": args.seed}
+                 "data.downstream": str(SAMPLE_DIR)}
+    seeds = [int(x) for x in args.seeds.split(",")]
     cfg = load_config(args.preset, overrides)
     phases = list(cfg.pretrain.phases)
     if args.steps:
@@ -74,7 +76,7 @@ def main() -> None:
           f"A={cfg.model.num_attention_heads}; corpus {args.size}; pretraining "
           + ", ".join(f"{p.name} {p.steps} steps x {p.batch_size} x {p.max_seq_length}" for p in cfg.pretrain.phases)
           + f" (warm-up {cfg.pretrain.warmup_steps}); fine-tuning {cfg.finetune.epochs} epochs, lr "
-            f"{cfg.finetune.learning_rate}, seed {cfg.finetune.seed}")
+            f"{cfg.finetune.learning_rate}, seeds {args.seeds}")
 
     if not os.path.exists(os.path.join(data, "books")):
         t = time.time()
@@ -118,26 +120,31 @@ def main() -> None:
           f"NSP acc {counts['nsp_accuracy']:.3f}"
           + (f", held-out MLM acc {counts['eval_mlm_accuracy']:.3f}" if "eval_mlm_accuracy" in counts else ""))
 
-    print(f"\n{'task':<8} {'metric':<14} {'pretrained':>11} {'random init':>12} {'difference':>11}")
+    print(f"\n{'task':<18} {'metric':<14} {'pretrained':>11} {'random init':>12} {'difference':>11}"
+          + ("   per seed (pretrained - random)" if len(seeds) > 1 else ""))
     for name in args.tasks.split(","):
         task = TASKS[name]
-        scores = []
-        for label, model_url in (("pretrained", export), ("random", random_init)):
-            # a folder per model, pretraining schedule (random: any) and fine-tuning budget
-            tag = (f"{label}-{cfg.pretrain.total_steps}" if label == "pretrained" else label) + f"-ep{cfg.finetune.epochs:g}"
-            out = join_url(root, "finetune", tag, name)
-            t = time.time()
-            if has_manifest(out):
-                m = read_manifest(out)
-            else:
-                m = run_downstream(name, cfg.finetune, cfg.data.downstream, model_url, out)
-                print(f"  ({name} {label}: {time.time() - t:.0f} s)")
-            key = task.metric if task.metric in m.counts else f"eval_{task.metric}"
-            scores.append(float(m.counts[key]))
         scale = 1.0 if task.percent else 100.0  # both as percentages
-        print(f"{name:<8} {task.metric:<14} {scores[0] * scale:11.2f} {scores[1] * scale:12.2f} "
-              f"{(scores[0] - scores[1]) * scale:+11.2f}")
-
+        scores: dict[str, list[float]] = {"pretrained": [], "random": []}
+        for seed in seeds:
+            finetune = dataclasses.replace(cfg.finetune, seed=seed)
+            for label, model_url in (("pretrained", export), ("random", random_init)):
+                # a folder per model, pretraining schedule (random: any), fine-tuning budget and seed
+                tag = ((f"{label}-{cfg.pretrain.total_steps}" if label == "pretrained" else label)
+                       + f"-ep{finetune.epochs:g}" + ("" if seed == 42 else f"-s{seed}"))
+                out = join_url(root, "finetune", tag, name)
+                t = time.time()
+                if has_manifest(out):
+                    m = read_manifest(out)
+                else:
+                    m = run_downstream(name, finetune, cfg.data.downstream, model_url, out)
+                    print(f"  ({name} {label} seed {seed}: {time.time() - t:.0f} s)", flush=True)
+                key = task.metric if task.metric in m.counts else f"eval_{task.metric}"
+                scores[label].append(float(m.counts[key]) * scale)
+        pre, rnd = (sum(v) / len(v) for v in (scores["pretrained"], scores["random"]))
+        per_seed = " ".join(f"{a - b:+.1f}" for a, b in zip(scores["pretrained"], scores["random"]))
+        print(f"{name:<18} {task.metric:<14} {pre:11.2f} {rnd:12.2f} {pre - rnd:+11.2f}"
+              + (f"   {per_seed}" if len(seeds) > 1 else ""), flush=True)
 
 if __name__ == "__main__":
     main()

@@ -43,8 +43,9 @@ import pyarrow.parquet as pq
 from pipeline import filters
 from pipeline.beam_io import check_runner_urls, counters, fill_empty_shards, make_pipeline, parquet_rows
 from pipeline.config import CORPUS_SOURCES, CorpusConfig, output_config
+from pipeline.corpus_decide import key_row
 from pipeline.corpus_dedup import (
-    NAMESPACE, REJECTS_FOLDER, RUNS, DedupAndWrite, FragmentWriter, Writing, doc_digest, pack_doc,
+    KEYS, NAMESPACE, REJECTS_FOLDER, RUNS, DedupAndWrite, FragmentWriter, Writing, doc_digest,
     paragraph_hash, windowed, write_table,
 )
 from pipeline.dumps import iter_wiki, plan_reads
@@ -407,9 +408,9 @@ class ReadUnits(beam.PTransform):
 
 
 class _CleanToFragments(Writing):
-    """Raw record -> its document written to a fragment, and its small key (main output):
-    ``(digest, pack_doc(doc_id, title, ref, paragraph hashes[, minhash]))``; rejects written to
-    runs; fragment ids (tagged "fragments") and runs ("runs") at the end of each bundle."""
+    """Raw record -> its document written to a fragment and its key row (digest, doc_id, title,
+    ref, paragraph hashes[, minhash]) to a key run; rejects written to runs; fragment ids
+    (tagged "fragments"), key runs ("keys") and runs ("runs") at the end of each bundle."""
 
     def __init__(self, config: CorpusConfig, work_url: str):
         super().__init__(work_url)
@@ -421,6 +422,9 @@ class _CleanToFragments(Writing):
         self._processed = 0
 
     def process(self, record: dict):
+        self._clean(record)
+
+    def _clean(self, record: dict) -> None:
         paragraphs, rejects = build_paragraphs(record, self.config)
         for reason, n in rejects.items():
             if reason not in RECORD_REJECTS:
@@ -441,7 +445,7 @@ class _CleanToFragments(Writing):
         hashes = [paragraph_hash(p) for p in paragraphs] if self.config.dedup_paragraphs else []
         sig = (filters.minhash([s for p in paragraphs for s in p])
                if self.config.near_dup_threshold > 0 else None)
-        yield bytes.fromhex(digest), pack_doc(record["doc_id"], record["title"], ref, hashes, sig)
+        self.write(KEYS, key_row(bytes.fromhex(digest), record["doc_id"], record["title"], ref, hashes, sig))
 
     def finish_bundle(self):
         for fragment in self._fragments.close():
@@ -450,8 +454,7 @@ class _CleanToFragments(Writing):
 
 
 class CleanToFragments(beam.PTransform):
-    """Raw records -> document keys (main output "keys"), fragment ids ("fragments") and
-    reject runs ("runs")."""
+    """Raw records -> key runs ("keys"), fragment ids ("fragments") and reject runs ("runs")."""
 
     def __init__(self, config: CorpusConfig, work_url: str):
         super().__init__()
@@ -460,7 +463,7 @@ class CleanToFragments(beam.PTransform):
 
     def expand(self, records):
         return records | "BuildDocument" >> beam.ParDo(
-            _CleanToFragments(self.config, self.work_url)).with_outputs("fragments", RUNS, main="keys")
+            _CleanToFragments(self.config, self.work_url)).with_outputs("fragments", RUNS, KEYS, main="none")
 
 
 def build_corpus_pipeline(config: CorpusConfig, files: dict[str, list[str]], output_url: str) -> beam.Pipeline:

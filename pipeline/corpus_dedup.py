@@ -1,41 +1,38 @@
-"""Corpus-wide exact dedup decided on small keys; document text moves through files, not shuffles.
+"""Corpus-wide exact dedup decided on small keys; document text and keys move through files, not shuffles.
 
 The corpus job used to group whole documents (exact dedup, unique doc ids, output shards,
-rejects with their samples): Beam's local runner holds every grouped element in memory, so the
-stage grew by ~3.5 MiB per MB of XML. Here:
+rejects with their samples), then small keys, one per document and per paragraph: Beam's local
+runner holds every grouped element in memory in the driver, so the stage grew with the dump.
+Here no Beam element is per document:
 
 1. Workers write the documents they build to **fragments** (Parquet files of at most
-   :data:`FRAGMENT_ROWS` documents, paragraphs kept as lists of sentences) and rejects to
-   key-sorted runs (:class:`pipeline.shards.RunWriter`); only small keys go on, each packed
-   into one ``bytes`` (the local runner holds grouped values as Python objects: a tuple of
-   strings cost ~650 bytes a document, the packed form ~170): a document key
-   ``(16-byte text digest, pack_doc(doc_id, title, ref, paragraph hashes[, minhash]))`` with
-   ``ref = (fragment, row)``.
-2. The decisions are made on those keys (:func:`keep_first`, :func:`paragraph_drops`):
-   exact documents (smallest ``(doc_id, title)`` kept), near duplicates (optional), one row per
-   doc_id (smallest ``(digest, title)`` kept), then paragraphs across the corpus: the keeper of
-   each doc_id passes on one key per paragraph ``(12-byte hash, pack_occurrence(doc_id, ref,
-   index))``, and of the documents that hold a paragraph the smallest doc_id keeps it. Only
-   survivors take part, so no text is lost to a dropped document.
-3. The drops are grouped by fragment (a handful of small tuples), each fragment is read once and
-   its kept documents go to key-sorted runs (:func:`apply_drops`), and every output folder is a
-   streaming merge of its runs (:func:`pipeline.shards.merge_runs_in_levels`, at most
-   :data:`MAX_FAN_IN` at once): balanced shards in the order of a 64-bit digest of doc_id
-   (rejects: of the whole row).
+   :data:`FRAGMENT_ROWS` documents, paragraphs kept as lists of sentences), each document's
+   small key row (text digest, doc_id, title, ``ref = (fragment, row)``, paragraph hashes
+   [, minhash]) to key-sorted runs, and rejects to key-sorted runs
+   (:class:`pipeline.shards.RunWriter`); only run URLs and fragment ids go on.
+2. The decisions are made in one step (:func:`pipeline.corpus_decide.decide_drops`, sorted
+   passes over the key runs, bounded memory): exact documents (smallest ``(doc_id, title)``
+   kept), near duplicates (optional), one row per doc_id (smallest ``(digest, title)`` kept),
+   then paragraphs across the corpus (of the documents that hold a paragraph, the smallest
+   doc_id keeps it). Only survivors take part, so no text is lost to a dropped document. The
+   drops are written as one file per fragment.
+3. Each fragment is read once (the fragments dealt to the workers) and its kept documents go
+   to key-sorted runs (:func:`apply_drops`), and every output folder is a streaming merge of
+   its runs (:func:`pipeline.shards.merge_runs_in_levels`, at most :data:`MAX_FAN_IN` at once):
+   balanced shards in the order of a 64-bit digest of doc_id (rejects: of the whole row).
 
-What it costs: every document is written and read twice more (a fragment, then a run), and
-the local runner still holds the keys (~190 bytes per built document, ~60 per paragraph of a
-surviving one) instead of the text. Output does not depend on the worker count: every decision sorts by stable keys, and
-equal run keys mean equal rows.
+What it costs: every document is written and read twice more (a fragment, then a run), and its
+key row a few times (one per decision pass). The runner holds one element per run, fragment and
+output folder, nothing per document. Output does not depend on the worker count: every decision
+sorts by stable keys, and equal run keys mean equal rows.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
-import struct
 import uuid
-from typing import Any, Iterable
+from typing import Any
 
 import apache_beam as beam
 import fsspec
@@ -47,7 +44,10 @@ from apache_beam.utils.windowed_value import WindowedValue
 
 from pipeline.beam_io import shard_name
 from pipeline.config import CorpusConfig
-from pipeline.filters import REJECT_SCHEMA, near_duplicates, normalise, reject_row, text_digest
+from pipeline.corpus_decide import (
+    HASH_BYTES, KEY_ROW_GROUP, KEY_RUN_BYTES, KEY_SCHEMA, decide_drops, read_drops, sort_key,
+)
+from pipeline.filters import REJECT_SCHEMA, normalise, reject_row, text_digest
 from pipeline.schema import DOCUMENT_SCHEMA, join_url
 from pipeline.shards import KEY, RunWriter, merge_runs_in_levels, use_lean_memory_pool
 
@@ -68,7 +68,6 @@ FRAGMENT_SCHEMA = pa.schema(
 )
 
 
-HASH_BYTES = 12
 FRAGMENT_ID_CHARS = 16
 
 
@@ -78,75 +77,12 @@ def paragraph_hash(sentences: list[str]) -> bytes:
     return hashlib.blake2b(text.encode("utf-8"), digest_size=HASH_BYTES).digest()
 
 
-def sort_key(text: str) -> int:
-    """64-bit stable order of an output row (doc_id, or a reject row's content)."""
-    return int.from_bytes(hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest(), "big")
-
-
 def doc_digest(paragraphs: list[list[str]]) -> str:
     """The exact-dedup digest of a document: its sentences, paragraph breaks ignored."""
     return text_digest([s for p in paragraphs for s in p])
 
 
-# -- small keys, packed -----------------------------------------------------------------------
-# Beam's local runner holds a grouped value as a Python object: a tuple of strings and a list of
-# hashes costs ~650 bytes a document, one bytes object ~170. Keys are raw digests for the same
-# reason. The layouts: struct header, then the variable fields in order.
-_DOC = struct.Struct("<HHIHH")  # len(doc_id), len(title), row, paragraphs, minhash values
-
-
-def pack_doc(doc_id: str, title: str, ref: tuple[str, int], hashes: list[bytes],
-             sig: list[int] | None = None) -> bytes:
-    """A document's key value: doc_id, title, ref, paragraph hashes[, MinHash signature]."""
-    i, t, f = doc_id.encode(), (title or "").encode(), ref[0].encode("ascii")
-    sig = sig or []
-    return b"".join([_DOC.pack(len(i), len(t), ref[1], len(hashes), len(sig)), i, t, f, *hashes,
-                     struct.pack(f"<{len(sig)}Q", *sig)])
-
-
-def unpack_doc(data: bytes) -> tuple[str, str, tuple[str, int], list[bytes], list[int] | None]:
-    ni, nt, row, nh, ns = _DOC.unpack_from(data)
-    at = _DOC.size
-    doc_id = data[at : at + ni].decode()
-    at += ni
-    title = data[at : at + nt].decode()
-    at += nt
-    frag = data[at : at + FRAGMENT_ID_CHARS].decode("ascii")
-    at += FRAGMENT_ID_CHARS
-    hashes = [data[at + k * HASH_BYTES : at + (k + 1) * HASH_BYTES] for k in range(nh)]
-    at += nh * HASH_BYTES
-    sig = list(struct.unpack_from(f"<{ns}Q", data, at)) if ns else None
-    return doc_id, title, (frag, row), hashes, sig
-
-
-_OCC = struct.Struct("<IH")  # row, paragraph index; then the fragment id and the doc_id
-
-
-def pack_occurrence(doc_id: str, ref: tuple[str, int], index: int) -> bytes:
-    return _OCC.pack(ref[1], index) + ref[0].encode("ascii") + doc_id.encode()
-
-
-def unpack_occurrence(data: bytes) -> tuple[str, tuple[str, int], int]:
-    row, index = _OCC.unpack_from(data)
-    at = _OCC.size + FRAGMENT_ID_CHARS
-    return data[at:].decode(), (data[_OCC.size : at].decode("ascii"), row), index
-
-
-# -- decisions on small keys ------------------------------------------------------------------
-def keep_first(values: Iterable[tuple], order) -> tuple[tuple, list[tuple]]:
-    """(the value with the smallest ``order(value)``, the others in that order)."""
-    ranked = sorted(values, key=order)
-    return ranked[0], ranked[1:]
-
-
-def paragraph_drops(occurrences: Iterable[tuple]) -> list[tuple[tuple, str]]:
-    """Occurrences ``(doc_id, ref, index)`` of one paragraph in kept documents ->
-    [(occurrence, the doc_id that keeps it)] to drop: the smallest doc_id keeps it (then the
-    first index, when a document holds it twice)."""
-    ranked = sorted(occurrences)
-    return [(o, ranked[0][0]) for o in ranked[1:]]
-
-
+# -- decisions applied ----------------------------------------------------------------------
 def apply_drops(
     row: dict[str, Any], paragraphs_dropped: dict[int, str], config: CorpusConfig
 ) -> tuple[dict[str, Any] | None, str | None]:
@@ -241,6 +177,8 @@ SHARD_ROW_GROUP_ROWS = 512
 """Row-group size of the output shards (what the last merge buffers before it writes)."""
 RUNS = "runs"
 """Tagged output of every writing DoFn: (output folder, (run URL, rows)) at the end of a bundle."""
+KEYS = "keys"
+"""Folder and tagged output of the document key runs: (run URL, rows) at the end of a bundle."""
 
 
 def windowed(value):
@@ -260,9 +198,9 @@ class Counted(beam.DoFn):
 
 
 class Writing(Counted):
-    """A counting DoFn that writes rows (rejects, documents) to key-sorted runs under
-    ``work_url/runs/<folder>/`` and announces them on the tagged output :data:`RUNS` when its
-    bundle ends, so rows never cross a shuffle."""
+    """A counting DoFn that writes rows (rejects, documents, document keys) to key-sorted runs
+    under ``work_url/runs/<folder>/`` and announces them when its bundle ends, on the tagged
+    output :data:`RUNS` (key runs: :data:`KEYS`), so rows never cross a shuffle."""
 
     def __init__(self, work_url: str):
         self.work_url = work_url
@@ -277,11 +215,13 @@ class Writing(Counted):
     def write(self, folder: str, row: dict[str, Any]) -> None:
         writer = self._writers.get(folder)
         if writer is None:
-            schema = REJECT_SCHEMA if folder == REJECTS_FOLDER else DOCUMENT_SCHEMA
+            schema, options = {
+                REJECTS_FOLDER: (REJECT_SCHEMA, {"row_group_rows": ROW_GROUP_ROWS}),
+                KEYS: (KEY_SCHEMA, {"row_group_rows": KEY_ROW_GROUP, "budget_bytes": KEY_RUN_BYTES}),
+            }.get(folder, (DOCUMENT_SCHEMA, {"row_group_rows": ROW_GROUP_ROWS}))
             prefix = _new_id()
             writer = self._writers[folder] = RunWriter(
-                schema, lambda r: join_url(self.work_url, RUNS, folder, f"{prefix}-{r:04d}.parquet"),
-                row_group_rows=ROW_GROUP_ROWS)
+                schema, lambda r: join_url(self.work_url, RUNS, folder, f"{prefix}-{r:04d}.parquet"), **options)
         writer.add(row)
 
     def reject(self, source: str, reason: str, **fields) -> None:
@@ -294,89 +234,53 @@ class Writing(Counted):
     def finish_bundle(self):
         for folder, writer in sorted(self._writers.items()):
             for run in writer.close():
-                yield beam.pvalue.TaggedOutput(RUNS, windowed((folder, run)))
+                if folder == KEYS:
+                    yield beam.pvalue.TaggedOutput(KEYS, windowed(run))
+                else:
+                    yield beam.pvalue.TaggedOutput(RUNS, windowed((folder, run)))
         self._writers = {}
 
 
-# -- Beam: decisions on small keys ------------------------------------------------------------
-def _drop(ref, paragraph: int, reason: str, detail: str):
-    """A drop, keyed by fragment: (fragment, (row, paragraph index or -1 for the document,
-    reason, detail))."""
-    return ref[0], (ref[1], paragraph, reason, detail)
+# -- Beam: decisions, applied per fragment ----------------------------------------------------
+class _Decide(beam.DoFn):
+    """(None, [("keys", run) | ("fragment", id)]) -> (fragment id, its drops file URL or "")
+    for every fragment: every decision made on the key runs, in bounded memory."""
 
+    def __init__(self, work_url: str, config: CorpusConfig):
+        self.work_url = work_url
+        self.config = config
 
-def _dedup_documents(element):
-    """(digest, [packed document]) -> survivors (doc_id, digest + packed); drops of the rest."""
-    digest, values = element
-    docs = [(unpack_doc(v), v) for v in values]
-    (keeper, packed), others = keep_first(docs, lambda d: (d[0][0], d[0][1]))
-    for (_, _, ref, _, _), _ in others:
-        yield beam.pvalue.TaggedOutput("drops", _drop(ref, -1, "duplicate_document", f"same as {keeper[0]}"))
-    yield keeper[0], digest + packed
+    def setup(self):
+        use_lean_memory_pool()
 
-
-def _as_survivor(element):
-    digest, packed = element
-    return unpack_doc(packed)[0], digest + packed
-
-
-def _signature(element):
-    doc_id, value = element
-    return 0, (doc_id, unpack_doc(value[DIGEST_BYTES:])[4])
-
-
-class _DropNear(beam.DoFn):
-    def process(self, element, dropped):
-        doc_id, value = element
-        kept = dropped.get(doc_id)
-        if kept is None:
-            yield element
-        else:
-            ref = unpack_doc(value[DIGEST_BYTES:])[2]
-            yield beam.pvalue.TaggedOutput(
-                "drops", _drop(ref, -1, "near_duplicate_document", f"near duplicate of {kept}"))
-
-
-def _unique_doc_ids(element):
-    """(doc_id, [digest + packed]) -> the paragraph keys of the one kept; drops of the rest."""
-    doc_id, values = element
-    docs = [(v[:DIGEST_BYTES], unpack_doc(v[DIGEST_BYTES:])) for v in values]
-    (_, keeper), others = keep_first(docs, lambda d: (d[0], d[1][1]))
-    if others:
-        log.warning("corpus: %d documents share doc_id %s; kept one", len(others) + 1, doc_id)
-    for _, (_, _, ref, _, _) in others:
-        yield beam.pvalue.TaggedOutput("drops", _drop(ref, -1, "duplicate_doc_id", f"same as {doc_id}"))
-    _, _, ref, hashes, _ = keeper
-    for index, phash in enumerate(hashes):
-        yield phash, pack_occurrence(doc_id, ref, index)
-
-
-def _paragraph_drops(element):
-    _phash, occurrences = element
-    for (_doc_id, ref, index), kept in paragraph_drops(map(unpack_occurrence, occurrences)):
-        yield _drop(ref, index, "duplicate_paragraph_corpus", f"paragraph {index} same as {kept}")
+    def process(self, element):
+        _, items = element
+        items = list(items)
+        key_runs = sorted(value for kind, value in items if kind == KEYS)
+        fragments = sorted(value for kind, value in items if kind == "fragment")
+        files = decide_drops(key_runs, join_url(self.work_url, "decide"), self.config)
+        for fragment in fragments:
+            yield fragment, files.get(fragment, "")
 
 
 class _ApplyDrops(Writing):
-    """(fragment, [None | drop]) -> its documents, less what was dropped, in runs per source;
-    dropped documents and paragraphs as reject rows."""
+    """(fragment, drops file URL or "") -> its documents, less what was dropped, in runs per
+    source; dropped documents and paragraphs as reject rows."""
 
     def __init__(self, work_url: str, config: CorpusConfig):
         super().__init__(work_url)
         self.config = config
 
     def process(self, element):
-        fragment, items = element
+        fragment, drops_url = element
         whole: dict[int, tuple[str, str]] = {}
         parts: dict[int, dict[int, str]] = {}
-        for item in items:
-            if item is None:
-                continue
-            row, paragraph, reason, detail = item
+        for drop in read_drops(drops_url) if drops_url else []:
+            row, paragraph = drop["row"], drop["paragraph"]
             if paragraph < 0:
-                whole[row] = (reason, detail)
+                whole[row] = (drop["reason"], drop["detail"])
             else:
-                parts.setdefault(row, {})[paragraph] = detail
+                parts.setdefault(row, {})[paragraph] = drop["detail"]
         for index, row in enumerate(read_fragment(self.work_url, fragment)):
             source, doc_id, title = row["source"], row["doc_id"], row["title"]
             if index in whole:
@@ -439,11 +343,12 @@ def _row_bytes(runs: list[tuple[str, int]]) -> int:
 
 
 class DedupAndWrite(beam.PTransform):
-    """Document keys -> the output folders written from fragments and runs.
+    """Key runs, fragment ids and runs -> the output folders written from fragments and runs.
 
-    Input: the document keys ``(digest, (doc_id, title, ref, paragraph hashes, minhash))`` of
-    every built document, the fragment ids and the runs already written (rejects of reading
-    and cleaning). Output: (folder, rows per shard) of each folder that received rows.
+    Input: the key runs of every built document (``(url, rows)``, :data:`KEYS` of the cleaning
+    DoFn), the fragment ids and the runs already written (rejects of reading and cleaning).
+    Output: (folder, rows per shard) of each folder that received rows. The runner holds one
+    element per run and per fragment, never one per document.
     """
 
     def __init__(self, config: CorpusConfig, work_url: str, output_url: str):
@@ -455,45 +360,13 @@ class DedupAndWrite(beam.PTransform):
     def expand(self, inputs):
         keys, fragments, runs = inputs
         cfg = self.config
-        drops = []
-        if cfg.dedup_sentences:
-            exact = (
-                keys
-                | "GroupByText" >> beam.GroupByKey()
-                | "KeepSmallestId" >> beam.FlatMap(_dedup_documents).with_output_types(Any).with_outputs("drops", main="kept")
-            )
-            survivors = exact.kept
-            drops.append(exact.drops)
-        else:
-            survivors = keys | "ById" >> beam.Map(_as_survivor)
-        if cfg.near_dup_threshold > 0:
-            t = cfg.near_dup_threshold
-            dropped = (
-                survivors
-                | "Sign" >> beam.Map(_signature)
-                | "AllSignatures" >> beam.GroupByKey()
-                | "Cluster" >> beam.Map(lambda kv: near_duplicates(list(kv[1]), t))
-            )
-            near = survivors | "DropNear" >> beam.ParDo(
-                _DropNear(), beam.pvalue.AsSingleton(dropped)).with_output_types(Any).with_outputs("drops", main="kept")
-            survivors = near.kept
-            drops.append(near.drops)
-        unique = (
-            survivors
-            | "GroupById" >> beam.GroupByKey()
-            | "KeepOnePerId" >> beam.FlatMap(_unique_doc_ids).with_output_types(Any).with_outputs("drops", main="paragraphs")
-        )
-        drops.append(unique.drops)
-        if cfg.dedup_paragraphs:
-            drops.append(
-                unique.paragraphs
-                | "GroupByParagraph" >> beam.GroupByKey()
-                | "KeepFirstParagraph" >> beam.FlatMap(_paragraph_drops).with_output_types(Any)
-            )
         applied = (
-            [fragments | "EveryFragment" >> beam.Map(lambda f: (f, None))] + drops
-            | "AllDrops" >> beam.Flatten()
-            | "GroupByFragment" >> beam.GroupByKey()
+            (keys | "TagKeyRuns" >> beam.Map(lambda run: (0, (KEYS, run))),
+             fragments | "TagFragments" >> beam.Map(lambda f: (0, ("fragment", f))))
+            | "KeyRunsAndFragments" >> beam.Flatten()
+            | "GroupForDecisions" >> beam.GroupByKey()
+            | "Decide" >> beam.ParDo(_Decide(self.work_url, cfg))
+            | "SpreadFragments" >> beam.Reshuffle()
             | "ApplyDrops" >> beam.ParDo(_ApplyDrops(self.work_url, cfg)).with_outputs(RUNS, main="none")
         )
         return (

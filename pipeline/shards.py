@@ -23,7 +23,7 @@ constant below being independent of the worker count.
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 import fsspec
 import numpy as np
@@ -238,7 +238,14 @@ def merge_runs(
     runs = list(runs)
     total = sum(n for _, n in runs)
     sink = _ShardSink(output_url, schema, num_shards, total, name_for, row_group_rows)
-    batch_rows = merge_batch_rows(len(runs), row_bytes, budget_bytes)
+    for table in _merged_tables(runs, merge_batch_rows(len(runs), row_bytes, budget_bytes)):
+        sink.emit(table)
+    return sink.close()
+
+
+def _merged_tables(runs: list[tuple[str, int]], batch_rows: int) -> Iterator[pa.Table]:
+    """The rows of key-sorted runs in key order (ties: run order, then row order), as tables
+    of at most ``len(runs) * batch_rows`` rows, key column kept."""
     live = [r for r in (_Run(url, batch_rows) for url, n in runs if n) if not r.done]
     while live:
         pivot = min(r.keys[-1] for r in live)
@@ -249,11 +256,10 @@ def merge_runs(
                 pieces.append(r.batch.slice(r.pos, end - r.pos))
                 r.pos = end
         table = pa.Table.from_batches(pieces)
-        sink.emit(table.take(pc.sort_indices(table, sort_keys=[(KEY, "ascending")])))
+        yield table.take(pc.sort_indices(table, sort_keys=[(KEY, "ascending")]))
         for r in live:
             r.refill()
         live = [r for r in live if not r.done]
-    return sink.close()
 
 
 MAX_FAN_IN = 16
@@ -285,6 +291,35 @@ def merge_runs_in_levels(
     ``keep_levels``: the caller removes ``work_url`` itself). The cost:
     every row is written and read once more per level (``ceil(log_fan_in(runs)) - 1`` levels).
     """
+    runs = _reduce_runs(runs, work_url, schema, row_bytes, max_fan_in, budget_bytes,
+                        level_row_group_rows, keep_levels)
+    return merge_runs(runs, output_url, schema, num_shards, name_for, row_bytes=row_bytes,
+                      budget_bytes=budget_bytes, row_group_rows=row_group_rows)
+
+
+def iter_merged(
+    runs: Iterable[tuple[str, int]],
+    work_url: str,
+    schema: pa.Schema,
+    row_bytes: int = 512,
+    max_fan_in: int = MAX_FAN_IN,
+    budget_bytes: int = MERGE_BUDGET_BYTES,
+    level_row_group_rows: int = RUN_ROW_GROUP,
+    keep_levels: bool = False,
+) -> Iterator[pa.Table]:
+    """The rows of key-sorted runs (``schema`` plus :data:`KEY`) in key order, as a stream of
+    Arrow tables (key column kept), in the memory of one merge of at most ``max_fan_in`` runs
+    (more are first merged in groups, as in :func:`merge_runs_in_levels`): the bounded-memory
+    "sort everything, then walk it in order" that corpus-wide dedup decisions are made on."""
+    runs = _reduce_runs(runs, work_url, schema, row_bytes, max_fan_in, budget_bytes,
+                        level_row_group_rows, keep_levels)
+    yield from _merged_tables(runs, merge_batch_rows(len(runs), row_bytes, budget_bytes))
+
+
+def _reduce_runs(runs, work_url, schema, row_bytes, max_fan_in, budget_bytes, level_row_group_rows,
+                 keep_levels) -> list[tuple[str, int]]:
+    """Runs merged in consecutive groups of ``max_fan_in``, level after level, until at most
+    ``max_fan_in`` are left (see :func:`merge_runs_in_levels`)."""
     runs = [r for r in runs if r[1]]
     level = 0
     while len(runs) > max_fan_in:
@@ -300,5 +335,4 @@ def merge_runs_in_levels(
                     fs, path = fsspec.core.url_to_fs(url)
                     fs.rm(path)
         runs, level = merged, level + 1
-    return merge_runs(runs, output_url, schema, num_shards, name_for, row_bytes=row_bytes,
-                      budget_bytes=budget_bytes, row_group_rows=row_group_rows)
+    return runs

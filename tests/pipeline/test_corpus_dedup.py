@@ -8,10 +8,8 @@ import pyarrow.parquet as pq
 
 from pipeline.config import BeamConfig, CorpusConfig
 from pipeline.corpus import build_paragraphs, run_corpus
-from pipeline.corpus_dedup import (
-    _dedup_documents, _unique_doc_ids, apply_drops, doc_digest, pack_doc, pack_occurrence,
-    paragraph_drops, paragraph_hash, unpack_doc, unpack_occurrence,
-)
+from pipeline.corpus_decide import paragraph_drops
+from pipeline.corpus_dedup import apply_drops, doc_digest, paragraph_hash
 from pipeline.schema import read_manifest
 from synth.dumps import page_xml, write_dump
 
@@ -42,32 +40,6 @@ def test_paragraph_drops_keep_the_smallest_doc_id_in_any_order():
         assert paragraph_drops(occurrences) == [
             (("wiki:10", ("f1", 4), 2), "books:a"), (("wiki:9", ("f2", 0), 1), "books:a")]
     assert paragraph_drops([("wiki:1", ("f", 0), 0)]) == []
-
-
-def test_packed_keys_round_trip():
-    h1, h2 = paragraph_hash(["One."]), paragraph_hash(["Two."])
-    doc = ("wiki:12", "Zürich | „x“", ("0123456789abcdef", 77), [h1, h2], None)
-    assert unpack_doc(pack_doc(*doc)) == doc
-    with_sig = ("books:a", "", ("fedcba9876543210", 0), [], [2**64 - 1, 0, 5])
-    assert unpack_doc(pack_doc(*with_sig)) == with_sig
-    assert len(pack_doc(*doc)) < 80  # the point: a few dozen bytes, not a Python tuple
-    occ = ("wiki:3", ("0123456789abcdef", 5), 2)
-    assert unpack_occurrence(pack_occurrence(*occ)) == occ
-
-
-def test_document_decisions_keep_the_smallest_and_pass_on_only_its_paragraphs():
-    f1, f2, f3, f4 = (c * 16 for c in "1234")
-    values = [pack_doc("wiki:5", "B", (f2, 1), [b"p" * 12]), pack_doc("wiki:1", "A", (f1, 0), [b"p" * 12, b"q" * 12])]
-    out = list(_dedup_documents((b"d" * 16, values)))
-    kept = [o for o in out if not hasattr(o, "tag")]
-    drops = [o.value for o in out if hasattr(o, "tag")]
-    assert kept == [("wiki:1", b"d" * 16 + values[1])]
-    assert drops == [(f2, (1, -1, "duplicate_document", "same as wiki:1"))]
-    same_id = [b"2" * 16 + pack_doc("wiki:7", "A", (f3, 0), [b"x" * 12]),
-               b"1" * 16 + pack_doc("wiki:7", "A", (f4, 0), [b"y" * 12])]
-    out = list(_unique_doc_ids(("wiki:7", same_id)))
-    assert [o.value for o in out if hasattr(o, "tag")] == [(f3, (0, -1, "duplicate_doc_id", "same as wiki:7"))]
-    assert [o for o in out if not hasattr(o, "tag")] == [(b"y" * 12, pack_occurrence("wiki:7", (f4, 0), 0))]
 
 
 def test_apply_drops_refilters_what_is_left():

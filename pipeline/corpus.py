@@ -46,7 +46,7 @@ from pipeline.config import CORPUS_SOURCES, CorpusConfig, output_config
 from pipeline.corpus_decide import key_row
 from pipeline.corpus_dedup import (
     KEYS, NAMESPACE, REJECTS_FOLDER, RUNS, DedupAndWrite, FragmentWriter, Writing, doc_digest,
-    paragraph_hash, windowed, write_table,
+    norms_digest, norms_hash, paragraph_hash, windowed, write_table,
 )
 from pipeline.dumps import iter_wiki, plan_reads
 from pipeline.filters import (
@@ -157,26 +157,37 @@ def build_paragraphs(record: dict, config: CorpusConfig) -> tuple[list[list[str]
     dropped, exactly one reason of :data:`pipeline.filters.RECORD_REJECTS`. Paragraphs left
     with no sentence are left out.
     """
+    kept, _, rejects = _build_paragraphs(record, config)
+    return kept, rejects
+
+
+def _build_paragraphs(record: dict, config: CorpusConfig):
+    """:func:`build_paragraphs`, with the normalised form (:func:`pipeline.filters.normalise`)
+    of every kept sentence when ``config.dedup_sentences`` (computed for the sentence dedup
+    anyway; the document digest and paragraph hashes are made from it), else None."""
     rejects: collections.Counter = collections.Counter()
     paragraphs = paragraphs_of(record, config)
     reason = filters.document_reject(paragraphs, config)
     if reason:
         rejects[reason] += 1
-        return None, rejects
-    if config.dedup_sentences:
+        return None, None, rejects
+    dedup = config.dedup_sentences
+    if dedup:
         paragraphs, dropped = filters.dedup_paragraphs(paragraphs)
         if dropped:
             rejects["duplicate_paragraph"] += dropped
     kept: list[list[str]] = []
+    norms: list[list[str]] = []
     seen: set[str] = set()
     split_any = False
     num_sentences = num_chars = 0
     for paragraph in paragraphs:
         sentences = []
+        keys = []
         for sentence in split_sentences(paragraph):
             split_any = True
             reason = sentence_reject(sentence, config)
-            if reason is None and config.dedup_sentences:
+            if reason is None and dedup:
                 key = normalise(sentence)
                 if key in seen:
                     reason = "duplicate_sentence"
@@ -186,19 +197,22 @@ def build_paragraphs(record: dict, config: CorpusConfig) -> tuple[list[list[str]
             else:
                 sentences.append(sentence)
                 num_chars += len(sentence)
+                if dedup:
+                    keys.append(key)
         if sentences:
             kept.append(sentences)
+            norms.append(keys)
             num_sentences += len(sentences)
     if not split_any:
         rejects["empty_after_cleaning"] += 1
-        return None, rejects
+        return None, None, rejects
     if num_sentences < config.min_doc_sentences:
         rejects["too_few_sentences"] += 1
-        return None, rejects
+        return None, None, rejects
     if num_chars < config.min_doc_chars:
         rejects["doc_too_short"] += 1
-        return None, rejects
-    return kept, rejects
+        return None, None, rejects
+    return kept, norms if dedup else None, rejects
 
 
 def build_document(record: dict, config: CorpusConfig) -> tuple[dict | None, collections.Counter]:
@@ -425,7 +439,7 @@ class _CleanToFragments(Writing):
         self._clean(record)
 
     def _clean(self, record: dict) -> None:
-        paragraphs, rejects = build_paragraphs(record, self.config)
+        paragraphs, norms, rejects = _build_paragraphs(record, self.config)
         for reason, n in rejects.items():
             if reason not in RECORD_REJECTS:
                 self.count(reason, n)
@@ -438,11 +452,19 @@ class _CleanToFragments(Writing):
             self.reject(record["source"], reason, record_id=record["doc_id"],
                         title=record["title"], sample=record["text"])
             return
-        digest = doc_digest(paragraphs)
+        # The digest and hashes normalise each sentence; the dedup above already did (the
+        # same strings: normalise(" ".join(p)) == " ".join(map(normalise, p)), no kept
+        # sentence normalising to "").
+        digest = doc_digest(paragraphs) if norms is None else norms_digest(norms)
         ref = self._fragments.add({"doc_id": record["doc_id"], "source": record["source"],
                                    "title": record["title"], "digest": digest,
                                    "paragraphs": paragraphs})
-        hashes = [paragraph_hash(p) for p in paragraphs] if self.config.dedup_paragraphs else []
+        if not self.config.dedup_paragraphs:
+            hashes = []
+        elif norms is None:
+            hashes = [paragraph_hash(p) for p in paragraphs]
+        else:
+            hashes = [norms_hash(n) for n in norms]
         sig = (filters.minhash([s for p in paragraphs for s in p])
                if self.config.near_dup_threshold > 0 else None)
         self.write(KEYS, key_row(bytes.fromhex(digest), record["doc_id"], record["title"], ref, hashes, sig))

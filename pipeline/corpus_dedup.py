@@ -47,7 +47,7 @@ from pipeline.config import CorpusConfig
 from pipeline.corpus_decide import (
     HASH_BYTES, KEY_ROW_GROUP, KEY_RUN_BYTES, KEY_SCHEMA, decide_drops, read_drops, sort_key,
 )
-from pipeline.filters import REJECT_SCHEMA, normalise, reject_row, text_digest
+from pipeline.filters import REJECT_SCHEMA, digest, normalise, reject_row, text_digest
 from pipeline.schema import DOCUMENT_SCHEMA, join_url
 from pipeline.shards import KEY, RunWriter, merge_runs_in_levels, use_lean_memory_pool
 
@@ -80,6 +80,16 @@ def paragraph_hash(sentences: list[str]) -> bytes:
 def doc_digest(paragraphs: list[list[str]]) -> str:
     """The exact-dedup digest of a document: its sentences, paragraph breaks ignored."""
     return text_digest([s for p in paragraphs for s in p])
+
+
+def norms_digest(norms: list[list[str]]) -> str:
+    """:func:`doc_digest` from the sentences already normalised (:func:`pipeline.filters.normalise`)."""
+    return digest("\n".join(s for p in norms for s in p))
+
+
+def norms_hash(norms: list[str]) -> bytes:
+    """:func:`paragraph_hash` from the paragraph's sentences already normalised."""
+    return hashlib.blake2b(" ".join(norms).encode("utf-8"), digest_size=HASH_BYTES).digest()
 
 
 # -- decisions applied ----------------------------------------------------------------------

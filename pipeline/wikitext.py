@@ -245,6 +245,8 @@ def _resolve_links(text: str) -> str:
         if new == text:
             break
         text = new
+        if "[[" not in text:
+            break  # nothing left to match: spare the pass that would find nothing
     if "//" not in text and "mailto:" not in text:
         return text  # no URL: skip both scans
     text = _EXTERNAL_LINK.sub(lambda m: m.group(1) or "", text)
@@ -300,7 +302,10 @@ def _tidy(paragraph: str) -> str:
     text = _INVISIBLE.sub("", text)
     if not unicodedata.is_normalized("NFC", text):
         text = unicodedata.normalize("NFC", text)
-    text = _WS.sub(" ", text)  # also folds &nbsp; (U+00A0) and other Unicode spaces
+    # Every whitespace run to one space (also &nbsp;, U+00A0, and other Unicode spaces: str.split
+    # and re's \s agree on every code point); a join is ~3x faster than _WS.sub here, and the
+    # ends it drops are dropped by the final strip anyway (the subs below only delete).
+    text = " ".join(text.split())
     if "[[" in text or "]]" in text or "{{" in text or "}}" in text:
         text = _LEFTOVER.sub("", text)
     if "(" in text:
@@ -308,7 +313,7 @@ def _tidy(paragraph: str) -> str:
         text = _EMPTY_PARENS.sub("", text)
     text = _SPACE_AFTER_OPEN.sub(r"\1", text)
     text = _SPACE_BEFORE_PUNCT.sub(r"\1", text)
-    return _WS.sub(" ", text).strip()
+    return " ".join(text.split())
 
 
 def clean_wikitext(text: str) -> list[str]:

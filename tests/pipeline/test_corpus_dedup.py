@@ -33,6 +33,20 @@ def test_build_paragraphs_groups_kept_sentences():
     assert doc_digest(paragraphs) == doc_digest([["First kept sentence here.", "Second paragraph sentence here."]])
 
 
+def test_digest_and_hashes_from_the_dedup_keys_are_the_same():
+    from pipeline.corpus import _build_paragraphs
+    from pipeline.corpus_dedup import norms_digest, norms_hash
+
+    record = {"doc_id": "wiki:1", "source": "wiki", "title": "T",
+              "text": "Die STRASSE  heißt\u00a0Weg.  Sie ist lang und breit.\n\n"
+                      "İstanbul is a large city. ΣΟΦΙΑ was here today."}
+    paragraphs, norms, _ = _build_paragraphs(record, CFG)
+    assert len(paragraphs) == 2 and norms[0][0] == "die strasse heisst weg."
+    assert norms_digest(norms) == doc_digest(paragraphs)
+    assert [norms_hash(n) for n in norms] == [paragraph_hash(p) for p in paragraphs]
+    assert _build_paragraphs(record, dataclasses.replace(CFG, dedup_sentences=False))[1] is None
+
+
 def test_paragraph_drops_keep_the_smallest_doc_id_in_any_order():
     occurrences = [("wiki:9", ("f2", 0), 1), ("books:a", ("f1", 3), 0), ("wiki:10", ("f1", 4), 2)]
     for _ in range(5):

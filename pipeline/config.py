@@ -90,6 +90,7 @@ class BeamConfig:
 
 CORPUS_SOURCES = ("wiki", "books")
 BOOKS_LAYOUTS = ("paragraphs", "line_per_document")
+WIKI_READERS = ("auto", "process", "thread", "inline")
 
 
 @dataclass(frozen=True)
@@ -135,6 +136,11 @@ class CorpusConfig:
     split_bytes: int = 64 << 20
     """Multistream .bz2 dumps with their index are read in ranges of about this many
     compressed bytes, each a unit of parallel work; 0: one unit per file."""
+    wiki_reader: str = "auto"
+    """How a worker reads a dump: "process" (a child process decompresses, scans and parses
+    pages beside the cleaning), "thread" (decompression on a second thread), "inline" (one
+    thread); "auto": "process" with a local runner and 2+ cores per worker, else "thread" with
+    2+ cores, else "inline". The output is the same."""
     num_shards: int = 2
     """Parquet files per source."""
     beam: BeamConfig = field(default_factory=BeamConfig)
@@ -168,6 +174,8 @@ class CorpusConfig:
         check(self.books_layout in BOOKS_LAYOUTS, "corpus.books_layout",
               f"must be one of {BOOKS_LAYOUTS}, got {self.books_layout!r}")
         check(self.split_bytes >= 0, "corpus.split_bytes", "must be >= 0")
+        check(self.wiki_reader in WIKI_READERS, "corpus.wiki_reader",
+              f"must be one of {WIKI_READERS}, got {self.wiki_reader!r}")
         check(self.num_shards >= 1, "corpus.num_shards", "must be >= 1")
 
 

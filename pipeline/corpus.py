@@ -48,6 +48,7 @@ from pipeline.corpus_dedup import (
     KEYS, NAMESPACE, REJECTS_FOLDER, RUNS, DedupAndWrite, FragmentWriter, Writing, doc_digest,
     norms_digest, norms_hash, paragraph_hash, windowed, write_table,
 )
+from pipeline.dump_reader import wiki_reader_mode
 from pipeline.dumps import iter_wiki, plan_reads
 from pipeline.filters import (
     FILE_EVENTS, NOTES, PART_DROPS, RECORD_REJECTS, REJECT_REASONS, REJECT_SCHEMA, normalise,
@@ -247,7 +248,9 @@ class _ReadUnit(Writing):
         read = 0
         if source == "wiki":
             batches = _RecordBatches(self.work_url) if parts == HANDOFF else None
-            for item in iter_wiki(url, start, end, self.config.max_page_bytes, part, max(parts, 1)):
+            reader = wiki_reader_mode(self.config.wiki_reader, self.config.beam.runner,
+                                      self.config.beam.num_workers)
+            for item in iter_wiki(url, start, end, self.config.max_page_bytes, part, max(parts, 1), reader):
                 if isinstance(item, Page):
                     read += 1
                     record, reason = page_record(item)

@@ -309,14 +309,22 @@ def _parse_page(data: bytes, url: str, offset: int) -> Iterator[Page | ReadEvent
 
 
 def iter_wiki(url: str, start: int | None = None, end: int | None = None,
-              max_page_bytes: int = DEFAULT_MAX_PAGE_BYTES, part: int = 0, parts: int = 1
-              ) -> Iterator[Page | ReadEvent]:
+              max_page_bytes: int = DEFAULT_MAX_PAGE_BYTES, part: int = 0, parts: int = 1,
+              reader: str = "thread") -> Iterator[Page | ReadEvent]:
     """Every page of a dump file (or of the bz2 streams in bytes [start, end) of a multistream
     file) and every event, in file order; with ``parts > 1``, the share of reader ``part`` (see
     :func:`scan_pages`). Never raises on bad content; an input that cannot be opened at all
-    yields one ``unreadable_file`` event."""
+    yields one ``unreadable_file`` event.
+
+    ``reader``: "thread" decompresses on a second thread, "inline" in this one (one core),
+    "process" reads in a child process (:mod:`pipeline.dump_reader`); the same items either way."""
+    if reader == "process":
+        from pipeline.dump_reader import iter_wiki_in_child  # noqa: PLC0415
+
+        yield from iter_wiki_in_child(url, start, end, max_page_bytes, part, parts)
+        return
     chunks = _file_chunks(url) if start is None else _range_chunks(url, start, end)
-    if start is not None or url.lower().endswith((".bz2", ".gz")):
+    if reader == "thread" and (start is not None or url.lower().endswith((".bz2", ".gz"))):
         chunks = prefetched(chunks)  # decompression on a second core; a plain file is cheap to read
     yield from scan_pages(chunks, url, max_page_bytes, part, parts)
 

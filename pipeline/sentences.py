@@ -48,6 +48,10 @@ _CANDIDATE = re.compile(
     r"(?:\.{3}|…|[.?!]+|[।॥؟։።]+)[" + _CLOSERS + r"]*(?=\s+(\S))"  # needs a space after
     r"|[。！？]+[" + _CLOSERS + r"]*(?=\s*(\S))"  # full-width CJK: no space needed
 )
+# Every match of _CANDIDATE starts with one of these. re has no fast skip for it (its first
+# item is a group of alternatives), so it would be tried at every character: finding these
+# first and matching only there gives the same matches ~6x faster (measured).
+_CANDIDATE_START = re.compile(r"[.?!…।॥؟։።。！？]")
 _QUOTATIVE = ("と", "っ", "な")  # 「…。」と言った, 「…。」って
 _OPENERS = "\"'“‘«„‚([¿¡「『（〈《【"
 
@@ -97,6 +101,22 @@ def _is_boundary(text: str, m: re.Match) -> bool:
     return True
 
 
+def _candidates(text: str):
+    """The matches of ``_CANDIDATE.finditer(text)``, found from their first character."""
+    find, match = _CANDIDATE_START.search, _CANDIDATE.match
+    pos = 0
+    while True:
+        first = find(text, pos)
+        if first is None:
+            return
+        m = match(text, first.start())
+        if m is None:
+            pos = first.start() + 1
+        else:
+            yield m
+            pos = m.end()  # never empty: every alternative takes a character
+
+
 def split_sentences(paragraph: str) -> list[str]:
     """Sentences of one paragraph, in order, whitespace-normalised; empty input gives []."""
     text = " ".join(paragraph.split())
@@ -104,7 +124,7 @@ def split_sentences(paragraph: str) -> list[str]:
         return []
     out: list[str] = []
     start = 0
-    for m in _CANDIDATE.finditer(text):
+    for m in _candidates(text):
         if _is_boundary(text, m):
             sentence = text[start : m.end()].strip()
             if sentence:

@@ -80,6 +80,28 @@ _STRAY_CLOSE = re.compile(r"</(?:" + "|".join(_DROP_NAMES) + r")\s*>", re.I)
 
 # Brace/table tokens: runs of 2+ braces, or a table opening/closing at the start of a line.
 _BRACE_TOKEN = re.compile(r"(\{\{+)|(\}\}+)|^[ \t:]*(\{\||\|\})", re.M)
+# A token starts at a brace or at a line start. re has no fast skip for _BRACE_TOKEN (one
+# alternative starts with ^), so its search tries every character; these are found first.
+_BRACE_OR_LINE = re.compile(r"[{}\n]")
+
+
+def _next_token(text: str, pos: int) -> re.Match | None:
+    """``_BRACE_TOKEN.search(text, pos)``, trying only where a token can start (~2x faster)."""
+    match = _BRACE_TOKEN.match
+    if pos == 0 or text[pos - 1 : pos] == "\n":
+        m = match(text, pos)
+        if m:
+            return m
+    find = _BRACE_OR_LINE.search
+    while True:
+        found = find(text, pos)
+        if found is None:
+            return None
+        i = found.start()
+        m = match(text, i + 1 if text[i] == "\n" else i)  # match() sees the real line starts
+        if m:
+            return m
+        pos = i + 1
 
 _HEADING = re.compile(r"^(={1,6})\s*(.*?)\s*\1\s*$")
 _INTERNAL_LINK = re.compile(r"\[\[([^\[\]]*(?:\[(?!\[)[^\[\]]*|\](?!\])[^\[\]]*)*)\]\]")
@@ -152,7 +174,7 @@ def strip_braces(text: str, _depth: int = 0) -> str:
     pos = 0
     open_b = 0  # "B" entries on the stack
     while pos < n:
-        m = _BRACE_TOKEN.search(text, pos)
+        m = _next_token(text, pos)
         if m is None:
             break
         opening, closing, table = m.group(1), m.group(2), m.group(3)

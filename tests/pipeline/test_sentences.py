@@ -102,3 +102,16 @@ def test_book_paragraphs_windows_newlines_and_empty():
     assert book_paragraphs("One line,\r\nnext line.\r\n\r\nTwo.\r\n") == ["One line, next line.", "Two."]
     assert book_paragraphs("") == []
     assert book_paragraphs("\n\n  \n") == []
+
+
+def test_candidates_found_from_their_first_character_are_the_regex_matches():
+    import random
+
+    from pipeline.sentences import _CANDIDATE, _candidates
+
+    rng = random.Random(5)
+    pieces = [".", "..", "...", "…", "?", "!", "?!", "。", "！", "」", "”", ")", " ", "  ", "A", "a", "3", "।", "Б", "と"]
+    for _ in range(3000):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randrange(0, 25)))
+        assert [(m.span(), m.groups()) for m in _candidates(text)] == [
+            (m.span(), m.groups()) for m in _CANDIDATE.finditer(text)], text

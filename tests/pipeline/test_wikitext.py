@@ -216,14 +216,13 @@ def test_unclosed_and_nested_braces_are_linear():
     import pipeline.wikitext as wt
 
     calls = []
-    real = wt._BRACE_TOKEN
+    real = wt._next_token
 
-    class Counting:
-        def search(self, text, pos):
-            calls.append(pos)
-            return real.search(text, pos)
+    def counting(text, pos):
+        calls.append(pos)
+        return real(text, pos)
 
-    wt._BRACE_TOKEN = Counting()
+    wt._next_token = counting
     try:
         for k in (2500, 10000):
             calls.clear()
@@ -233,9 +232,25 @@ def test_unclosed_and_nested_braces_are_linear():
             strip_braces("{{lang|x|" * k + "y" + "}}" * k)
             assert unclosed <= 2 * k + 2 and len(calls) <= 4 * (2 * k + 2)
     finally:
-        wt._BRACE_TOKEN = real
+        wt._next_token = real
 
 
 def test_sentence_introducing_a_dropped_list_goes_with_it():
     text = "Rivers flow here. The main rivers are:\n* A\n* B\nAfter the list.\n\nOnly:\n# x\nNot a list intro: fine."
     assert clean_wikitext(text) == ["Rivers flow here.", "After the list.", "Not a list intro: fine."]
+
+
+def test_token_search_from_braces_and_line_starts_is_the_regex_search():
+    """_next_token tries only braces and line starts; it must find what the regex search finds
+    from every position (random markup: braces, tables, colons, spaces, newlines)."""
+    import random
+
+    from pipeline.wikitext import _BRACE_TOKEN, _next_token
+
+    rng = random.Random(3)
+    pieces = ["{", "}", "{{", "}}}", "{|", "|}", "|", ":", " ", "\t", "\n", "a", "b c", "\n:{|", "\n |}"]
+    for _ in range(400):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randrange(0, 30)))
+        for pos in range(len(text) + 1):
+            want, got = _BRACE_TOKEN.search(text, pos), _next_token(text, pos)
+            assert (want and (want.span(), want.groups())) == (got and (got.span(), got.groups())), (text, pos)

@@ -2,6 +2,7 @@
 
     python benchmarks/bench_corpus.py --mb 20 --wikiextractor /tmp/wxvenv/bin/python
     python benchmarks/bench_corpus.py --mb 500 --workers 1 --no-pure --workdir /tmp/b  # memory
+    python benchmarks/bench_corpus.py --mb 50 --workers 1 --wiki-reader process  # force a reader mode
     python benchmarks/bench_corpus.py --parsers      # cleaner vs mwparserfromhell, in-process
     python benchmarks/bench_corpus.py --sentences    # splitter vs pysbd and blingfire
 
@@ -146,7 +147,7 @@ OURS = """
 import logging, sys
 from pipeline.config import BeamConfig, CorpusConfig
 from pipeline.corpus import run_corpus
-cfg = CorpusConfig(sources=("wiki",), num_shards=2,
+cfg = CorpusConfig(sources=("wiki",), num_shards=2, wiki_reader=sys.argv[5],
                    beam=BeamConfig(num_workers=int(sys.argv[3]), fork_workers=sys.argv[4] == "fork"))
 run_corpus(cfg, {"wiki": sys.argv[1]}, sys.argv[2])
 """
@@ -190,9 +191,10 @@ def compare(args) -> None:
         measure("bertflow read+clean+split, no Beam", 1, [sys.executable, "-c", PURE, str(dump)], env)
     for workers in args.workers:
         out = work / f"ours{workers}"
-        measure("bertflow corpus" + (", Beam's subprocess workers" if args.no_fork and workers > 1 else ""),
+        measure("bertflow corpus" + (", Beam's subprocess workers" if args.no_fork and workers > 1 else "")
+                + (f", wiki_reader={args.wiki_reader}" if args.wiki_reader != "auto" else ""),
                 workers, [sys.executable, "-c", OURS, str(dump), str(out), str(workers),
-                          "no-fork" if args.no_fork else "fork"], env)
+                          "no-fork" if args.no_fork else "fork", args.wiki_reader], env)
         docs["bertflow corpus"] = our_docs(out)
         if args.wikiextractor:
             out = work / f"wx{workers}"
@@ -302,6 +304,8 @@ def main() -> None:
     ap.add_argument("--no-pure", action="store_true", help="skip the no-Beam read+clean run")
     ap.add_argument("--no-fork", action="store_true",
                     help="Beam's own subprocess workers at 2+ workers (BeamConfig.fork_workers=False), for comparison")
+    ap.add_argument("--wiki-reader", default="auto", choices=("auto", "process", "thread", "inline"),
+                    help="corpus.wiki_reader of our runs (auto: a reader process where a worker has a core to spare)")
     ap.add_argument("--parsers", action="store_true", help="clean_wikitext vs mwparserfromhell")
     ap.add_argument("--sentences", action="store_true", help="split_sentences vs pysbd, blingfire")
     args = ap.parse_args()

@@ -3,9 +3,10 @@
     check_corpus_inputs -> plan_units (files, multistream ranges) -> spread_units -> Create
     -> Reshuffle -> ReadUnits (pages / books / lines; rejects to runs; a handing-off reader's
     records to batch files, dealt to every worker) -> CleanToFragments
-    (clean markup, split sentences, filter; documents to fragment files, rejects to runs; small
-    keys out) -> DedupAndWrite (pipeline.corpus_dedup: exact documents, [near], one per doc_id,
-    paragraphs across the corpus, drops applied per fragment, runs merged into shards)
+    (clean markup, split sentences, filter; documents to fragment files, their keys and the
+    rejects to runs; run URLs out) -> DedupAndWrite (pipeline.corpus_dedup; the decisions in
+    pipeline.corpus_decide: exact documents, [near], one per doc_id, paragraphs across the
+    corpus; drops applied per fragment, runs merged into shards)
     -> fill_empty_shards -> _manifest.json (last)
 
 Design choices:

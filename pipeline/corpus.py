@@ -44,7 +44,7 @@ import pyarrow.parquet as pq
 from pipeline import filters
 from pipeline.beam_io import check_runner_urls, counters, fill_empty_shards, make_pipeline, parquet_rows
 from pipeline.config import CORPUS_SOURCES, CorpusConfig, output_config
-from pipeline.corpus_decide import key_row
+from pipeline.corpus_decide import KEY_SCHEMA, PartitionedRuns, key_row
 from pipeline.corpus_dedup import (
     KEYS, NAMESPACE, REJECTS_FOLDER, RUNS, DedupAndWrite, FragmentWriter, Writing, doc_digest,
     norms_digest, norms_hash, paragraph_hash, windowed, write_table,
@@ -430,13 +430,15 @@ class _CleanToFragments(Writing):
     ref, paragraph hashes[, minhash]) to a key run; rejects written to runs; fragment ids
     (tagged "fragments"), key runs ("keys") and runs ("runs") at the end of each bundle."""
 
-    def __init__(self, config: CorpusConfig, work_url: str):
+    def __init__(self, config: CorpusConfig, work_url: str, partitions: int = 1):
         super().__init__(work_url)
         self.config = config
+        self.partitions = partitions
 
     def start_bundle(self):
         super().start_bundle()
         self._fragments = FragmentWriter(self.work_url)
+        self._keys = PartitionedRuns(join_url(self.work_url, RUNS), KEYS, KEY_SCHEMA, self.partitions)
         self._processed = 0
 
     def process(self, record: dict):
@@ -471,25 +473,36 @@ class _CleanToFragments(Writing):
             hashes = [norms_hash(n) for n in norms]
         sig = (filters.minhash([s for p in paragraphs for s in p])
                if self.config.near_dup_threshold > 0 else None)
-        self.write(KEYS, key_row(bytes.fromhex(digest), record["doc_id"], record["title"], ref, hashes, sig))
+        self._keys.add(key_row(bytes.fromhex(digest), record["doc_id"], record["title"], ref, hashes, sig))
 
     def finish_bundle(self):
         for fragment in self._fragments.close():
             yield beam.pvalue.TaggedOutput("fragments", windowed(fragment))
+        for item in self._keys.close():
+            yield beam.pvalue.TaggedOutput(KEYS, windowed(item))
         yield from super().finish_bundle()
 
 
 class CleanToFragments(beam.PTransform):
-    """Raw records -> key runs ("keys"), fragment ids ("fragments") and reject runs ("runs")."""
+    """Raw records -> key runs ``(partition, run)`` ("keys"), fragment ids ("fragments") and
+    reject runs ("runs")."""
 
-    def __init__(self, config: CorpusConfig, work_url: str):
+    def __init__(self, config: CorpusConfig, work_url: str, partitions: int = 1):
         super().__init__()
         self.config = config
         self.work_url = work_url
+        self.partitions = partitions
 
     def expand(self, records):
         return records | "BuildDocument" >> beam.ParDo(
-            _CleanToFragments(self.config, self.work_url)).with_outputs("fragments", RUNS, KEYS, main="none")
+            _CleanToFragments(self.config, self.work_url, self.partitions)).with_outputs(
+                "fragments", RUNS, KEYS, main="none")
+
+
+def dedup_partitions(config: CorpusConfig, workers: int) -> int:
+    """Key ranges each dedup pass is split into: one per worker (near-duplicate detection
+    needs every signature in one place: one)."""
+    return 1 if config.near_dup_threshold > 0 else max(1, workers)
 
 
 def build_corpus_pipeline(config: CorpusConfig, files: dict[str, list[str]], output_url: str) -> beam.Pipeline:
@@ -510,12 +523,13 @@ def build_corpus_pipeline(config: CorpusConfig, files: dict[str, list[str]], out
         | "SpreadUnits" >> beam.Reshuffle()
         | "Read" >> ReadUnits(config, work)
     )
-    cleaned = read["records"] | "Clean" >> CleanToFragments(config, work)
-    handed = read["handed"] | "CleanHanded" >> CleanToFragments(config, work)
+    partitions = dedup_partitions(config, workers)
+    cleaned = read["records"] | "Clean" >> CleanToFragments(config, work, partitions)
+    handed = read["handed"] | "CleanHanded" >> CleanToFragments(config, work, partitions)
     keys = (cleaned.keys, handed.keys) | "AllKeys" >> beam.Flatten()
     fragments = (cleaned.fragments, handed.fragments) | "AllFragments" >> beam.Flatten()
     runs = (read[RUNS], cleaned[RUNS], handed[RUNS]) | "ReadRuns" >> beam.Flatten()
-    _ = (keys, fragments, runs) | "Dedup" >> DedupAndWrite(config, work, output_url)
+    _ = (keys, fragments, runs) | "Dedup" >> DedupAndWrite(config, work, output_url, partitions)
     return p
 
 

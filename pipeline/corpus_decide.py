@@ -33,7 +33,9 @@ surviving document's signature (~1.1 KiB each) in memory.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
+import uuid
 from typing import Any, Callable, Iterable, Iterator
 
 import fsspec
@@ -138,91 +140,142 @@ def paragraph_drops(occurrences: Iterable[tuple]) -> list[tuple[tuple, str]]:
     return [(o, ranked[0][0]) for o in ranked[1:]]
 
 
-class _Pass:
-    """Runs of one pass: written by a RunWriter under ``work/<name>/``, merged under ``work/merge-<name>/``."""
+def partition_of(key: int, partitions: int) -> int:
+    """The partition of a row by its 64-bit sort key (a key range): equal keys, same partition."""
+    return (key * partitions) >> 64
 
-    def __init__(self, work_url: str, name: str, schema: pa.Schema):
-        self.work_url, self.name, self.schema = work_url, name, schema
-        self.writer = RunWriter(schema, lambda r: join_url(work_url, name, f"run-{r:05d}.parquet"),
-                                budget_bytes=KEY_RUN_BYTES, row_group_rows=KEY_ROW_GROUP)
+
+class PartitionedRuns:
+    """Keyed rows to key-sorted runs, one writer per partition of the next pass, under
+    ``work_url/<name>/p<j>/``; :meth:`close` -> ``[(partition, (run URL, rows))]``. The writers'
+    budget is shared: :data:`KEY_RUN_BYTES` of Arrow in all (at least 256 KiB each)."""
+
+    def __init__(self, work_url: str, name: str, schema: pa.Schema, partitions: int = 1):
+        self.work_url, self.name, self.schema, self.partitions = work_url, name, schema, partitions
+        self.prefix = uuid.uuid4().hex[:16]  # several producers write into one partition folder
+        self.writers: dict[int, RunWriter] = {}
 
     def add(self, row: dict[str, Any]) -> None:
-        self.writer.add(row)
+        j = partition_of(row[KEY], self.partitions)
+        writer = self.writers.get(j)
+        if writer is None:
+            folder = join_url(self.work_url, self.name, f"p{j:05d}")
+            writer = self.writers[j] = RunWriter(
+                self.schema, lambda r, folder=folder: join_url(folder, f"{self.prefix}-{r:05d}.parquet"),
+                budget_bytes=max(min(256 << 10, KEY_RUN_BYTES), KEY_RUN_BYTES // self.partitions),
+                row_group_rows=KEY_ROW_GROUP)
+        writer.add(row)
 
-    def blocks(self) -> Iterator[list[dict[str, Any]]]:
-        return walk(self.writer.close(), join_url(self.work_url, f"merge-{self.name}"), self.schema)
+    def close(self) -> list[tuple[int, tuple[str, int]]]:
+        runs = [(j, run) for j, writer in sorted(self.writers.items()) for run in writer.close()]
+        self.writers = {}
+        return runs
+
+
+class Drops(PartitionedRuns):
+    """Drops ``(fragment, row, paragraph or -1, reason, detail)`` to runs by fragment."""
+
+    def __init__(self, work_url: str, name: str, partitions: int = 1):
+        super().__init__(work_url, name, DROP_SCHEMA, partitions)
+
+    def drop(self, fragment: str, row: int, paragraph: int, reason: str, detail: str) -> None:
+        self.add({"fragment": fragment, "row": row, "paragraph": paragraph, "reason": reason,
+                  "detail": detail, KEY: sort_key(fragment)})
 
 
 def walk(runs: list[tuple[str, int]], work_url: str, schema: pa.Schema) -> Iterator[list[dict[str, Any]]]:
     """Blocks of equal key of every row of ``runs``, in key order, in bounded memory."""
-    return key_blocks(iter_merged(runs, work_url, schema, row_bytes=256, max_fan_in=MAX_FAN_IN,
+    return key_blocks(iter_merged(sorted(runs), work_url, schema, row_bytes=256, max_fan_in=MAX_FAN_IN,
                                   budget_bytes=KEY_MERGE_BYTES, level_row_group_rows=KEY_ROW_GROUP,
                                   keep_levels=True))  # the job removes its work folder
 
 
-# -- the decisions ----------------------------------------------------------------------------
-def decide_drops(key_runs: list[tuple[str, int]], work_url: str, config: CorpusConfig) -> dict[str, str]:
-    """Every corpus-wide drop decided on the key rows in ``key_runs`` -> {fragment id: URL of
-    its drops file} (fragments with no drop are left out). A drops file holds
-    :data:`DROP_SCHEMA` rows; ``paragraph == -1`` drops the whole document."""
-    drops = _Pass(work_url, "drops", DROP_SCHEMA)
-
-    def drop(row: dict[str, Any], paragraph: int, reason: str, detail: str) -> None:
-        drops.add({"fragment": row["fragment"], "row": row["row"], "paragraph": paragraph,
-                   "reason": reason, "detail": detail, KEY: sort_key(row["fragment"])})
-
-    # 1. exact documents, by text digest.
-    survivors = _Pass(work_url, "survivors", KEY_SCHEMA)
+# -- the decisions: one function per pass, each over one partition of its key -----------------
+# Each pass reads the runs of one partition (every row of a group has the same key, so the same
+# partition) and writes what goes on to runs partitioned by the next pass's key. Beam groups the
+# run URLs by partition between passes (pipeline.corpus_dedup); decide_drops runs them in turn.
+def exact_documents(runs: list[tuple[str, int]], work_url: str, config: CorpusConfig, part: int,
+                    partitions: int) -> tuple[list, list]:
+    """Pass 1, exact documents (key: text digest): of documents with the same digest the
+    smallest ``(doc_id, title)`` is kept. -> (survivor runs by doc_id partition, drop runs).
+    With near-duplicate detection on (one partition only), the near duplicates among the
+    survivors are found here and written to ``work_url/near.json`` for pass 2."""
+    survivors = PartitionedRuns(work_url, "survivors", KEY_SCHEMA, partitions)
+    drops = Drops(work_url, "drops", partitions)
     near = config.near_dup_threshold > 0
     signatures: list[tuple[str, list[int]]] = []
-    for block in walk(key_runs, join_url(work_url, "merge-keys"), KEY_SCHEMA):
+    for block in walk(runs, join_url(work_url, f"merge-keys-p{part:05d}"), KEY_SCHEMA):
         for group in by_field(block, "digest") if config.dedup_sentences else [[r] for r in block]:
             keeper, others = keep_first(group, lambda r: (r["doc_id"], r["title"]))
             for other in others:
-                drop(other, -1, "duplicate_document", f"same as {keeper['doc_id']}")
+                drops.drop(other["fragment"], other["row"], -1, "duplicate_document",
+                           f"same as {keeper['doc_id']}")
             if near:
                 signatures.append((keeper["doc_id"], keeper["sig"]))
             keeper[KEY] = sort_key(keeper["doc_id"])
             survivors.add(keeper)
-    nearly = near_duplicates(signatures, config.near_dup_threshold) if near else {}
-    del signatures
+    if near:
+        if partitions != 1:
+            raise ValueError("near-duplicate detection needs every signature in one partition")
+        _write_json(join_url(work_url, NEAR), near_duplicates(signatures, config.near_dup_threshold))
+    return survivors.close(), drops.close()
 
-    # 2. [near duplicates,] one row per doc_id.
-    occurrences = _Pass(work_url, "occurrences", OCCURRENCE_SCHEMA)
-    for block in survivors.blocks():
+
+NEAR = "near.json"
+"""{doc_id: the doc_id it nearly duplicates} of pass 1, read by pass 2 (near-dup on only)."""
+
+
+def one_per_doc_id(runs: list[tuple[str, int]], work_url: str, config: CorpusConfig, part: int,
+                   partitions: int) -> tuple[list, list]:
+    """Pass 2 (key: doc_id): near duplicates dropped, then of rows with the same doc_id the
+    smallest ``(digest, title)`` is kept, and the keeper's paragraphs go on.
+    -> (occurrence runs by paragraph-hash partition, drop runs)."""
+    nearly = _read_json(join_url(work_url, NEAR)) if config.near_dup_threshold > 0 else {}
+    occurrences = PartitionedRuns(work_url, "occurrences", OCCURRENCE_SCHEMA, partitions)
+    drops = Drops(work_url, "drops", partitions)
+    for block in walk(runs, join_url(work_url, f"merge-survivors-p{part:05d}"), KEY_SCHEMA):
         live = []
         for row in block:
             kept = nearly.get(row["doc_id"])
             if kept is None:
                 live.append(row)
             else:
-                drop(row, -1, "near_duplicate_document", f"near duplicate of {kept}")
+                drops.drop(row["fragment"], row["row"], -1, "near_duplicate_document",
+                           f"near duplicate of {kept}")
         for group in by_field(live, "doc_id") if live else []:
             keeper, others = keep_first(group, lambda r: (r["digest"], r["title"]))
             doc_id = keeper["doc_id"]
             if others:
                 log.warning("corpus: %d documents share doc_id %s; kept one", len(others) + 1, doc_id)
             for other in others:
-                drop(other, -1, "duplicate_doc_id", f"same as {doc_id}")
+                drops.drop(other["fragment"], other["row"], -1, "duplicate_doc_id", f"same as {doc_id}")
             hashes = keeper["hashes"]
             for index in range(len(hashes) // HASH_BYTES):
                 phash = hashes[index * HASH_BYTES : (index + 1) * HASH_BYTES]
                 occurrences.add({"phash": phash, "doc_id": doc_id, "fragment": keeper["fragment"],
                                  "row": keeper["row"], "index": index, KEY: prefix_key(phash)})
+    return occurrences.close(), drops.close()
 
-    # 3. paragraphs across the corpus: the smallest doc_id keeps one (then its first index).
-    for block in occurrences.blocks():
+
+def shared_paragraphs(runs: list[tuple[str, int]], work_url: str, part: int, partitions: int) -> list:
+    """Pass 3 (key: paragraph hash): of the kept documents that hold a paragraph the smallest
+    doc_id keeps it (then its first index). -> drop runs."""
+    drops = Drops(work_url, "drops", partitions)
+    for block in walk(runs, join_url(work_url, f"merge-occurrences-p{part:05d}"), OCCURRENCE_SCHEMA):
         for group in by_field(block, "phash"):
             if len(group) < 2:
                 continue
             occurrences_of = [(r["doc_id"], (r["fragment"], r["row"]), r["index"]) for r in group]
             for (_, (fragment, row), index), kept in paragraph_drops(occurrences_of):
-                drop({"fragment": fragment, "row": row}, index, "duplicate_paragraph_corpus",
-                     f"paragraph {index} same as {kept}")
+                drops.drop(fragment, row, index, "duplicate_paragraph_corpus",
+                           f"paragraph {index} same as {kept}")
+    return drops.close()
 
-    # The drops, one file per fragment.
+
+def drop_files(runs: list[tuple[str, int]], work_url: str, part: int) -> dict[str, str]:
+    """The drops of one fragment partition, one file per fragment -> {fragment id: URL}."""
     files: dict[str, str] = {}
-    for block in drops.blocks():
+    for block in walk(runs, join_url(work_url, f"merge-drops-p{part:05d}"), DROP_SCHEMA):
         for group in by_field(block, "fragment"):
             fragment = group[0]["fragment"]
             url = join_url(work_url, "drops-by-fragment", f"{fragment}.parquet")
@@ -231,11 +284,55 @@ def decide_drops(key_runs: list[tuple[str, int]], work_url: str, config: CorpusC
     return files
 
 
+def decide_drops(key_runs: list, work_url: str, config: CorpusConfig, partitions: int = 1) -> dict[str, str]:
+    """Every corpus-wide drop decided on the key runs ``[(partition, (url, rows))]`` (or
+    ``[(url, rows)]`` of one partition) -> {fragment id: URL of its drops file}; fragments with
+    no drop are left out. A drops file holds :data:`DROP_SCHEMA` rows; ``paragraph == -1``
+    drops the whole document. The passes in turn, each over every partition: what the Beam
+    job does with a GroupByKey of run URLs between passes."""
+    by_part = _by_partition(key_runs)
+    survivors, drops = [], []
+    for j, runs in by_part.items():
+        s, d = exact_documents(runs, work_url, config, j, partitions)
+        survivors, drops = survivors + s, drops + d
+    occurrences = []
+    for j, runs in _by_partition(survivors).items():
+        o, d = one_per_doc_id(runs, work_url, config, j, partitions)
+        occurrences, drops = occurrences + o, drops + d
+    for j, runs in _by_partition(occurrences).items():
+        drops += shared_paragraphs(runs, work_url, j, partitions)
+    files: dict[str, str] = {}
+    for j, runs in _by_partition(drops).items():
+        files.update(drop_files(runs, work_url, j))
+    return files
+
+
+def _by_partition(runs: list) -> dict[int, list[tuple[str, int]]]:
+    out: dict[int, list[tuple[str, int]]] = {}
+    for item in runs:
+        j, run = item if isinstance(item[1], tuple) else (0, item)
+        out.setdefault(j, []).append(run)
+    return dict(sorted(out.items()))
+
+
 def read_drops(url: str) -> list[dict[str, Any]]:
     """The rows of a drops file written by :func:`decide_drops`."""
     fs, path = fsspec.core.url_to_fs(url)
     with fs.open(path, "rb") as f:
         return pq.read_table(f).to_pylist()
+
+
+def _write_json(url: str, value) -> None:
+    fs, path = fsspec.core.url_to_fs(url)
+    fs.makedirs(fs._parent(path), exist_ok=True)
+    with fs.open(path, "w") as f:
+        json.dump(value, f)
+
+
+def _read_json(url: str):
+    fs, path = fsspec.core.url_to_fs(url)
+    with fs.open(path, "r") as f:
+        return json.load(f)
 
 
 def _write(url: str, table: pa.Table) -> None:

@@ -45,7 +45,7 @@ from apache_beam.utils.windowed_value import WindowedValue
 from pipeline.beam_io import shard_name
 from pipeline.config import CorpusConfig
 from pipeline.corpus_decide import (
-    HASH_BYTES, KEY_ROW_GROUP, KEY_RUN_BYTES, KEY_SCHEMA, decide_drops, read_drops, sort_key,
+    HASH_BYTES, drop_files, exact_documents, one_per_doc_id, read_drops, shared_paragraphs, sort_key,
 )
 from pipeline.filters import REJECT_SCHEMA, digest, normalise, reject_row, text_digest
 from pipeline.schema import DOCUMENT_SCHEMA, join_url
@@ -208,9 +208,9 @@ class Counted(beam.DoFn):
 
 
 class Writing(Counted):
-    """A counting DoFn that writes rows (rejects, documents, document keys) to key-sorted runs
-    under ``work_url/runs/<folder>/`` and announces them when its bundle ends, on the tagged
-    output :data:`RUNS` (key runs: :data:`KEYS`), so rows never cross a shuffle."""
+    """A counting DoFn that writes rows (rejects, documents) to key-sorted runs under
+    ``work_url/runs/<folder>/`` and announces them on the tagged output :data:`RUNS` when its
+    bundle ends, so rows never cross a shuffle."""
 
     def __init__(self, work_url: str):
         self.work_url = work_url
@@ -225,13 +225,11 @@ class Writing(Counted):
     def write(self, folder: str, row: dict[str, Any]) -> None:
         writer = self._writers.get(folder)
         if writer is None:
-            schema, options = {
-                REJECTS_FOLDER: (REJECT_SCHEMA, {"row_group_rows": ROW_GROUP_ROWS}),
-                KEYS: (KEY_SCHEMA, {"row_group_rows": KEY_ROW_GROUP, "budget_bytes": KEY_RUN_BYTES}),
-            }.get(folder, (DOCUMENT_SCHEMA, {"row_group_rows": ROW_GROUP_ROWS}))
+            schema = REJECT_SCHEMA if folder == REJECTS_FOLDER else DOCUMENT_SCHEMA
             prefix = _new_id()
             writer = self._writers[folder] = RunWriter(
-                schema, lambda r: join_url(self.work_url, RUNS, folder, f"{prefix}-{r:04d}.parquet"), **options)
+                schema, lambda r: join_url(self.work_url, RUNS, folder, f"{prefix}-{r:04d}.parquet"),
+                row_group_rows=ROW_GROUP_ROWS)
         writer.add(row)
 
     def reject(self, source: str, reason: str, **fields) -> None:
@@ -244,48 +242,67 @@ class Writing(Counted):
     def finish_bundle(self):
         for folder, writer in sorted(self._writers.items()):
             for run in writer.close():
-                if folder == KEYS:
-                    yield beam.pvalue.TaggedOutput(KEYS, windowed(run))
-                else:
-                    yield beam.pvalue.TaggedOutput(RUNS, windowed((folder, run)))
+                yield beam.pvalue.TaggedOutput(RUNS, windowed((folder, run)))
         self._writers = {}
 
 
 # -- Beam: decisions, applied per fragment ----------------------------------------------------
-class _Decide(beam.DoFn):
-    """(None, [("keys", run) | ("fragment", id)]) -> (fragment id, its drops file URL or "")
-    for every fragment: every decision made on the key runs, in bounded memory."""
+class _Pass(beam.DoFn):
+    """(partition, [runs]) of one decision pass -> what its function returns, as elements:
+    ``(partition, run)`` of the next pass (main), of the drops (tagged "drops")."""
 
-    def __init__(self, work_url: str, config: CorpusConfig):
-        self.work_url = work_url
+    def __init__(self, work_url: str, config: CorpusConfig, partitions: int):
+        self.work_url = join_url(work_url, "decide")
         self.config = config
+        self.partitions = partitions
 
     def setup(self):
         use_lean_memory_pool()
 
     def process(self, element):
-        _, items = element
-        items = list(items)
-        key_runs = sorted(value for kind, value in items if kind == KEYS)
-        fragments = sorted(value for kind, value in items if kind == "fragment")
-        files = decide_drops(key_runs, join_url(self.work_url, "decide"), self.config)
-        for fragment in fragments:
-            yield fragment, files.get(fragment, "")
+        part, runs = element
+        out, drops = self.run(sorted(runs), part)
+        yield from out
+        for item in drops:
+            yield beam.pvalue.TaggedOutput("drops", item)
+
+
+class _ExactDocuments(_Pass):
+    def run(self, runs, part):
+        return exact_documents(runs, self.work_url, self.config, part, self.partitions)
+
+
+class _OnePerDocId(_Pass):
+    def run(self, runs, part):
+        return one_per_doc_id(runs, self.work_url, self.config, part, self.partitions)
+
+
+class _SharedParagraphs(_Pass):
+    def run(self, runs, part):
+        return [], shared_paragraphs(runs, self.work_url, part, self.partitions)
+
+
+class _DropFiles(_Pass):
+    """(partition, [drop runs]) -> (fragment id, its drops file URL) per fragment with drops."""
+
+    def process(self, element):
+        part, runs = element
+        yield from drop_files(sorted(runs), self.work_url, part).items()
 
 
 class _ApplyDrops(Writing):
-    """(fragment, drops file URL or "") -> its documents, less what was dropped, in runs per
-    source; dropped documents and paragraphs as reject rows."""
+    """(fragment, ["" and its drops file URL, if any]) -> its documents, less what was
+    dropped, in runs per source; dropped documents and paragraphs as reject rows."""
 
     def __init__(self, work_url: str, config: CorpusConfig):
         super().__init__(work_url)
         self.config = config
 
     def process(self, element):
-        fragment, drops_url = element
+        fragment, urls = element
         whole: dict[int, tuple[str, str]] = {}
         parts: dict[int, dict[int, str]] = {}
-        for drop in read_drops(drops_url) if drops_url else []:
+        for drop in (d for url in urls if url for d in read_drops(url)):
             row, paragraph = drop["row"], drop["paragraph"]
             if paragraph < 0:
                 whole[row] = (drop["reason"], drop["detail"])
@@ -355,29 +372,45 @@ def _row_bytes(runs: list[tuple[str, int]]) -> int:
 class DedupAndWrite(beam.PTransform):
     """Key runs, fragment ids and runs -> the output folders written from fragments and runs.
 
-    Input: the key runs of every built document (``(url, rows)``, :data:`KEYS` of the cleaning
-    DoFn), the fragment ids and the runs already written (rejects of reading and cleaning).
-    Output: (folder, rows per shard) of each folder that received rows. The runner holds one
-    element per run and per fragment, never one per document.
+    Input: the key runs of every built document (``(partition, (url, rows))``, :data:`KEYS` of
+    the cleaning DoFn, partitioned by digest into ``partitions`` key ranges), the fragment ids
+    and the runs already written (rejects of reading and cleaning). The decision passes
+    (:mod:`pipeline.corpus_decide`) run one element per partition, in parallel, their run URLs
+    grouped by partition between passes. Output: (folder, rows per shard) of each folder that
+    received rows. The runner holds one element per run and per fragment, never one per
+    document.
     """
 
-    def __init__(self, config: CorpusConfig, work_url: str, output_url: str):
+    def __init__(self, config: CorpusConfig, work_url: str, output_url: str, partitions: int = 1):
         super().__init__()
         self.config = config
         self.work_url = work_url
         self.output_url = output_url
+        self.partitions = partitions
 
     def expand(self, inputs):
         keys, fragments, runs = inputs
-        cfg = self.config
+        cfg, work, parts = self.config, self.work_url, self.partitions
+        exact = (keys
+                 | "KeysByDigest" >> beam.GroupByKey()
+                 | "ExactDocuments" >> beam.ParDo(_ExactDocuments(work, cfg, parts)).with_outputs("drops", main="next"))
+        unique = (exact.next
+                  | "SurvivorsById" >> beam.GroupByKey()
+                  | "OnePerDocId" >> beam.ParDo(_OnePerDocId(work, cfg, parts)).with_outputs("drops", main="next"))
+        shared = (unique.next
+                  | "ParagraphsByHash" >> beam.GroupByKey()
+                  | "SharedParagraphs" >> beam.ParDo(_SharedParagraphs(work, cfg, parts)).with_outputs("drops", main="next"))
+        dropped = (
+            (exact.drops, unique.drops, shared.drops)
+            | "AllDrops" >> beam.Flatten()
+            | "DropsByFragment" >> beam.GroupByKey()
+            | "DropFiles" >> beam.ParDo(_DropFiles(work, cfg, parts))
+        )
         applied = (
-            (keys | "TagKeyRuns" >> beam.Map(lambda run: (0, (KEYS, run))),
-             fragments | "TagFragments" >> beam.Map(lambda f: (0, ("fragment", f))))
-            | "KeyRunsAndFragments" >> beam.Flatten()
-            | "GroupForDecisions" >> beam.GroupByKey()
-            | "Decide" >> beam.ParDo(_Decide(self.work_url, cfg))
-            | "SpreadFragments" >> beam.Reshuffle()
-            | "ApplyDrops" >> beam.ParDo(_ApplyDrops(self.work_url, cfg)).with_outputs(RUNS, main="none")
+            (fragments | "EveryFragment" >> beam.Map(lambda f: (f, "")), dropped)
+            | "FragmentsAndDrops" >> beam.Flatten()
+            | "ByFragment" >> beam.GroupByKey()
+            | "ApplyDrops" >> beam.ParDo(_ApplyDrops(work, cfg)).with_outputs(RUNS, main="none")
         )
         return (
             (runs, applied[RUNS])

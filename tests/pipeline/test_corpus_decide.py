@@ -114,6 +114,17 @@ def reference_drops(rows):
     return sorted(drops)
 
 
+def partitioned_runs(tmp_path, rows, per_run, partitions, name):
+    """Key rows as the cleaning workers write them: runs per digest partition, per bundle."""
+    runs = []
+    for start in range(0, len(rows), per_run):
+        writer = cd.PartitionedRuns(str(tmp_path / name), f"b{start}", KEY_SCHEMA, partitions)
+        for row in rows[start : start + per_run]:
+            writer.add(dict(row))
+        runs += writer.close()
+    return runs
+
+
 def test_decisions_match_brute_force_with_many_runs_levels_and_key_collisions(tmp_path, monkeypatch):
     rows = random_corpus(3000)
     expected = reference_drops([dict(r) for r in rows])
@@ -121,6 +132,10 @@ def test_decisions_match_brute_force_with_many_runs_levels_and_key_collisions(tm
     monkeypatch.setattr(cd, "MAX_FAN_IN", 3)  # runs merged in levels
     monkeypatch.setattr(cd, "KEY_RUN_BYTES", 16 << 10)  # the decision passes write many runs
     assert all_drops(decide_drops(write_runs(tmp_path, rows, 97), str(tmp_path / "a"), CFG)) == expected
+    # Each pass split over 4 key ranges (as the Beam job does over its workers): the same drops.
+    runs = partitioned_runs(tmp_path, rows, 500, 4, "p4")
+    assert len({j for j, _ in runs}) == 4
+    assert all_drops(decide_drops(runs, str(tmp_path / "a4"), CFG, partitions=4)) == expected
     # Every 64-bit sort key equal: the groups are still split by exact digest, doc_id, hash.
     monkeypatch.setattr(cd, "prefix_key", lambda data: 7)
     monkeypatch.setattr(cd, "sort_key", lambda text: 7)

@@ -65,7 +65,8 @@ def test_the_corpus_job_builds_and_validates_for_dataflow():
     check_worker_pool(env)
     assert container_images(job) == {IMAGE}
     names = transform_names(job)
-    assert {"Read/ReadUnit", "Clean/BuildDocument", "Dedup/Decide", "Dedup/ApplyDrops",
+    assert {"Read/ReadUnit", "Clean/BuildDocument", "Dedup/ExactDocuments", "Dedup/OnePerDocId",
+            "Dedup/SharedParagraphs", "Dedup/DropFiles", "Dedup/ApplyDrops",
             "Dedup/MergeFolder"} <= names
 
 

@@ -7,27 +7,27 @@ Here the keys never become Beam elements:
 
 1. The cleaning workers write each built document's key row (:data:`KEY_SCHEMA`: text digest,
    doc_id, title, fragment ref, paragraph hashes[, MinHash]) to key-sorted *runs*
-   (:class:`pipeline.shards.RunWriter`, sorted by the first 8 bytes of the digest), and only
-   the run URLs (one per bundle) go on.
-2. One step (:func:`decide_drops`) makes every decision as a sequence of sort-and-walk passes,
-   each a streaming merge of runs (:func:`pipeline.shards.iter_merged`, at most
-   :data:`MAX_FAN_IN` runs at once) whose survivors are written to new runs keyed for the next
-   pass: exact documents (by digest: smallest ``(doc_id, title)`` kept) -> [near duplicates]
-   -> one row per doc_id (by doc_id: smallest ``(digest, title)`` kept) -> paragraphs (by
-   paragraph hash: the smallest doc_id keeps it, then its first index). The decisions are those
-   of the former GroupByKey version, so the output is byte for byte the same.
+   (:class:`PartitionedRuns`: sorted by the first 8 bytes of the digest, one writer per key
+   range), and only the run URLs (a few per bundle) go on.
+2. Every decision is one pass of sort-and-walk over one key range at a time: a streaming merge
+   of that range's runs (:func:`pipeline.shards.iter_merged`, at most :data:`MAX_FAN_IN` runs at
+   once) whose survivors are written to runs partitioned by the next pass's key: exact
+   documents (by digest: smallest ``(doc_id, title)`` kept) -> [near duplicates] -> one row per
+   doc_id (by doc_id: smallest ``(digest, title)`` kept) -> paragraphs (by paragraph hash: the
+   smallest doc_id keeps it, then its first index). Every row of a group has the same key, so
+   the same range: the decisions are those of the former GroupByKey version, and the output is
+   byte for byte the same. The Beam job runs the ranges of a pass in parallel (one per worker)
+   and groups run URLs by range between passes; :func:`decide_drops` runs them in turn.
 3. The drops (``fragment, row, paragraph or -1, reason, detail``) go to runs keyed by fragment
-   and are written out as one small drops file per fragment that has any; the step emits one
-   element per fragment (its id and its drops file), so the workers apply the drops in parallel.
+   and are written out as one small drops file per fragment that has any.
 
 What it costs: each key row is written and read once per pass (a few hundred bytes a document,
-against the ~10 KiB of its text); the decisions run in one process, a sequential walk of ~3
-CPU-seconds per 100,000 documents (measured on a random corpus, a third of it duplicates): ~4
-minutes for the English Wikipedia's articles, a serial step that a many-worker Dataflow job
-waits for (partitioning the passes by key range is the way to spread it). Memory: the merges' budget, the open run writers' budget (each flushes
-at :data:`KEY_RUN_BYTES`) and one block of equal keys; no per-document bytes, except with
-near-duplicate detection on (``near_dup_threshold > 0``), whose MinHash LSH holds every
-surviving document's signature (~1.1 KiB each) in memory.
+against the ~10 KiB of its text), ~3 CPU-seconds per 100,000 documents in all (measured on a
+random corpus, a third of it duplicates), spread over the ranges. Memory of a pass: one merge's
+budget (:data:`KEY_MERGE_BYTES`), the run writers' (:data:`KEY_RUN_BYTES` in all) and one block of
+equal keys; no per-document bytes, except with near-duplicate detection on
+(``near_dup_threshold > 0``): its MinHash LSH holds every surviving document's signature (~1.1
+KiB each) in memory, so that pass runs as one range.
 """
 
 from __future__ import annotations

@@ -10,13 +10,13 @@ Here no Beam element is per document:
    small key row (text digest, doc_id, title, ``ref = (fragment, row)``, paragraph hashes
    [, minhash]) to key-sorted runs, and rejects to key-sorted runs
    (:class:`pipeline.shards.RunWriter`); only run URLs and fragment ids go on.
-2. The decisions are made in one step (:func:`pipeline.corpus_decide.decide_drops`, sorted
-   passes over the key runs, bounded memory): exact documents (smallest ``(doc_id, title)``
-   kept), near duplicates (optional), one row per doc_id (smallest ``(digest, title)`` kept),
-   then paragraphs across the corpus (of the documents that hold a paragraph, the smallest
-   doc_id keeps it). Only survivors take part, so no text is lost to a dropped document. The
-   drops are written as one file per fragment.
-3. Each fragment is read once (the fragments dealt to the workers) and its kept documents go
+2. The decisions are sorted passes over the key runs (:mod:`pipeline.corpus_decide`, bounded
+   memory), each split into key ranges run in parallel: exact documents (smallest
+   ``(doc_id, title)`` kept), near duplicates (optional), one row per doc_id (smallest
+   ``(digest, title)`` kept), then paragraphs across the corpus (of the documents that hold a
+   paragraph, the smallest doc_id keeps it). Only survivors take part, so no text is lost to a
+   dropped document. The drops are written as one file per fragment.
+3. Each fragment is read once (grouped with its drops file) and its kept documents go
    to key-sorted runs (:func:`apply_drops`), and every output folder is a streaming merge of
    its runs (:func:`pipeline.shards.merge_runs_in_levels`, at most :data:`MAX_FAN_IN` at once):
    balanced shards in the order of a 64-bit digest of doc_id (rejects: of the whole row).

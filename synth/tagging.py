@@ -108,7 +108,12 @@ ENDINGS = ("is still linked with {o}.", "is always mentioned together with {o}."
 
 def swag_rows(world: World, split: str, n: int, labelled: bool = True) -> list[list]:
     pool = [f for f in fact_pool(world) if _split_of(f[0], world.seed) == split]
-    objects = by_relation(fact_pool(world))
+    # Distractors are objects of the same relation that are right answers in this split too:
+    # drawn from the whole world, the objects a train row gets right were mostly wrong ones
+    # in dev (68% of dev's distractors against 41% of its answers), and a model that learnt
+    # which objects tend to be right scored 9% on dev, below chance. Now only reading the
+    # context tells the ending.
+    objects = by_relation(pool)
     rng = derive_rng(world.seed, "swag", split)
     rows = []
     while len(rows) < n:

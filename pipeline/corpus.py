@@ -47,7 +47,7 @@ from pipeline.config import CORPUS_SOURCES, CorpusConfig, output_config
 from pipeline.corpus_decide import KEY_SCHEMA, PartitionedRuns, key_row
 from pipeline.corpus_dedup import (
     KEYS, NAMESPACE, REJECTS_FOLDER, RUNS, DedupAndWrite, FragmentWriter, Writing, doc_digest,
-    norms_digest, norms_hash, paragraph_hash, windowed, write_table,
+    norms_digest, norms_hash, paragraph_hash, windowed,
 )
 from pipeline.dump_reader import wiki_reader_mode
 from pipeline.dumps import iter_wiki, plan_reads
@@ -64,6 +64,7 @@ from pipeline.schema import (
     list_files, write_manifest,
 )
 from pipeline.sentences import book_paragraphs, split_sentences, strip_boilerplate
+from pipeline.shards import write_table
 from pipeline.wikitext import clean_wikitext
 
 __all__ = [

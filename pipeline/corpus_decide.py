@@ -40,12 +40,11 @@ from typing import Any, Callable, Iterable, Iterator
 
 import fsspec
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from pipeline.config import CorpusConfig
 from pipeline.filters import near_duplicates
-from pipeline.schema import join_url
-from pipeline.shards import KEY, RunWriter, iter_merged
+from pipeline.schema import join_url, write_atomically
+from pipeline.shards import KEY, MAX_FAN_IN, RunWriter, iter_merged, read_rows, write_table
 
 log = logging.getLogger("bertflow.corpus")
 
@@ -57,8 +56,6 @@ KEY_MERGE_BYTES = 8 << 20
 """Arrow bytes a decision pass's merge holds across its runs' current batches."""
 KEY_ROW_GROUP = 1024
 """Row-group size of key runs (a key row is ~100-300 bytes)."""
-MAX_FAN_IN = 16
-"""Runs one merge reads at once (more are merged in groups first)."""
 
 KEY_SCHEMA = pa.schema([
     pa.field("digest", pa.binary(), nullable=False),
@@ -217,7 +214,7 @@ def exact_documents(runs: list[tuple[str, int]], work_url: str, config: CorpusCo
     if near:
         if partitions != 1:
             raise ValueError("near-duplicate detection needs every signature in one partition")
-        _write_json(join_url(work_url, NEAR), near_duplicates(signatures, config.near_dup_threshold))
+        write_atomically(join_url(work_url, NEAR), json.dumps(near_duplicates(signatures, config.near_dup_threshold)))
     return survivors.close(), drops.close()
 
 
@@ -230,7 +227,10 @@ def one_per_doc_id(runs: list[tuple[str, int]], work_url: str, config: CorpusCon
     """Pass 2 (key: doc_id): near duplicates dropped, then of rows with the same doc_id the
     smallest ``(digest, title)`` is kept, and the keeper's paragraphs go on.
     -> (occurrence runs by paragraph-hash partition, drop runs)."""
-    nearly = _read_json(join_url(work_url, NEAR)) if config.near_dup_threshold > 0 else {}
+    nearly = {}
+    if config.near_dup_threshold > 0:
+        with fsspec.open(join_url(work_url, NEAR), "r") as f:
+            nearly = json.load(f)
     occurrences = PartitionedRuns(work_url, "occurrences", OCCURRENCE_SCHEMA, partitions)
     drops = Drops(work_url, "drops", partitions)
     for block in walk(runs, join_url(work_url, f"merge-survivors-p{part:05d}"), KEY_SCHEMA):
@@ -279,7 +279,7 @@ def drop_files(runs: list[tuple[str, int]], work_url: str, part: int) -> dict[st
         for group in by_field(block, "fragment"):
             fragment = group[0]["fragment"]
             url = join_url(work_url, "drops-by-fragment", f"{fragment}.parquet")
-            _write(url, pa.Table.from_pylist(group, schema=DROP_SCHEMA))
+            write_table(url, pa.Table.from_pylist(group, schema=DROP_SCHEMA))
             files[fragment] = url
     return files
 
@@ -315,28 +315,5 @@ def _by_partition(runs: list) -> dict[int, list[tuple[str, int]]]:
     return dict(sorted(out.items()))
 
 
-def read_drops(url: str) -> list[dict[str, Any]]:
-    """The rows of a drops file written by :func:`decide_drops`."""
-    fs, path = fsspec.core.url_to_fs(url)
-    with fs.open(path, "rb") as f:
-        return pq.read_table(f).to_pylist()
-
-
-def _write_json(url: str, value) -> None:
-    fs, path = fsspec.core.url_to_fs(url)
-    fs.makedirs(fs._parent(path), exist_ok=True)
-    with fs.open(path, "w") as f:
-        json.dump(value, f)
-
-
-def _read_json(url: str):
-    fs, path = fsspec.core.url_to_fs(url)
-    with fs.open(path, "r") as f:
-        return json.load(f)
-
-
-def _write(url: str, table: pa.Table) -> None:
-    fs, path = fsspec.core.url_to_fs(url)
-    fs.makedirs(fs._parent(path), exist_ok=True)
-    with fs.open(path, "wb") as f:
-        pq.write_table(table, f, compression="zstd")
+read_drops = read_rows
+"""The rows of a drops file written by :func:`decide_drops`."""

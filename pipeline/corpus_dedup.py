@@ -45,11 +45,11 @@ from apache_beam.utils.windowed_value import WindowedValue
 from pipeline.beam_io import shard_name
 from pipeline.config import CorpusConfig
 from pipeline.corpus_decide import (
-    HASH_BYTES, drop_files, exact_documents, one_per_doc_id, read_drops, shared_paragraphs, sort_key,
+    HASH_BYTES, drop_files, exact_documents, one_per_doc_id, shared_paragraphs, sort_key,
 )
 from pipeline.filters import REJECT_SCHEMA, digest, normalise, reject_row, text_digest
 from pipeline.schema import DOCUMENT_SCHEMA, join_url
-from pipeline.shards import KEY, RunWriter, merge_runs_in_levels, use_lean_memory_pool
+from pipeline.shards import KEY, RunWriter, merge_runs_in_levels, read_rows, use_lean_memory_pool, write_table
 
 log = logging.getLogger("bertflow.corpus")
 
@@ -160,17 +160,8 @@ def fragment_url(work_url: str, fragment: str) -> str:
     return join_url(work_url, "fragments", f"{fragment}.parquet")
 
 
-def write_table(url: str, table: pa.Table) -> None:
-    fs, path = fsspec.core.url_to_fs(url)
-    fs.makedirs(fs._parent(path), exist_ok=True)
-    with fs.open(path, "wb") as f:
-        pq.write_table(table, f, compression="zstd")
-
-
 def read_fragment(work_url: str, fragment: str) -> list[dict[str, Any]]:
-    fs, path = fsspec.core.url_to_fs(fragment_url(work_url, fragment))
-    with fs.open(path, "rb") as f:
-        return pq.read_table(f).to_pylist()
+    return read_rows(fragment_url(work_url, fragment))
 
 
 # -- Beam: writing DoFns ----------------------------------------------------------------------
@@ -302,7 +293,7 @@ class _ApplyDrops(Writing):
         fragment, urls = element
         whole: dict[int, tuple[str, str]] = {}
         parts: dict[int, dict[int, str]] = {}
-        for drop in (d for url in urls if url for d in read_drops(url)):
+        for drop in (d for url in urls if url for d in read_rows(url)):
             row, paragraph = drop["row"], drop["paragraph"]
             if paragraph < 0:
                 whole[row] = (drop["reason"], drop["detail"])

@@ -69,6 +69,19 @@ def _open_write(url: str):
     return fs.open(path, "wb")
 
 
+def write_table(url: str, table: pa.Table) -> None:
+    """One Parquet file (zstd) holding ``table``; parent folders made as needed."""
+    with _open_write(url) as f:
+        pq.write_table(table, f, compression="zstd")
+
+
+def read_rows(url: str) -> list[dict[str, Any]]:
+    """Every row of one Parquet file, as dicts."""
+    fs, path = fsspec.core.url_to_fs(url)
+    with fs.open(path, "rb") as f:
+        return pq.read_table(f).to_pylist()
+
+
 class RunWriter:
     """Collect keyed rows; write them as key-sorted run files of bounded size.
 

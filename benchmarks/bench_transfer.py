@@ -11,7 +11,9 @@ compare fine-tuning budgets without pretraining again).
     python benchmarks/bench_transfer.py --size 5MB --steps 300,0 --work /tmp/t5     # shortened
 
 ``--steps`` overrides the preset's steps per phase (the warm-up shrinks with it); the printout
-states the schedule actually run.
+states the schedule actually run. ``--models random`` fine-tunes only the random-init arm, which
+needs no pretraining: run it on a spare core beside a ``--models pretrained`` run of the same
+``--work`` once its data stages are done, then run both to print the table from the results.
 """
 
 from __future__ import annotations
@@ -53,7 +55,12 @@ def main() -> None:
     parser.add_argument("--finetune-epochs", type=float, default=0, help="0: the preset's")
     parser.add_argument("--seeds", default="42", help="fine-tuning seeds (both models), e.g. 42,43,44: "
                         "each task is fine-tuned once per seed and the mean is printed")
+    parser.add_argument("--models", default="pretrained,random",
+                        help="arms to fine-tune: pretrained, random or both")
     args = parser.parse_args()
+    models = args.models.split(",")
+    if not models or set(models) - {"pretrained", "random"}:
+        parser.error(f"--models: pretrained, random or both, not {args.models!r}")
     logging.basicConfig(level=logging.WARNING)
 
     data, root = join_url(args.work, "data"), join_url(args.work, "run")
@@ -108,17 +115,18 @@ def main() -> None:
         for url in (pretrain, export):  # the export follows the pretraining
             if has_manifest(url):
                 os.remove(manifest_url(url))
-    stage("pretrain", pretrain, train)
-    stage("export", export, lambda: run_export(pretrain, vocab, export))
     if not os.path.exists(os.path.join(random_init, "model.safetensors")):
         torch.manual_seed(cfg.pretrain.seed)
         save_pretrained(BertForPreTraining(model_cfg), random_init)
         copy_tokenizer(vocab, random_init, model_cfg.max_position_embeddings)
-    counts = read_manifest(pretrain).counts
-    print(f"  pretraining: {counts['steps']:.0f} steps, {counts['seconds']:.0f} s, MLM loss "
-          f"{counts['first_mlm_loss']:.3f} -> {counts['last_mlm_loss']:.3f}, MLM acc {counts['mlm_accuracy']:.3f}, "
-          f"NSP acc {counts['nsp_accuracy']:.3f}"
-          + (f", held-out MLM acc {counts['eval_mlm_accuracy']:.3f}" if "eval_mlm_accuracy" in counts else ""))
+    if "pretrained" in models:
+        stage("pretrain", pretrain, train)
+        stage("export", export, lambda: run_export(pretrain, vocab, export))
+        counts = read_manifest(pretrain).counts
+        print(f"  pretraining: {counts['steps']:.0f} steps, {counts['seconds']:.0f} s, MLM loss "
+              f"{counts['first_mlm_loss']:.3f} -> {counts['last_mlm_loss']:.3f}, MLM acc {counts['mlm_accuracy']:.3f}, "
+              f"NSP acc {counts['nsp_accuracy']:.3f}"
+              + (f", held-out MLM acc {counts['eval_mlm_accuracy']:.3f}" if "eval_mlm_accuracy" in counts else ""))
 
     print(f"\n{'task':<18} {'metric':<14} {'pretrained':>11} {'random init':>12} {'difference':>11}"
           + ("   per seed (pretrained - random)" if len(seeds) > 1 else ""))
@@ -129,6 +137,8 @@ def main() -> None:
         for seed in seeds:
             finetune = dataclasses.replace(cfg.finetune, seed=seed)
             for label, model_url in (("pretrained", export), ("random", random_init)):
+                if label not in models:
+                    continue
                 # a folder per model, pretraining schedule (random: any), fine-tuning budget and seed
                 tag = ((f"{label}-{cfg.pretrain.total_steps}" if label == "pretrained" else label)
                        + f"-ep{finetune.epochs:g}" + ("" if seed == 42 else f"-s{seed}"))
@@ -141,6 +151,10 @@ def main() -> None:
                     print(f"  ({name} {label} seed {seed}: {time.time() - t:.0f} s)", flush=True)
                 key = task.metric if task.metric in m.counts else f"eval_{task.metric}"
                 scores[label].append(float(m.counts[key]) * scale)
+        if len(models) < 2:
+            arm = scores[models[0]]
+            print(f"{name:<18} {task.metric:<14} {models[0]}: " + " ".join(f"{x:.2f}" for x in arm), flush=True)
+            continue
         pre, rnd = (sum(v) / len(v) for v in (scores["pretrained"], scores["random"]))
         per_seed = " ".join(f"{a - b:+.1f}" for a, b in zip(scores["pretrained"], scores["random"]))
         print(f"{name:<18} {task.metric:<14} {pre:11.2f} {rnd:12.2f} {pre - rnd:+11.2f}"

@@ -19,6 +19,14 @@ from synth.wiki import NEGATIVE, POSITIVE
 from synth.world import (Block, Entity, World, derive_rng, fact_object, fix_articles, phrase,
                                   pick_fact)
 
+WILDLIFE = (
+    "A {a} went past them, looking for {d}.",
+    "{h} watched a {a} hunting for {d} near the {river}.",
+    "\"Every {a} feeds on {d},\" said {f}.",
+    "There were many {a}s here, and {h} saw one catch {d}.",
+    "The {s} came out at dusk to look for {d}, as every {a} does.",
+    "{h} knew that a {a} eats mostly {d}.",
+)
 NARRATION = (
     "It was {time} when {h} reached {town}.",
     "The road followed the {river} for many miles, and the water was {water} under a {sky} sky.",
@@ -148,6 +156,10 @@ class Book:
         if roll < 0.45:
             n = rng.randrange(2, 6)
             sentences = [t.format(**c) for t in rng.sample(NARRATION, n)]
+            if rng.random() < 0.5:  # what the animals of the valley eat, said of their kind
+                sp = rng.choice(self.block.species)
+                sentences.insert(rng.randrange(len(sentences) + 1), rng.choice(WILDLIFE).format(
+                    a=sp["animal"], d=sp["diet"], s=sp.name, **c))
             for _ in range(rng.choice((0, 1, 1, 2))):
                 sentences.insert(rng.randrange(len(sentences) + 1), self._fact(town))
             return " ".join(sentences)

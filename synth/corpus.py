@@ -149,7 +149,8 @@ def write_downstream(out_dir: str, seed: int) -> dict:
     fs.makedirs(squad_dir, exist_ok=True)
 
     rng, seen = derive_rng(seed, "sst2"), set()
-    train, dev, test = (sst2_rows(world, n, rng, seen) for n in (2000, 400, 400))
+    train, dev, test = (sst2_rows(world, n, rng, seen, split)
+                        for n, split in ((2000, "train"), (400, "dev"), (400, "test")))
     _write_tsv(fs, f"{sst_dir}/train.tsv", "sentence\tlabel", train)
     _write_tsv(fs, f"{sst_dir}/dev.tsv", "sentence\tlabel", dev)
     _write_tsv(fs, f"{sst_dir}/test.tsv", "index\tsentence", [(i, s) for i, (s, _) in enumerate(test)])
@@ -166,7 +167,7 @@ def write_downstream(out_dir: str, seed: int) -> dict:
         return sum(len(p["qas"]) for a in d["data"] for p in a["paragraphs"])
 
     squad_train, squad_dev = squad_sets(world, 1000, 200)
-    v2_train, v2_dev = squad_v2_sets(world, 600, 150)
+    v2_train, v2_dev = squad_v2_sets(world, 1200, 150)
     for name, data in (("train-v1.1.json", squad_train), ("dev-v1.1.json", squad_dev),
                        ("train-v2.0.json", v2_train), ("dev-v2.0.json", v2_dev)):
         fs.pipe_file(f"{squad_dir}/{name}", (json.dumps(data, ensure_ascii=False) + "\n").encode("utf-8"))

@@ -21,8 +21,8 @@ import csv
 import io
 import re
 
-from synth.glue_sets import DOWNSTREAM_BLOCKS, _split_of, by_relation, fact_pool
-from synth.world import Entity, World, derive_rng, fact_object, phrase
+from synth.glue_sets import DOWNSTREAM_BLOCKS, _split_of, fact_pool, kind_species
+from synth.world import COLOURS, OCCUPATIONS, SHIP_TYPES, Entity, World, derive_rng, fact_object, facts, phrase
 
 TYPES = {"person": "PER", "town": "LOC", "region": "LOC", "river": "LOC", "mountain": "LOC",
          "guild": "ORG", "ship": "MISC", "species": "MISC"}
@@ -101,31 +101,44 @@ def conll_text(sentences: list[list[tuple[str, str]]], per_document: int = 8) ->
 
 SWAG_HEADER = ["", "video-id", "fold-ind", "startphrase", "sent1", "sent2", "gold-source",
                "ending0", "ending1", "ending2", "ending3", "label"]
-CONTINUATIONS = ("Years later, {s}", "After that, {s}", "In the chronicles, {s}", "Everyone agrees that {s}")
-ENDINGS = ("is still linked with {o}.", "is always mentioned together with {o}.", "was known for {o}.",
-           "kept its ties to {o}.")
+CONTINUATIONS = ("Each morning the {s}", "When it is hungry, the {s}", "Like others of its kind, the {s}",
+                 "In the warm months the {s}")
+ENDINGS = ("feeds on {o}.", "eats mostly {o}.", "goes looking for {o}.", "searches for {o}.")
+# Words the corpus uses in other slots, none of them food: the distractors.
+NOT_FOOD = {"colour": COLOURS, "occupation": tuple(o + "s" for o in OCCUPATIONS),
+            "ship": tuple(t[:-1] + "ies" if t.endswith("y") else t + "s" for t in SHIP_TYPES)}
+
+
+def word_split(seed: int) -> dict[str, str]:
+    """Distractor word -> "train" or "dev": a third of each kind is dev/test only."""
+    rng = derive_rng(seed, "swag-words")
+    out = {}
+    for kind, words in sorted(NOT_FOOD.items()):
+        dev = set(rng.sample(sorted(words), len(words) // 3))
+        out.update({w: "dev" if w in dev else "train" for w in words})
+    return out
 
 
 def swag_rows(world: World, split: str, n: int, labelled: bool = True) -> list[list]:
-    pool = [f for f in fact_pool(world) if _split_of(f[0], world.seed) == split]
-    # Distractors are objects of the same relation that are right answers in this split too:
-    # drawn from the whole world, the objects a train row gets right were mostly wrong ones
-    # in dev (68% of dev's distractors against 41% of its answers), and a model that learnt
-    # which objects tend to be right scored 9% on dev, below chance. Now only reading the
-    # context tells the ending.
-    objects = by_relation(pool)
-    rng = derive_rng(world.seed, "swag", split)
+    """Rows whose plausible ending names what the species eats ("feeds on frogs."), after a
+    context that states another of its facts; the three distractors put a word of another kind
+    in the same slot ("feeds on violet.", "feeds on schooners."). Dev diets and dev distractor
+    words never occur in a train row (:func:`~synth.glue_sets.diet_split`, :func:`word_split`),
+    so fine-tuning alone cannot tell a dev ending: what tells it is knowing which words are
+    food, which the corpus teaches, as SWAG's endings are told by commonsense (see
+    :mod:`synth.glue_sets` on why not *which* food each animal eats)."""
+    species = kind_species(world, split)
+    side = "train" if split == "train" else "dev"
+    others = sorted(w for w, s in word_split(world.seed).items() if s == side)
+    rng = derive_rng(world.seed, "swag-food", split)
     rows = []
     while len(rows) < n:
-        entity, rel, value = rng.choice(pool)
-        obj = fact_object(value)
-        others = [o for o in objects[rel] if o != obj]
-        if len(others) < 3:
-            continue
-        sent1 = phrase(rel, entity.name, obj, rng)[0]
+        entity = rng.choice(species)
+        rel, value = rng.choice([f for f in facts(entity) if f[0] != "species.diet"])
+        sent1 = phrase(rel, entity.name, fact_object(value), rng)[0]
         sent2 = rng.choice(CONTINUATIONS).format(s=entity.name)
         template = rng.choice(ENDINGS)
-        endings = [template.format(o=o) for o in [obj] + rng.sample(others, 3)]
+        endings = [template.format(o=o) for o in [entity["diet"]] + rng.sample(others, 3)]
         order = list(range(4))
         rng.shuffle(order)
         label = order.index(0)

@@ -7,7 +7,7 @@ same seed describes (the world is prefix-stable and the sample corpus covers the
 pretrained on the corpus has seen the names and facts.
 
 - SST-2: short lowercased, tokenised review sentences about the world's places, ships and works,
-  with the corpus's positive and negative adjectives. Negation ("not", "never", "hardly",
+  with the corpus's positive and negative adjectives (a third of them in dev and test only). Negation ("not", "never", "hardly",
   "nobody") flips the label and contrast ("although ..., ...", "... but ...") makes the last
   clause decide it in 30% of rows, so a bag of adjectives is not enough for the best scores. Labels alternate, so they are balanced.
 - SQuAD v1.1: contexts are plain-text paragraphs about one entity (its facts in varied phrasings,
@@ -75,14 +75,28 @@ PLAIN_TEMPLATES = tuple(t for t in SST_TEMPLATES if t[1] == 0 and "{b}" not in t
 HARD_TEMPLATES = tuple(t for t in SST_TEMPLATES if t not in PLAIN_TEMPLATES)
 
 
-def sst2_rows(world: World, count: int, rng, seen: set[str]) -> list[tuple[str, int]]:
-    """``count`` (sentence, label) rows, labels alternating, no sentence repeated across ``seen``."""
+DEV_ADJECTIVES = 4  # of each polarity's 12
+
+
+def dev_adjectives(seed: int) -> set[str]:
+    """The adjectives only dev and test rows use: as in the real set, a dev review can turn on a
+    word no training review has, whose polarity only pretraining (the corpus's "felt almost
+    happy", "turned dreary and grey" ...) can tell."""
+    rng = derive_rng(seed, "sst2-words")
+    return set(rng.sample(POSITIVE, DEV_ADJECTIVES)) | set(rng.sample(NEGATIVE, DEV_ADJECTIVES))
+
+
+def sst2_rows(world: World, count: int, rng, seen: set[str], split: str = "train") -> list[tuple[str, int]]:
+    """``count`` (sentence, label) rows, labels alternating, no sentence repeated across ``seen``;
+    ``split``'s adjectives only (:func:`dev_adjectives`)."""
+    dev = dev_adjectives(world.seed)
+    pos, neg = ([w for w in words if (w in dev) == (split != "train")] for words in (POSITIVE, NEGATIVE))
     rows: list[tuple[str, int]] = []
     while len(rows) < count:
         label = len(rows) % 2
         template, flips = rng.choice(PLAIN_TEMPLATES if rng.random() < PLAIN_SHARE else HARD_TEMPLATES)
         polarity = label ^ flips
-        words, other = (POSITIVE, NEGATIVE) if polarity else (NEGATIVE, POSITIVE)
+        words, other = (pos, neg) if polarity else (neg, pos)
         a, a2 = rng.sample(words, 2)
         b = world.block(rng.randrange(DOWNSTREAM_BLOCKS))
         text = template.format(s=_subjects(world, rng), a=a, a2=a2, b=rng.choice(other),

@@ -41,6 +41,7 @@ ORDINALS = ("first", "second", "third", "fourth", "fifth")
 # literal template, not a slot.
 FILLER: dict[str, tuple[str, ...]] = {
     "history": (
+        "Many {wa}s live near {s}, where they feed on {wd}.",
         "In {y1}, a great flood destroyed much of the lower town, and the people of {s} rebuilt the bridge over the {r}.",
         "During the {c} century, {s} was a small market town with a wooden church and a few narrow streets.",
         "The town walls were completed in {y1}, but most of them were pulled down in the following century.",
@@ -88,6 +89,8 @@ FILLER: dict[str, tuple[str, ...]] = {
         "Contemporaries described {s} as a {pos} and patient teacher.",
     ),
     "species": (
+        "Like every {wa}, the {s} feeds on {wd}.",
+        "As with other {wa}s, its diet is mostly {wd}.",
         "The {s} is most active at dawn and at dusk, and rests during the hottest part of the day.",
         "Females lay between {n} and {n2} eggs in late spring.",
         "The number of {s}s has fallen since the {c} century because of the draining of wetlands.",
@@ -98,6 +101,7 @@ FILLER: dict[str, tuple[str, ...]] = {
         "In winter the {s} moves to lower and warmer ground.",
     ),
     "river": (
+        "The {ws} hunts along its banks for {wd}, as every {wa} does.",
         "The {s} is navigable for small boats as far as {t1}.",
         "Its waters are cold and clear in the upper valley, and slow and brown near its mouth.",
         "The river freezes in hard winters, and in {y1} people walked across it from {t1} to the far bank.",
@@ -207,6 +211,9 @@ class Article:
             "pron": entity.get("pronoun", "it"), "Pron": entity.get("pronoun", "it").capitalize(),
             "poss": {"she": "her", "he": "his"}.get(entity.get("pronoun"), "its"),
         }
+        wild = entity if entity.kind == "species" else rng.choice(block.species) if block.species else None
+        self.ctx.update(wa=wild["animal"] if wild else "heron", wd=wild["diet"] if wild else "small fish",
+                        ws=wild.name if wild else "heron")
 
     def link(self, value: Entity | str) -> _Link:
         return _Link(self.seen, value)

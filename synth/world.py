@@ -53,6 +53,7 @@ ANIMALS = {"heron": "small fish", "trout": "insects", "beetle": "rotting wood", 
            "otter": "fish", "owl": "mice", "carp": "algae", "snail": "leaves", "lizard": "beetles",
            "salamander": "worms", "swallow": "flies", "crane": "frogs"}
 WATER_ANIMALS = {"heron", "trout", "eel", "otter", "carp", "crane", "frog", "newt"}
+FIRST_NAMES = 60  # per pronoun
 CLIMATES = ("mild and wet", "cold and dry", "warm and dry", "cool and windy", "hot and humid")
 SHIP_TYPES = ("galley", "barge", "schooner", "brig", "cog", "ferry", "sloop")
 SHIP_WORDS = (("Silver", "Swift", "Northern", "Red", "Quiet", "Golden", "Brave", "Grey", "Morning",
@@ -135,6 +136,11 @@ class World:
         while len(self.seas) < 5:
             sea = "Sea of " + self._unique(rng, "sea")
             self.seas.append(sea)
+        # First names come from one pool per pronoun and recur across people, as real names do,
+        # so the corpus teaches which pronoun a first name takes (WNLI rests on it). The pools
+        # have no spelling pattern: only co-occurrence tells them apart.
+        rng = derive_rng(seed, "first-names")
+        self.first_names = {p: [self._unique(rng, "person") for _ in range(FIRST_NAMES)] for p in ("she", "he")}
 
     def block(self, b: int) -> Block:
         while len(self.blocks) <= b:
@@ -182,12 +188,13 @@ class World:
         region.attrs["capital"] = towns[0]
         people = []
         for i in range(8):
-            first, last = uniq("person"), uniq("person")
+            pronoun = rng.choice(("she", "he"))
+            first, last = rng.choice(self.first_names[pronoun]), uniq("person")
             home = rng.choice(towns)
             born = min(home["founded"] + rng.randrange(40, 420), 1950)
             occ = rng.choice(OCCUPATIONS)
             attrs: dict[str, Any] = {"birthplace": home, "born": born, "occupation": occ,
-                                     "pronoun": rng.choice(("she", "he"))}
+                                     "pronoun": pronoun}
             if born < 1930:
                 attrs["died"] = born + rng.randrange(28, 92)
             if occ in WORK_KINDS:

@@ -7,6 +7,7 @@ import bz2
 import json
 import re
 import xml.etree.ElementTree as ET
+from collections import Counter
 from pathlib import Path
 
 import fsspec
@@ -252,3 +253,97 @@ def test_every_downstream_sample_reads_in_its_official_format():
     swag = read_swag(str(SAMPLE_DIR / "swag" / "train.csv"))
     assert len(swag) == 600 and {e.label for e in swag} == {0, 1, 2, 3}
     assert read_swag(str(SAMPLE_DIR / "swag" / "test.csv"), labelled=False)[0].label is None
+
+
+def test_wnli_and_swag_dev_rows_are_told_only_by_what_the_corpus_teaches(corpus):
+    """WNLI and SWAG rest on which words are food (and, for WNLI, cargo): no dev word appears
+    in a train row, so fine-tuning alone cannot tell a dev row; the corpus uses every such word
+    in its slot, and first names recur across people with one pronoun each."""
+    from synth.glue_sets import SHIP_WANTS, diet_split, ship_wants, wnli_rows
+    from synth.tagging import ENDINGS, swag_rows, word_split
+    from synth.world import ANIMALS
+
+    world = World(3)
+    pronoun_of: dict[str, set[str]] = {}
+    people_of: Counter = Counter()
+    for b in range(60):
+        for p in world.block(b).people:
+            pronoun_of.setdefault(p.name.split(" ")[0], set()).add(p["pronoun"])
+            people_of[p.name.split(" ")[0]] += 1
+    assert all(len(v) == 1 for v in pronoun_of.values())
+    assert people_of.most_common(1)[0][1] >= 5  # first names recur across people
+
+    foods = set(ANIMALS.values())
+
+    def wants(rows):  # the word "it" wants, and whether the hypothesis names the animal
+        out = []
+        for s1, s2, label in rows:
+            x = s1.rstrip(".").rsplit(" for ", 1)[1] if " for " in s1 else s1.rstrip(".").rsplit(" wanted ", 1)[1]
+            out.append((x, any(s2.split(" ")[2] == a or f" {a} " in s2 for a in ANIMALS), label))
+        return out
+
+    train, dev = wants(wnli_rows(world, "train", 400)), wants(wnli_rows(world, "dev", 100))
+    assert not {x for x, _, _ in train} & {x for x, _, _ in dev}
+    assert {x for x, _, _ in dev} <= foods | set(ship_wants(3, "dev")) and set(ship_wants(3, "dev")) < set(SHIP_WANTS)
+    for x, names_animal, label in dev:  # entailed exactly when the food goes with the animal
+        assert label == int(names_animal == (x in foods))
+    assert 0.4 < sum(label for _, _, label in dev) / len(dev) < 0.6
+
+    side = diet_split(3)
+    train_diets = {ANIMALS[a] for a, s in side.items() if s == "train"}
+    dev_diets = {ANIMALS[a] for a, s in side.items() if s == "dev"}
+    assert len(dev_diets) >= 4 and not train_diets & dev_diets
+
+    def words_in(rows):
+        return {w for r in rows for e in r[7:11] for w in set(ANIMALS.values()) | set(word_split(3))
+                if any(e == t.format(o=w) for t in ENDINGS)}
+
+    train_words = words_in(swag_rows(world, "train", 300))
+    dev_rows = swag_rows(world, "dev", 100)
+    assert train_words and words_in(dev_rows) and not train_words & words_in(dev_rows)
+    assert words_in(dev_rows) >= dev_diets
+    for row in dev_rows:  # the right ending names what the context's animal eats, the others no food
+        animal = next(a for a in ANIMALS if row[5].endswith(f" {a}"))
+        assert row[7 + row[11]] in {t.format(o=ANIMALS[animal]) for t in ENDINGS}
+        wrong = [e for k, e in enumerate(row[7:11]) if k != row[11]]
+        assert not any(e.endswith(f" {d}.") for e in wrong for d in ANIMALS.values())
+
+    out, _ = corpus  # the corpus puts the food and cargo words in their slots
+    text = " ".join(p.read_text(encoding="utf-8") for p in (out / "books").glob("*.txt"))
+    text = " ".join(text.split())
+    assert sum(text.count(f"{a} eats mostly {d}") + text.count(f"every {a} feeds on {d}")
+               + text.count(f"a {a} hunting for {d}") for a, d in ANIMALS.items()) >= 3
+    assert sum(text.count(f"loaded with {c}") for c in ("timber", "wool", "glass")) >= 1
+
+
+def test_cola_unacceptable_rows_are_no_phrasing_of_a_fact():
+    """A corruption that happens to give a valid phrasing ("X died in 1827" from "X died in the
+    year 1827") would be an acceptable sentence marked unacceptable: none is left."""
+    from synth.glue_sets import cola_rows, fact_pool
+    from synth.world import fact_object, fix_articles
+
+    world = World(3)
+    good = {fix_articles(t.format(s=e.name, o=fact_object(v))) for e, rel, v in fact_pool(world) for t in PHRASES[rel]}
+    for split in ("train", "dev"):
+        rows = cola_rows(world, split, 400)
+        bad = [r[3] for r in rows if r[1] == 0]
+        assert len(bad) == 200 and not set(bad) & good
+        assert all(r[3] in good for r in rows if r[1] == 1)
+
+
+def test_sst2_dev_rows_turn_on_adjectives_no_train_row_has(downstream):
+    from synth.tasks import dev_adjectives
+    from synth.wiki import NEGATIVE, POSITIVE
+
+    out, _ = downstream
+    dev_words = dev_adjectives(3)
+    assert len(dev_words & set(POSITIVE)) == len(dev_words & set(NEGATIVE)) == 4
+
+    def adjectives(name):
+        rows = (out / "glue" / "SST-2" / name).read_text(encoding="utf-8").splitlines()[1:]
+        return {w for r in rows for w in r.split("\t")[-2 if name != "test.tsv" else -1].split()
+                if w in POSITIVE or w in NEGATIVE}
+
+    train = adjectives("train.tsv")
+    assert train and not train & dev_words
+    assert adjectives("dev.tsv") == adjectives("test.tsv") == dev_words

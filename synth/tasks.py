@@ -7,7 +7,8 @@ same seed describes (the world is prefix-stable and the sample corpus covers the
 pretrained on the corpus has seen the names and facts.
 
 - SST-2: short lowercased, tokenised review sentences about the world's places, ships and works,
-  with the corpus's positive and negative adjectives (a third of them in dev and test only). Negation ("not", "never", "hardly",
+  with the corpus's positive and negative adjectives (a third of them only in a third of the dev
+  and test rows). Negation ("not", "never", "hardly",
   "nobody") flips the label and contrast ("although ..., ...", "... but ...") makes the last
   clause decide it in 30% of rows, so a bag of adjectives is not enough for the best scores. Labels alternate, so they are balanced.
 - SQuAD v1.1: contexts are plain-text paragraphs about one entity (its facts in varied phrasings,
@@ -76,26 +77,29 @@ HARD_TEMPLATES = tuple(t for t in SST_TEMPLATES if t not in PLAIN_TEMPLATES)
 
 
 DEV_ADJECTIVES = 4  # of each polarity's 12
+DEV_WORD_SHARE = 1 / 3  # of dev and test rows
 
 
 def dev_adjectives(seed: int) -> set[str]:
-    """The adjectives only dev and test rows use: as in the real set, a dev review can turn on a
-    word no training review has, whose polarity only pretraining (the corpus's "felt almost
-    happy", "turned dreary and grey" ...) can tell."""
+    """The adjectives no training row has. As in the real set, some dev reviews turn on a word
+    fine-tuning never saw, whose polarity only pretraining (the corpus's "felt almost happy",
+    "turned dreary and grey" ...) can tell; a third of the dev and test rows use these."""
     rng = derive_rng(seed, "sst2-words")
     return set(rng.sample(POSITIVE, DEV_ADJECTIVES)) | set(rng.sample(NEGATIVE, DEV_ADJECTIVES))
 
 
 def sst2_rows(world: World, count: int, rng, seen: set[str], split: str = "train") -> list[tuple[str, int]]:
     """``count`` (sentence, label) rows, labels alternating, no sentence repeated across ``seen``;
-    ``split``'s adjectives only (:func:`dev_adjectives`)."""
+    train rows never use :func:`dev_adjectives`, a third of the others only those."""
     dev = dev_adjectives(world.seed)
-    pos, neg = ([w for w in words if (w in dev) == (split != "train")] for words in (POSITIVE, NEGATIVE))
+    lists = {held: tuple([w for w in words if (w in dev) == held] for words in (POSITIVE, NEGATIVE))
+             for held in (False, True)}
     rows: list[tuple[str, int]] = []
     while len(rows) < count:
         label = len(rows) % 2
         template, flips = rng.choice(PLAIN_TEMPLATES if rng.random() < PLAIN_SHARE else HARD_TEMPLATES)
         polarity = label ^ flips
+        pos, neg = lists[split != "train" and rng.random() < DEV_WORD_SHARE]
         words, other = (pos, neg) if polarity else (neg, pos)
         a, a2 = rng.sample(words, 2)
         b = world.block(rng.randrange(DOWNSTREAM_BLOCKS))

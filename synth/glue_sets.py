@@ -19,8 +19,8 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from synth.books import CARGOES
-from synth.world import (ANIMALS, OCCUPATIONS, PHRASES, QUESTIONS, Entity, World, derive_rng, fact_object, facts,
-                         fix_articles, phrase)
+from synth.world import (ANIMALS, OCCUPATIONS, QUESTIONS, Entity, World, derive_rng, fact_object, facts, phrase,
+                         phrasings)
 
 DOWNSTREAM_BLOCKS = 10
 
@@ -161,8 +161,7 @@ def cola_rows(world: World, split: str, n: int) -> list[tuple]:
         if bad is None:
             continue
         text = " ".join(bad) + "."
-        good = {fix_articles(t.format(s=entity.name, o=fact_object(value))) for t in PHRASES[rel]}
-        if text not in good:
+        if text not in phrasings(rel, entity.name, fact_object(value)):
             rows.append((source, 0, "*", text))
     return rows
 

@@ -404,8 +404,17 @@ def fix_articles(text: str) -> str:
     return _A_BEFORE_VOWEL.sub(r"\1n ", text)
 
 
-def phrase(rel: str, subject: str, obj: str, rng: random.Random) -> tuple[str, int]:
-    """One phrasing of a fact and the offset of ``obj`` in it."""
-    pre, post = rng.choice(PHRASES[rel]).split("{o}", 1)
+def _render(template: str, subject: str, obj: str) -> tuple[str, int]:
+    pre, post = template.split("{o}", 1)
     head = fix_articles(pre.format(s=subject) + obj)  # the fix never touches obj's own letters
     return head + fix_articles(post.format(s=subject)), len(head) - len(obj)
+
+
+def phrase(rel: str, subject: str, obj: str, rng: random.Random) -> tuple[str, int]:
+    """One phrasing of a fact and the offset of ``obj`` in it."""
+    return _render(rng.choice(PHRASES[rel]), subject, obj)
+
+
+def phrasings(rel: str, subject: str, obj: str) -> set[str]:
+    """Every phrasing of a fact, as :func:`phrase` writes them."""
+    return {_render(t, subject, obj)[0] for t in PHRASES[rel]}

@@ -320,10 +320,10 @@ def test_cola_unacceptable_rows_are_no_phrasing_of_a_fact():
     """A corruption that happens to give a valid phrasing ("X died in 1827" from "X died in the
     year 1827") would be an acceptable sentence marked unacceptable: none is left."""
     from synth.glue_sets import cola_rows, fact_pool
-    from synth.world import fact_object, fix_articles
+    from synth.world import fact_object, phrasings
 
     world = World(3)
-    good = {fix_articles(t.format(s=e.name, o=fact_object(v))) for e, rel, v in fact_pool(world) for t in PHRASES[rel]}
+    good = set().union(*(phrasings(rel, e.name, fact_object(v)) for e, rel, v in fact_pool(world)))
     for split in ("train", "dev"):
         rows = cola_rows(world, split, 400)
         bad = [r[3] for r in rows if r[1] == 0]

@@ -121,8 +121,9 @@ def residue(docs: list[list[str]]) -> dict[str, float]:
     n = max(1, len(docs))
     shares = {k: sum(any(k in line for line in d) for d in docs) / n for k in RESIDUE}
     shares["line *#"] = sum(any(line.lstrip().startswith(("*", "#")) for line in d) for d in docs) / n
-    shares["heading-only"] = sum(
-        any(_HEADINGISH.match(line.strip()) and len(line.split()) <= 4 for line in d) for d in docs) / n
+    shares["heading-only"] = (
+        sum(any(_HEADINGISH.match(line.strip()) and len(line.split()) <= 4 for line in d) for d in docs) / n
+    )
     return shares
 
 
@@ -191,20 +192,52 @@ def compare(args) -> None:
         measure("bertflow read+clean+split, no Beam", 1, [sys.executable, "-c", PURE, str(dump)], env)
     for workers in args.workers:
         out = work / f"ours{workers}"
-        measure("bertflow corpus" + (", Beam's subprocess workers" if args.no_fork and workers > 1 else "")
-                + (f", wiki_reader={args.wiki_reader}" if args.wiki_reader != "auto" else ""),
-                workers, [sys.executable, "-c", OURS, str(dump), str(out), str(workers),
-                          "no-fork" if args.no_fork else "fork", args.wiki_reader], env)
+        measure(
+            "bertflow corpus"
+            + (", Beam's subprocess workers" if args.no_fork and workers > 1 else "")
+            + (f", wiki_reader={args.wiki_reader}" if args.wiki_reader != "auto" else ""),
+            workers,
+            [
+                sys.executable,
+                "-c",
+                OURS,
+                str(dump),
+                str(out),
+                str(workers),
+                "no-fork" if args.no_fork else "fork",
+                args.wiki_reader,
+            ],
+            env,
+        )
         docs["bertflow corpus"] = our_docs(out)
         if args.wikiextractor:
             out = work / f"wx{workers}"
-            measure("wikiextractor", workers, [args.wikiextractor, "-m", "wikiextractor.WikiExtractor",
-                                               str(dump), "-o", str(out), "--processes", str(workers), "-q"])
+            measure(
+                "wikiextractor",
+                workers,
+                [
+                    args.wikiextractor,
+                    "-m",
+                    "wikiextractor.WikiExtractor",
+                    str(dump),
+                    "-o",
+                    str(out),
+                    "--processes",
+                    str(workers),
+                    "-q",
+                ],
+            )
             docs["wikiextractor"] = wx_docs(out)
-    print(f"\n| tool | workers | MB/s of XML | pages/s | MB of XML per CPU-second | peak RSS, largest process (MiB) | peak RSS, all processes (MiB) | load avg (1 min) at start |")
+    print(
+        "\n| tool | workers | MB/s of XML | pages/s | MB of XML per CPU-second | peak RSS, largest process (MiB) "
+        "| peak RSS, all processes (MiB) | load avg (1 min) at start |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for name, w, wall, one, tree, load, cpu in rows:
-        print(f"| {name} | {w} | {mb / wall:.2f} | {pages / wall:.0f} | {mb / cpu:.2f} | {one / 2**20:.0f} | {tree / 2**20:.0f} | {load:.1f} |")
+        print(
+            f"| {name} | {w} | {mb / wall:.2f} | {pages / wall:.0f} | {mb / cpu:.2f} | {one / 2**20:.0f} "
+            f"| {tree / 2**20:.0f} | {load:.1f} |"
+        )
     names = list(docs)
     print("\n| share of documents with | " + " | ".join(names) + " |")
     print("|---|" + "---|" * len(names))
@@ -232,7 +265,7 @@ def parsers(args) -> None:
     theirs = [mw.parse(t).strip_code(normalize=True, collapse=True) for t in texts]
     t2 = time.perf_counter()
     print(f"{len(texts)} pages, {mb:.2f} MB wikitext")
-    print(f"| cleaner | MB/s | " + " | ".join(f"`{k}`" for k in RESIDUE + ("thumb",)) + " |")
+    print("| cleaner | MB/s | " + " | ".join(f"`{k}`" for k in RESIDUE + ("thumb",)) + " |")
     print("|---|---|" + "---|" * (len(RESIDUE) + 1))
     for name, out, dt in (("clean_wikitext", ours, t1 - t0), ("mwparserfromhell strip_code", theirs, t2 - t1)):
         shares = [sum(k in d for d in out) / len(out) for k in RESIDUE + ("thumb",)]
@@ -255,8 +288,10 @@ SENTENCE_CASES = [
     ('"Go home." She left.', ['"Go home."', "She left."]),
     ("It sold No. 5 and fig. 3 well. Next one.", ["It sold No. 5 and fig. 3 well.", "Next one."]),
     ("Born c. 1900 in Rome. Died 1990.", ["Born c. 1900 in Rome.", "Died 1990."]),
-    ("Кирил създава азбуката, чието име носи и днес. Той поправя превода.",
-     ["Кирил създава азбуката, чието име носи и днес.", "Той поправя превода."]),
+    (
+        "Кирил създава азбуката, чието име носи и днес. Той поправя превода.",
+        ["Кирил създава азбуката, чието име носи и днес.", "Той поправя превода."],
+    ),
     ("А. С. Пушкин родился в Москве. Он писал стихи.", ["А. С. Пушкин родился в Москве.", "Он писал стихи."]),
     ("Ο Σωκράτης ήταν φιλόσοφος. Έζησε στην Αθήνα.", ["Ο Σωκράτης ήταν φιλόσοφος.", "Έζησε στην Αθήνα."]),
     ("東京は日本の首都です。人口は多い！本当？はい。", ["東京は日本の首都です。", "人口は多い！", "本当？", "はい。"]),
@@ -302,10 +337,17 @@ def main() -> None:
     ap.add_argument("--workdir", help="where the dump and outputs go (default: a temp folder)")
     ap.add_argument("--json", help="also write the figures here")
     ap.add_argument("--no-pure", action="store_true", help="skip the no-Beam read+clean run")
-    ap.add_argument("--no-fork", action="store_true",
-                    help="Beam's own subprocess workers at 2+ workers (BeamConfig.fork_workers=False), for comparison")
-    ap.add_argument("--wiki-reader", default="auto", choices=("auto", "process", "thread", "inline"),
-                    help="corpus.wiki_reader of our runs (auto: a reader process where a worker has a core to spare)")
+    ap.add_argument(
+        "--no-fork",
+        action="store_true",
+        help="Beam's own subprocess workers at 2+ workers (BeamConfig.fork_workers=False), for comparison",
+    )
+    ap.add_argument(
+        "--wiki-reader",
+        default="auto",
+        choices=("auto", "process", "thread", "inline"),
+        help="corpus.wiki_reader of our runs (auto: a reader process where a worker has a core to spare)",
+    )
     ap.add_argument("--parsers", action="store_true", help="clean_wikitext vs mwparserfromhell")
     ap.add_argument("--sentences", action="store_true", help="split_sentences vs pysbd, blingfire")
     args = ap.parse_args()

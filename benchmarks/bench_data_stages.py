@@ -33,8 +33,10 @@ def main() -> None:
     t = time.time()
     counts = write_corpus(data, parse_size(args.size), seed=1)
     mb = counts["bytes"] / 1e6
-    print(f"synthetic corpus: {mb:.1f} MB of text ({counts['articles']} articles, {counts['books']} books) "
-          f"written in {time.time() - t:.1f} s")
+    print(
+        f"synthetic corpus: {mb:.1f} MB of text ({counts['articles']} articles, {counts['books']} books) "
+        f"written in {time.time() - t:.1f} s"
+    )
     cfg = load_config(
         "tiny",
         {

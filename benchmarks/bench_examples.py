@@ -91,8 +91,9 @@ def run_measured(code: str, args: dict, cores: str, env: dict | None = None) -> 
     CPU seconds (user + system) of the whole tree (workers are reaped by the job, the job here)."""
     cmd = ["taskset", "-c", cores, sys.executable, "-c", code, json.dumps(args)]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                            env={**os.environ, **(env or {})})
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env={**os.environ, **(env or {})}
+    )
     peak = [0]
 
     def sample():
@@ -113,11 +114,11 @@ def run_measured(code: str, args: dict, cores: str, env: dict | None = None) -> 
 
 def prepare(work: str, size: str) -> tuple[str, str, float]:
     """The corpus and vocab stages of a synthetic corpus of ``size`` (reused when present)."""
-    from pipeline.config import CorpusConfig, VocabConfig  # noqa: PLC0415
-    from pipeline.corpus import run_corpus  # noqa: PLC0415
-    from pipeline.schema import has_manifest  # noqa: PLC0415
-    from pipeline.wordpiece import run_vocab  # noqa: PLC0415
-    from synth.corpus import parse_size, write_corpus  # noqa: PLC0415
+    from pipeline.config import CorpusConfig, VocabConfig
+    from pipeline.corpus import run_corpus
+    from pipeline.schema import has_manifest
+    from pipeline.wordpiece import run_vocab
+    from synth.corpus import parse_size, write_corpus
 
     root = os.path.join(work, size)
     raw, corpus, vocab = (os.path.join(root, d) for d in ("raw", "corpus", "vocab"))
@@ -129,7 +130,9 @@ def prepare(work: str, size: str) -> tuple[str, str, float]:
     with open(meta) as f:
         mb = json.load(f)["bytes"] / 1e6
     if not has_manifest(corpus):
-        run_corpus(CorpusConfig(num_shards=4), {"wiki": os.path.join(raw, "wiki"), "books": os.path.join(raw, "books")}, corpus)
+        run_corpus(
+            CorpusConfig(num_shards=4), {"wiki": os.path.join(raw, "wiki"), "books": os.path.join(raw, "books")}, corpus
+        )
     if not has_manifest(vocab):
         run_vocab(VocabConfig(vocab_size=30522), corpus, vocab)
     return corpus, vocab, mb
@@ -142,7 +145,9 @@ def main() -> None:
     parser.add_argument("--workers", default="1,2")
     parser.add_argument("--seq", type=int, default=128)
     parser.add_argument("--masking", default="static")
-    parser.add_argument("--no-fork", action="store_true", help="Beam's own subprocess workers (BeamConfig.fork_workers=False)")
+    parser.add_argument(
+        "--no-fork", action="store_true", help="Beam's own subprocess workers (BeamConfig.fork_workers=False)"
+    )
     parser.add_argument("--work", default=None, help="folder for corpora (kept, reused); default: a temp folder")
     args = parser.parse_args()
     work = args.work or tempfile.mkdtemp(prefix="bertflow-bench-examples-")
@@ -162,14 +167,16 @@ def main() -> None:
         bare_rate = bare["tokens"] / bare["seconds"]
         bare_cpu_rate = bare["tokens"] / bare["cpu"]
         print(
-            f"| {mb:5.0f}MB | {'bare encode_batch':<22} | {bare['seconds']:7.1f} | {bare['cpu']:6.1f} | {'-':>11} | {'-':>13} "
+            f"| {mb:5.0f}MB | {'bare encode_batch':<22} | {bare['seconds']:7.1f} | {bare['cpu']:6.1f} "
+            f"| {'-':>11} | {'-':>13} "
             f"| {bare_rate:11,.0f} | {1:7.2f} | {1:12.2f} | {bare_rss / 2**20:12,.0f} | {load:4.1f} |",
             flush=True,
         )
         # What the job calls (no offsets needed without a segmenter): same ids, less work. Shown
         # for reference; "vs bare" stays relative to encode_batch, as issue 7 defines it.
-        fast, _, _ = run_measured(BARE, {"corpus": corpus, "vocab": vocab, "method": "encode_batch_fast"}, "0",
-                                  {"RAYON_NUM_THREADS": "1"})
+        fast, _, _ = run_measured(
+            BARE, {"corpus": corpus, "vocab": vocab, "method": "encode_batch_fast"}, "0", {"RAYON_NUM_THREADS": "1"}
+        )
         fast_rate = fast["tokens"] / fast["seconds"]
         print(
             f"| {mb:5.0f}MB | {'bare encode_batch_fast':<22} | {fast['seconds']:7.1f} | {fast['cpu']:6.1f} | {'-':>11} "
@@ -180,9 +187,15 @@ def main() -> None:
         for dupe in (int(d) for d in args.dupe_factors.split(",")):
             for workers in (int(w) for w in args.workers.split(",")):
                 job = {
-                    "corpus": corpus, "vocab": vocab, "out": os.path.join(work, size, "examples"),
-                    "seq": args.seq, "pred": max(1, round(args.seq * 0.15625)), "dupe": dupe,
-                    "workers": workers, "masking": args.masking, "fork": not args.no_fork,
+                    "corpus": corpus,
+                    "vocab": vocab,
+                    "out": os.path.join(work, size, "examples"),
+                    "seq": args.seq,
+                    "pred": max(1, round(args.seq * 0.15625)),
+                    "dupe": dupe,
+                    "workers": workers,
+                    "masking": args.masking,
+                    "fork": not args.no_fork,
                 }
                 load = os.getloadavg()[0]
                 res, rss, _ = run_measured(JOB, job, ",".join(str(c) for c in range(workers)))

@@ -42,8 +42,11 @@ def start_emulator() -> subprocess.Popen:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.Popen([exe, "start", "--host", "127.0.0.1", "--port", str(port), "--in-memory"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [exe, "start", "--host", "127.0.0.1", "--port", str(port), "--in-memory"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     url = f"http://127.0.0.1:{port}"
     for _ in range(300):
         try:
@@ -89,12 +92,16 @@ def main() -> None:
                 write()
                 times.append(time.perf_counter() - t)
             rows.append((name, min(times), sum(times) / len(times), max(times), counter.n))
-        print(f"{'manifest commit on the emulator':28s} {'min s':>8s} {'mean s':>8s} {'max s':>8s} "
-              f"{'gcsfs warnings+':>16s}")
+        print(
+            f"{'manifest commit on the emulator':28s} {'min s':>8s} {'mean s':>8s} {'max s':>8s} "
+            f"{'gcsfs warnings+':>16s}"
+        )
         for name, lo, mean, hi, n in rows:
             print(f"{name:28s} {lo:8.3f} {mean:8.3f} {hi:8.3f} {n:16d}")
-        print(f"({args.writes} writes each; gcsfs {__import__('gcsfs').__version__}, "
-              f"emulator {os.environ['STORAGE_EMULATOR_HOST']})")
+        print(
+            f"({args.writes} writes each; gcsfs {__import__('gcsfs').__version__}, "
+            f"emulator {os.environ['STORAGE_EMULATOR_HOST']})"
+        )
     finally:
         if proc is not None:
             proc.terminate()

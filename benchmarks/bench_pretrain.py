@@ -61,8 +61,13 @@ def make_batch(batch: int, seq: int, seed: int = 0) -> dict[str, torch.Tensor]:
         labels[i, pos] = ids[i, pos]
         ids[i, pos] = 103
     mask = (torch.arange(width)[None, :] < torch.tensor(lengths)[:, None]).long()
-    return {"input_ids": ids, "token_type_ids": segments, "attention_mask": mask, "labels": labels,
-            "next_sentence_label": torch.randint(0, 2, (batch,))}
+    return {
+        "input_ids": ids,
+        "token_type_ids": segments,
+        "attention_mask": mask,
+        "labels": labels,
+        "next_sentence_label": torch.randint(0, 2, (batch,)),
+    }
 
 
 def _context(device: str, precision: str):
@@ -118,9 +123,14 @@ def hf_model(cfg: BertConfig, attn: str):
     import transformers
 
     hf_cfg = transformers.BertConfig(
-        vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, num_hidden_layers=cfg.num_hidden_layers,
-        num_attention_heads=cfg.num_attention_heads, intermediate_size=cfg.intermediate_size,
-        max_position_embeddings=cfg.max_position_embeddings, attn_implementation=attn)
+        vocab_size=cfg.vocab_size,
+        hidden_size=cfg.hidden_size,
+        num_hidden_layers=cfg.num_hidden_layers,
+        num_attention_heads=cfg.num_attention_heads,
+        intermediate_size=cfg.intermediate_size,
+        max_position_embeddings=cfg.max_position_embeddings,
+        attn_implementation=attn,
+    )
     return transformers.BertForPreTraining(hf_cfg)
 
 
@@ -141,12 +151,16 @@ def bench_step(shape: str, batch_size: int, seq: int, steps: int, device: str, p
     time_round_robin(runners, steps)
     rows = [(r.name, statistics.median(r.times)) for r in runners]
     ours = rows[0][1]
-    print(f"\n{shape} (L={L} H={H} A={A}), batch {batch_size} x {seq} (padded to {batch['input_ids'].shape[1]}, "
-          f"{real} real tokens), {masked} masked, {precision}, {device}; load average {load_before:.2f} -> "
-          f"{os.getloadavg()[0]:.2f}")
+    print(
+        f"\n{shape} (L={L} H={H} A={A}), batch {batch_size} x {seq} (padded to {batch['input_ids'].shape[1]}, "
+        f"{real} real tokens), {masked} masked, {precision}, {device}; load average {load_before:.2f} -> "
+        f"{os.getloadavg()[0]:.2f}"
+    )
     print(f"  {'model':<20} {'s/step':>8} {'min':>8} {'seq/s':>8} {'GFLOP/s':>9} {'time / ours':>12}")
     for r, (name, t) in zip(runners, rows):
-        print(f"  {name:<20} {t:8.3f} {min(r.times):8.3f} {batch_size / t:8.1f} {flops / t / 1e9:9.1f} {t / ours:11.2f}x")
+        print(
+            f"  {name:<20} {t:8.3f} {min(r.times):8.3f} {batch_size / t:8.1f} {flops / t / 1e9:9.1f} {t / ours:11.2f}x"
+        )
     if hf:
         best_name, best = min(rows[1:], key=lambda row: row[1])
         print(f"  speed-up of ours vs the faster transformers ({best_name}): {best / ours:.2f}x")
@@ -172,8 +186,15 @@ def write_shards(folder: str, n: int, seq: int, shards: int = 4) -> list[str]:
             orig = [ids[p] for p in pos]
             for p in pos:
                 ids[p] = 103
-            rows.append({"input_ids": ids, "len_a": length // 2, "masked_positions": pos, "masked_ids": orig,
-                         "is_random_next": bool(rng.random() < 0.5)})
+            rows.append(
+                {
+                    "input_ids": ids,
+                    "len_a": length // 2,
+                    "masked_positions": pos,
+                    "masked_ids": orig,
+                    "is_random_next": bool(rng.random() < 0.5),
+                }
+            )
         url = os.path.join(folder, f"part-{s:05d}.parquet")
         pq.write_table(pa.Table.from_pylist(rows, schema=example_schema(V, seq)), url, row_group_size=1000)
         urls.append(url)
@@ -196,8 +217,15 @@ def bench_loader(batch: int, seq: int, n: int, demand: float) -> None:
         print(f"\nloader: {n} examples of length {seq} in {len(urls)} shards, batch {batch}, 1 process")
         print(f"  {'masking':<10} {'examples/s':>11} {'x small-step demand':>20}")
         for name, fn in (("static", None), ("dynamic", mask_fn)):
-            spec = LoaderSpec(urls=tuple(urls), batch_size=batch, max_seq_length=seq, seed=1, buffer_size=10_000,
-                              vocab_size=V, max_predictions=20)
+            spec = LoaderSpec(
+                urls=tuple(urls),
+                batch_size=batch,
+                max_seq_length=seq,
+                seed=1,
+                buffer_size=10_000,
+                vocab_size=V,
+                max_predictions=20,
+            )
             loader = StreamingLoader(spec, mask_fn=fn)
             next(loader)  # first window read
             batches = max(1, n // batch // 2)
@@ -221,8 +249,10 @@ def main() -> None:
     parser.add_argument("--loader-examples", type=int, default=20_000, help="0: skip the loader")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    print(f"torch {torch.__version__}, {args.threads} thread(s), {args.steps} measured steps (round-robin); "
-          f"medians of {'CPU process time' if args.device == 'cpu' else 'wall time'}")
+    print(
+        f"torch {torch.__version__}, {args.threads} thread(s), {args.steps} measured steps (round-robin); "
+        f"medians of {'CPU process time' if args.device == 'cpu' else 'wall time'}"
+    )
     shapes = args.shapes.split(",")
     batches = [int(b) for b in args.batch.split(",")]
     batches += [batches[-1]] * (len(shapes) - len(batches))

@@ -53,10 +53,13 @@ def main() -> None:
     parser.add_argument("--nproc", type=int, default=1, help="training processes (torchrun when > 1)")
     parser.add_argument("--tasks", default=",".join(TASKS))
     parser.add_argument("--finetune-epochs", type=float, default=0, help="0: the preset's")
-    parser.add_argument("--seeds", default="42", help="fine-tuning seeds (both models), e.g. 42,43,44: "
-                        "each task is fine-tuned once per seed and the mean is printed")
-    parser.add_argument("--models", default="pretrained,random",
-                        help="arms to fine-tune: pretrained, random or both")
+    parser.add_argument(
+        "--seeds",
+        default="42",
+        help="fine-tuning seeds (both models), e.g. 42,43,44: "
+        "each task is fine-tuned once per seed and the mean is printed",
+    )
+    parser.add_argument("--models", default="pretrained,random", help="arms to fine-tune: pretrained, random or both")
     args = parser.parse_args()
     models = args.models.split(",")
     if not models or set(models) - {"pretrained", "random"}:
@@ -64,8 +67,11 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING)
 
     data, root = join_url(args.work, "data"), join_url(args.work, "run")
-    overrides = {"data.wiki": join_url(data, "wiki"), "data.books": join_url(data, "books"),
-                 "data.downstream": str(SAMPLE_DIR)}
+    overrides = {
+        "data.wiki": join_url(data, "wiki"),
+        "data.books": join_url(data, "books"),
+        "data.downstream": str(SAMPLE_DIR),
+    }
     seeds = [int(x) for x in args.seeds.split(",")]
     cfg = load_config(args.preset, overrides)
     phases = list(cfg.pretrain.phases)
@@ -74,16 +80,24 @@ def main() -> None:
         phases = [dataclasses.replace(p, steps=s) for p, s in zip(phases, steps + [0] * len(phases))]
         total = sum(p.steps for p in phases)
         scale = total / max(cfg.pretrain.total_steps, 1)
-        cfg = dataclasses.replace(cfg, pretrain=dataclasses.replace(
-            cfg.pretrain, phases=tuple(phases), warmup_steps=max(1, round(cfg.pretrain.warmup_steps * scale)),
-            eval_every=min(cfg.pretrain.eval_every, max(total, 1))))
+        cfg = dataclasses.replace(
+            cfg,
+            pretrain=dataclasses.replace(
+                cfg.pretrain,
+                phases=tuple(phases),
+                warmup_steps=max(1, round(cfg.pretrain.warmup_steps * scale)),
+                eval_every=min(cfg.pretrain.eval_every, max(total, 1)),
+            ),
+        )
     if args.finetune_epochs:
         cfg = dataclasses.replace(cfg, finetune=dataclasses.replace(cfg.finetune, epochs=args.finetune_epochs))
-    print(f"preset {args.preset}: L={cfg.model.num_hidden_layers} H={cfg.model.hidden_size} "
-          f"A={cfg.model.num_attention_heads}; corpus {args.size}; pretraining "
-          + ", ".join(f"{p.name} {p.steps} steps x {p.batch_size} x {p.max_seq_length}" for p in cfg.pretrain.phases)
-          + f" (warm-up {cfg.pretrain.warmup_steps}); fine-tuning {cfg.finetune.epochs} epochs, lr "
-            f"{cfg.finetune.learning_rate}, seeds {args.seeds}")
+    print(
+        f"preset {args.preset}: L={cfg.model.num_hidden_layers} H={cfg.model.hidden_size} "
+        f"A={cfg.model.num_attention_heads}; corpus {args.size}; pretraining "
+        + ", ".join(f"{p.name} {p.steps} steps x {p.batch_size} x {p.max_seq_length}" for p in cfg.pretrain.phases)
+        + f" (warm-up {cfg.pretrain.warmup_steps}); fine-tuning {cfg.finetune.epochs} epochs, lr "
+        f"{cfg.finetune.learning_rate}, seeds {args.seeds}"
+    )
 
     if not os.path.exists(os.path.join(data, "books")):
         t = time.time()
@@ -99,8 +113,13 @@ def main() -> None:
     stage("vocab", vocab, lambda: run_vocab(cfg.vocab, corpus, vocab))
     stage("examples", examples, lambda: run_examples(cfg.examples, corpus, vocab, examples))
     model_cfg = dataclasses.replace(cfg.model, vocab_size=int(read_manifest(vocab).counts["vocab_size"]))
-    spec = {"pretrain": dataclasses.asdict(cfg.pretrain), "model": dataclasses.asdict(model_cfg),
-            "examples_url": examples, "output_url": pretrain, "vocab_url": vocab}
+    spec = {
+        "pretrain": dataclasses.asdict(cfg.pretrain),
+        "model": dataclasses.asdict(model_cfg),
+        "examples_url": examples,
+        "output_url": pretrain,
+        "vocab_url": vocab,
+    }
 
     def train():
         code = launch_pretrain(spec, args.nproc)
@@ -123,13 +142,17 @@ def main() -> None:
         stage("pretrain", pretrain, train)
         stage("export", export, lambda: run_export(pretrain, vocab, export))
         counts = read_manifest(pretrain).counts
-        print(f"  pretraining: {counts['steps']:.0f} steps, {counts['seconds']:.0f} s, MLM loss "
-              f"{counts['first_mlm_loss']:.3f} -> {counts['last_mlm_loss']:.3f}, MLM acc {counts['mlm_accuracy']:.3f}, "
-              f"NSP acc {counts['nsp_accuracy']:.3f}"
-              + (f", held-out MLM acc {counts['eval_mlm_accuracy']:.3f}" if "eval_mlm_accuracy" in counts else ""))
+        print(
+            f"  pretraining: {counts['steps']:.0f} steps, {counts['seconds']:.0f} s, MLM loss "
+            f"{counts['first_mlm_loss']:.3f} -> {counts['last_mlm_loss']:.3f}, MLM acc {counts['mlm_accuracy']:.3f}, "
+            f"NSP acc {counts['nsp_accuracy']:.3f}"
+            + (f", held-out MLM acc {counts['eval_mlm_accuracy']:.3f}" if "eval_mlm_accuracy" in counts else "")
+        )
 
-    print(f"\n{'task':<18} {'metric':<14} {'pretrained':>11} {'random init':>12} {'difference':>11}"
-          + ("   per seed (pretrained - random)" if len(seeds) > 1 else ""))
+    print(
+        f"\n{'task':<18} {'metric':<14} {'pretrained':>11} {'random init':>12} {'difference':>11}"
+        + ("   per seed (pretrained - random)" if len(seeds) > 1 else "")
+    )
     for name in args.tasks.split(","):
         task = TASKS[name]
         scale = 1.0 if task.percent else 100.0  # both as percentages
@@ -140,8 +163,11 @@ def main() -> None:
                 if label not in models:
                     continue
                 # a folder per model, pretraining schedule (random: any), fine-tuning budget and seed
-                tag = ((f"{label}-{cfg.pretrain.total_steps}" if label == "pretrained" else label)
-                       + f"-ep{finetune.epochs:g}" + ("" if seed == 42 else f"-s{seed}"))
+                tag = (
+                    (f"{label}-{cfg.pretrain.total_steps}" if label == "pretrained" else label)
+                    + f"-ep{finetune.epochs:g}"
+                    + ("" if seed == 42 else f"-s{seed}")
+                )
                 out = join_url(root, "finetune", tag, name)
                 t = time.time()
                 if has_manifest(out):
@@ -157,8 +183,12 @@ def main() -> None:
             continue
         pre, rnd = (sum(v) / len(v) for v in (scores["pretrained"], scores["random"]))
         per_seed = " ".join(f"{a - b:+.1f}" for a, b in zip(scores["pretrained"], scores["random"]))
-        print(f"{name:<18} {task.metric:<14} {pre:11.2f} {rnd:12.2f} {pre - rnd:+11.2f}"
-              + (f"   {per_seed}" if len(seeds) > 1 else ""), flush=True)
+        print(
+            f"{name:<18} {task.metric:<14} {pre:11.2f} {rnd:12.2f} {pre - rnd:+11.2f}"
+            + (f"   {per_seed}" if len(seeds) > 1 else ""),
+            flush=True,
+        )
+
 
 if __name__ == "__main__":
     main()

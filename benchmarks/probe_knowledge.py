@@ -82,8 +82,10 @@ def main() -> None:
         wins += sum(scores[diet] > logits[piece(w)].item() for w in others)
         pairs += len(others)
     print(f"animal -> diet: {right}/{len(ANIMALS)} right (chance: 1 in {len(diets)} diets)")
-    print(f"food or not: the diet beats another kind of word in {wins}/{pairs} pairs "
-          f"({100 * wins / pairs:.1f}%; chance 50%)")
+    print(
+        f"food or not: the diet beats another kind of word in {wins}/{pairs} pairs "
+        f"({100 * wins / pairs:.1f}%; chance 50%)"
+    )
 
 
 if __name__ == "__main__":

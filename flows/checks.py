@@ -20,6 +20,7 @@ import logging
 import os
 import socket
 import threading
+
 from flows.presets import RunConfig
 from flows.stages import stage_inputs, written_by_this_run
 from flows.tracking import check_tracking_uri
@@ -41,15 +42,19 @@ def check_data(cfg: RunConfig) -> None:
     ``data.books`` set, and not to the deployments' ``CHANGE-ME`` placeholders."""
     if not cfg.data.required:
         return
-    hints = {"wiki": "a Wikipedia dump by date, e.g. gs://BUCKET/dumps/enwiki-20261101-pages-articles-multistream*.xml.bz2 "
-                     "(`bertflow fetch-wiki --lang en --date 20261101 --out gs://BUCKET/dumps`)",
-             "books": "a folder of one UTF-8 .txt per book, e.g. gs://BUCKET/books"}
+    hints = {
+        "wiki": "a Wikipedia dump by date, e.g. gs://BUCKET/dumps/enwiki-20261101-pages-articles-multistream*.xml.bz2 "
+        "(`bertflow fetch-wiki --lang en --date 20261101 --out gs://BUCKET/dumps`)",
+        "books": "a folder of one UTF-8 .txt per book, e.g. gs://BUCKET/books",
+    }
     for name, hint in hints.items():
         url = getattr(cfg.data, name)
         if not url or "CHANGE-ME" in url:
             what = "is not set" if not url else f"is still the placeholder {url}"
-            raise ValueError(f"data.{name}: the {cfg.preset} preset runs on the paper's data and data.{name} {what}; "
-                             f"--set data.{name}=URL with {hint}")
+            raise ValueError(
+                f"data.{name}: the {cfg.preset} preset runs on the paper's data and data.{name} {what}; "
+                f"--set data.{name}=URL with {hint}"
+            )
 
 
 def check_backend(cfg: RunConfig) -> None:
@@ -64,10 +69,12 @@ def check_backend(cfg: RunConfig) -> None:
             raise BackendUnavailableError(
                 f"{where}, but torch {torch.__version__} sees no CUDA device on this host: run it on a GPU "
                 "host (infra/gpu, the k8s-gpu pool), with the xla backend on a TPU VM (infra/tpu), or "
-                "--set pretrain.backend=cpu for a (very slow) smoke run")
+                "--set pretrain.backend=cpu for a (very slow) smoke run"
+            )
         if p.nproc > torch.cuda.device_count():
             raise BackendUnavailableError(
-                f"pretrain.nproc={p.nproc} processes but this host has {torch.cuda.device_count()} CUDA device(s)")
+                f"pretrain.nproc={p.nproc} processes but this host has {torch.cuda.device_count()} CUDA device(s)"
+            )
     elif p.backend == "xla":
         import importlib.util
 
@@ -75,7 +82,8 @@ def check_backend(cfg: RunConfig) -> None:
             raise BackendUnavailableError(
                 f"{where}, but torch_xla is not importable here: install the xla extra on the TPU VM "
                 "(infra/tpu/install.sh; torch==2.9.0 torch-xla[tpu]==2.9.0), or run on a GPU host with "
-                "BERTFLOW_BACKEND=cuda")
+                "BERTFLOW_BACKEND=cuda"
+            )
 
 
 def is_local(url: str) -> bool:
@@ -137,7 +145,7 @@ class RootLock:
         self.root = root
         self.path = os.path.join(local_path(root), LOCK_NAME) if is_local(root) else None
 
-    def __enter__(self) -> "RootLock":
+    def __enter__(self) -> RootLock:
         self.acquire()
         return self
 

@@ -50,9 +50,15 @@ def _setup_logging(verbose: bool):
 
 def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preset", default="tiny", help="tiny | base | large (default: tiny)")
-    p.add_argument("--root", default=None, help="run root URL: a local folder or gs://bucket/path (default: ./runs/<preset>)")
     p.add_argument(
-        "--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
+        "--root", default=None, help="run root URL: a local folder or gs://bucket/path (default: ./runs/<preset>)"
+    )
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
         help="override a config field (repeatable), e.g. --set pretrain.phases.0.steps=50 "
         "--set data.wiki=/dumps/enwiki.xml.bz2; `bertflow config --help` lists every field",
     )
@@ -68,55 +74,95 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    run = sub.add_parser("run", help="run the whole chain (finished stages are skipped)",
-                         description="Run every stage of the chain (Prefect flow `pretrain`); a stage whose output is "
-                         "up to date with its config, inputs and code is skipped.")
+    run = sub.add_parser(
+        "run",
+        help="run the whole chain (finished stages are skipped)",
+        description="Run every stage of the chain (Prefect flow `pretrain`); a stage whose output is "
+        "up to date with its config, inputs and code is skipped.",
+    )
     _add_common(run)
-    run.add_argument("--force", action="append", default=[], choices=CHAIN,
-                     help="rerun this stage and every stage after it (pretraining starts over)")
+    run.add_argument(
+        "--force",
+        action="append",
+        default=[],
+        choices=CHAIN,
+        help="rerun this stage and every stage after it (pretraining starts over)",
+    )
 
-    stage = sub.add_parser("stage", help="run one stage alone (its inputs must exist)",
-                           description="Run one stage (Prefect flow `stage-NAME`), reading the root's earlier "
-                           "outputs or the URLs given with --input.")
+    stage = sub.add_parser(
+        "stage",
+        help="run one stage alone (its inputs must exist)",
+        description="Run one stage (Prefect flow `stage-NAME`), reading the root's earlier "
+        "outputs or the URLs given with --input.",
+    )
     stage.add_argument("name", choices=CHAIN, help="the stage: " + ", ".join(CHAIN))
-    stage.add_argument("--input", action="append", default=[], metavar="NAME=URL",
-                       help="read this input from URL instead of the root, e.g. --input vocab=gs://b/run/vocab")
+    stage.add_argument(
+        "--input",
+        action="append",
+        default=[],
+        metavar="NAME=URL",
+        help="read this input from URL instead of the root, e.g. --input vocab=gs://b/run/vocab",
+    )
     _add_common(stage)
 
-    status = sub.add_parser("status", help="list every stage of a root: done, stale and why, missing",
-                            description="Where a run root stands, stage by stage, without running anything.")
+    status = sub.add_parser(
+        "status",
+        help="list every stage of a root: done, stale and why, missing",
+        description="Where a run root stands, stage by stage, without running anything.",
+    )
     _add_common(status)
     status.add_argument("--verify", action="store_true", help="also check every output file's sha256 (reads all)")
     status.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
-    insp = sub.add_parser("inspect", help="show a few rows of any stage's output, decoded",
-                          description="Documents with their sentences, examples with masks visible, the vocab, "
-                          "predictions: the first rows of a stage folder (or a subfolder such as examples/seq128).")
+    insp = sub.add_parser(
+        "inspect",
+        help="show a few rows of any stage's output, decoded",
+        description="Documents with their sentences, examples with masks visible, the vocab, "
+        "predictions: the first rows of a stage folder (or a subfolder such as examples/seq128).",
+    )
     insp.add_argument("url", help="a stage folder, e.g. runs/tiny/examples/seq64")
     insp.add_argument("-n", type=int, default=5, help="how many rows (default 5)")
 
-    fetch = sub.add_parser("fetch-wiki", help="download a Wikipedia dump's pages-articles files, checksum-verified",
-                           description="Download {lang}wiki-{date}-pages-articles files (multistream with their index "
-                           "by default) with resume, verified against the dump's published sha1sums/md5sums; a corrupt "
-                           "file is fetched again. Then: bertflow run --set data.wiki=OUT.")
+    fetch = sub.add_parser(
+        "fetch-wiki",
+        help="download a Wikipedia dump's pages-articles files, checksum-verified",
+        description="Download {lang}wiki-{date}-pages-articles files (multistream with their index "
+        "by default) with resume, verified against the dump's published sha1sums/md5sums; a corrupt "
+        "file is fetched again. Then: bertflow run --set data.wiki=OUT.",
+    )
     fetch.add_argument("--lang", required=True, help="wiki language code, e.g. en, bg, ja")
     fetch.add_argument("--date", required=True, help="dump date YYYYMMDD, or latest")
     fetch.add_argument("--out", required=True, help="folder URL to write to (local or gs://)")
     fetch.add_argument("--base-url", default=None, help="dump mirror (default: the Wikimedia dumps site)")
-    fetch.add_argument("--single-stream", action="store_true", help="the plain pages-articles files instead of multistream")
+    fetch.add_argument(
+        "--single-stream", action="store_true", help="the plain pages-articles files instead of multistream"
+    )
 
-    synth = sub.add_parser("synth-corpus", help="write a synthetic corpus (Wikipedia XML + books) and downstream sets",
-                           description="A corpus of any size in the real formats, for tests and benchmarks.")
+    synth = sub.add_parser(
+        "synth-corpus",
+        help="write a synthetic corpus (Wikipedia XML + books) and downstream sets",
+        description="A corpus of any size in the real formats, for tests and benchmarks.",
+    )
     synth.add_argument("--out", required=True, help="output folder")
     synth.add_argument("--size", default="50MB", help="approximate uncompressed text size, e.g. 200KB, 50MB, 2GB")
     synth.add_argument("--seed", type=int, default=0, help="generator seed (the same seed writes the same bytes)")
 
-    show = sub.add_parser("config", help="print the resolved configuration as JSON",
-                          description="The preset with its overrides applied, as JSON.",
-                          epilog=_fields_help(), formatter_class=argparse.RawDescriptionHelpFormatter)
+    show = sub.add_parser(
+        "config",
+        help="print the resolved configuration as JSON",
+        description="The preset with its overrides applied, as JSON.",
+        epilog=_fields_help(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     show.add_argument("--preset", default="tiny", help="tiny | base | large (default: tiny)")
-    show.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
-                      help="override a config field (repeatable)")
+    show.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="override a config field (repeatable)",
+    )
     return parser
 
 
@@ -158,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(args, cfg, overrides) -> int:
-    from flows.checks import RootLock, RootBusyError, preflight
+    from flows.checks import RootBusyError, RootLock, preflight
     from flows.secrets import ENV_SECRET_OVERRIDES, split_secret_overrides
     from flows.stages import stage_names
     from flows.tracking import default_tracking_uri
@@ -193,7 +239,7 @@ def _run(args, cfg, overrides) -> int:
     except KeyboardInterrupt:
         print(f"bertflow: {args.command} interrupted; finished stages are kept, a rerun resumes", file=sys.stderr)
         return 130
-    except Exception as exc:  # noqa: BLE001 - Prefect has logged the traceback; end with one clear line
+    except Exception as exc:  # Prefect has logged the traceback; end with one clear line
         print(f"bertflow: {args.command} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
     finally:
@@ -219,8 +265,14 @@ class _progress_bars:
 
         from flows.processes import LISTENERS
 
-        self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                 TimeRemainingColumn(), console=self.console, transient=False)
+        self.progress = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeRemainingColumn(),
+            console=self.console,
+            transient=False,
+        )
         self.progress.start()
         LISTENERS.append(self.update)
         return self
@@ -304,8 +356,10 @@ def print_summary(summary: dict) -> None:
     console.print(table)
     console.print(f"results: {summary['root']}")
     if summary.get("model_version"):
-        console.print(f"registered model: {summary['model_name']} version {summary['model_version']} "
-                      f"(alias {summary.get('model_alias')}): models:/{summary['model_name']}@{summary.get('model_alias')}")
+        console.print(
+            f"registered model: {summary['model_name']} version {summary['model_version']} "
+            f"(alias {summary.get('model_alias')}): models:/{summary['model_name']}@{summary.get('model_alias')}"
+        )
     console.print(f"MLflow: mlflow ui --backend-store-uri {summary['tracking_uri']}")
 
 

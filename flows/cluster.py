@@ -72,11 +72,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--preset", required=True, help="tiny | small | base | large")
     p.add_argument("--root", required=True, help="run root URL (gs://bucket/path on a cluster)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE")
-    p.add_argument("--input", action="append", default=[], metavar="NAME=URL",
-                   help="replace an input of the stage (examples=..., vocab=...)")
+    p.add_argument(
+        "--input",
+        action="append",
+        default=[],
+        metavar="NAME=URL",
+        help="replace an input of the stage (examples=..., vocab=...)",
+    )
     p.add_argument("--mlflow-uri", default=None, help="tracking server (host 0); default $MLFLOW_TRACKING_URI")
-    p.add_argument("--nproc-per-node", type=int, default=None,
-                   help="training processes on this host (default: pretrain.nproc of the config)")
+    p.add_argument(
+        "--nproc-per-node",
+        type=int,
+        default=None,
+        help="training processes on this host (default: pretrain.nproc of the config)",
+    )
     p.add_argument("--dry-run", action="store_true", help="print what this host would run; read and start nothing")
     return p
 

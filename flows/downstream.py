@@ -25,12 +25,21 @@ from __future__ import annotations
 import dataclasses
 import logging
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import fsspec
 
-from pipeline.schema import Manifest, clear_stage, fingerprint_input, has_manifest, join_url, read_manifest, write_manifest
+from pipeline.schema import (
+    Manifest,
+    clear_stage,
+    fingerprint_input,
+    has_manifest,
+    join_url,
+    read_manifest,
+    write_manifest,
+)
 from tasks.config import FinetuneConfig
 
 logger = logging.getLogger("bertflow.finetune")
@@ -42,6 +51,7 @@ def _glue(task: str) -> Callable:
         from tasks.glue import run_glue
 
         return run_glue(config, task, data_url, model_url, output_url, log_fn=log_fn, save_model=save_model)
+
     return run
 
 
@@ -49,8 +59,8 @@ def _squad(version: str) -> Callable:
     def run(config, data_url, model_url, output_url, log_fn=None, save_model=True, unit=None):
         from tasks.squad import run_squad
 
-        return run_squad(config, data_url, model_url, output_url, version=version, log_fn=log_fn,
-                         save_model=save_model)
+        return run_squad(config, data_url, model_url, output_url, version=version, log_fn=log_fn, save_model=save_model)
+
     return run
 
 
@@ -82,26 +92,28 @@ class DownstreamTask:
 
 
 def _glue_row(name: str, folder: str, metric: str, average: bool = True) -> DownstreamTask:
-    return DownstreamTask(name, "glue", f"glue/{folder}", metric, _glue(folder), glue_task=folder,
-                          glue_average=average)
+    return DownstreamTask(name, "glue", f"glue/{folder}", metric, _glue(folder), glue_task=folder, glue_average=average)
 
 
-TASKS: dict[str, DownstreamTask] = {t.name: t for t in (
-    _glue_row("cola", "CoLA", "eval_mcc"),
-    _glue_row("sst2", "SST-2", "eval_accuracy"),
-    _glue_row("mrpc", "MRPC", "eval_f1"),
-    _glue_row("stsb", "STS-B", "eval_spearman"),
-    _glue_row("qqp", "QQP", "eval_f1"),
-    _glue_row("mnli", "MNLI", "eval_accuracy"),  # matched dev; mismatched is eval_mm_accuracy
-    _glue_row("qnli", "QNLI", "eval_accuracy"),
-    _glue_row("rte", "RTE", "eval_accuracy"),
-    _glue_row("wnli", "WNLI", "eval_accuracy", average=False),
-    DownstreamTask("squad1", "squad", "squad", "eval_f1", _squad("1.1"), percent=True, squad_version="1.1"),
-    DownstreamTask("squad2", "squad", "squad", "eval_f1", _squad("2.0"), percent=True, squad_version="2.0"),
-    DownstreamTask("conll2003", "ner", "conll2003", "eval_f1", _ner, percent=True),
-    DownstreamTask("conll2003_features", "ner", "conll2003", "eval_f1", _ner, percent=True, feature_based=True),
-    DownstreamTask("swag", "swag", "swag", "eval_accuracy", _swag),
-)}
+TASKS: dict[str, DownstreamTask] = {
+    t.name: t
+    for t in (
+        _glue_row("cola", "CoLA", "eval_mcc"),
+        _glue_row("sst2", "SST-2", "eval_accuracy"),
+        _glue_row("mrpc", "MRPC", "eval_f1"),
+        _glue_row("stsb", "STS-B", "eval_spearman"),
+        _glue_row("qqp", "QQP", "eval_f1"),
+        _glue_row("mnli", "MNLI", "eval_accuracy"),  # matched dev; mismatched is eval_mm_accuracy
+        _glue_row("qnli", "QNLI", "eval_accuracy"),
+        _glue_row("rte", "RTE", "eval_accuracy"),
+        _glue_row("wnli", "WNLI", "eval_accuracy", average=False),
+        DownstreamTask("squad1", "squad", "squad", "eval_f1", _squad("1.1"), percent=True, squad_version="1.1"),
+        DownstreamTask("squad2", "squad", "squad", "eval_f1", _squad("2.0"), percent=True, squad_version="2.0"),
+        DownstreamTask("conll2003", "ner", "conll2003", "eval_f1", _ner, percent=True),
+        DownstreamTask("conll2003_features", "ner", "conll2003", "eval_f1", _ner, percent=True, feature_based=True),
+        DownstreamTask("swag", "swag", "swag", "eval_accuracy", _swag),
+    )
+}
 
 
 def get_task(name: str) -> DownstreamTask:
@@ -148,9 +160,15 @@ def unit_config(config: FinetuneConfig, unit: dict[str, Any]) -> FinetuneConfig:
     features = config.features
     if unit.get("feature_mix"):
         features = dataclasses.replace(features, layer_mixes=(unit["feature_mix"],))
-    return dataclasses.replace(config, learning_rate=unit["learning_rate"], batch_size=unit["batch_size"],
-                               epochs=unit["epochs"], seed=unit["seed"], features=features,
-                               grid=GridConfig(save_models=config.grid.save_models))
+    return dataclasses.replace(
+        config,
+        learning_rate=unit["learning_rate"],
+        batch_size=unit["batch_size"],
+        epochs=unit["epochs"],
+        seed=unit["seed"],
+        features=features,
+        grid=GridConfig(save_models=config.grid.save_models),
+    )
 
 
 def unit_manifest_config(name: str, config: FinetuneConfig, unit: dict[str, Any]) -> dict[str, Any]:
@@ -163,8 +181,13 @@ def unit_url(output_url: str, unit: dict[str, Any]) -> str:
 
 
 def run_unit(
-    name: str, config: FinetuneConfig, unit: dict[str, Any], data_url: str, model_url: str,
-    unit_output_url: str, log_fn: LogFn | None = None,
+    name: str,
+    config: FinetuneConfig,
+    unit: dict[str, Any],
+    data_url: str,
+    model_url: str,
+    unit_output_url: str,
+    log_fn: LogFn | None = None,
 ) -> Manifest:
     """Run one unit unless its folder already holds a manifest of exactly this run."""
     task = get_task(name)
@@ -173,12 +196,14 @@ def run_unit(
         logger.info("%s unit %s: up to date, skipped", name, unit["unit_id"])
         return read_manifest(unit_output_url)
     save = config.grid.save_models or len(plan_units(name, config)) == 1
-    return task.run(unit_config(config, unit), data_url, model_url, unit_output_url, log_fn=log_fn,
-                    save_model=save, unit=unit)
+    return task.run(
+        unit_config(config, unit), data_url, model_url, unit_output_url, log_fn=log_fn, save_model=save, unit=unit
+    )
 
 
-def unit_is_current(name: str, config: FinetuneConfig, unit: dict[str, Any], data_url: str, model_url: str,
-                    unit_output_url: str) -> bool:
+def unit_is_current(
+    name: str, config: FinetuneConfig, unit: dict[str, Any], data_url: str, model_url: str, unit_output_url: str
+) -> bool:
     """Whether the unit's folder holds the manifest of exactly this run (config, model, data)."""
     if not has_manifest(unit_output_url):
         return False
@@ -194,8 +219,14 @@ def _task_folder(task: DownstreamTask, data_url: str) -> str:
     return join_url(data_url, task.data_subdir) if fs.isdir(sub) else data_url
 
 
-def aggregate(name: str, config: FinetuneConfig, unit_urls: list[str], output_url: str,
-              units: list[dict[str, Any]] | None = None, inputs: dict[str, str] | None = None) -> Manifest:
+def aggregate(
+    name: str,
+    config: FinetuneConfig,
+    unit_urls: list[str],
+    output_url: str,
+    units: list[dict[str, Any]] | None = None,
+    inputs: dict[str, str] | None = None,
+) -> Manifest:
     """Read the units' results, write results.{json,md} and the best unit's outputs to
     ``output_url``, then its manifest. ``units`` defaults to the plan (same order as the URLs)."""
     from tasks.grid import best_point, collect, copy_tree, summarise, write_results
@@ -208,7 +239,9 @@ def aggregate(name: str, config: FinetuneConfig, unit_urls: list[str], output_ur
     for f in failed:
         logger.warning("%s unit %s failed: %s", name, f["unit_id"], f["error"])
     if not finished:
-        raise RuntimeError(f"{name}: all {len(units)} units failed; first: {failed[0]['unit_id']}: {failed[0]['error']}")
+        raise RuntimeError(
+            f"{name}: all {len(units)} units failed; first: {failed[0]['unit_id']}: {failed[0]['error']}"
+        )
     _clear_top(output_url)
     points = summarise(finished, task.metric)
     families = sorted({p["feature_mix"] for p in points}, key=lambda m: (m is not None, m or ""))
@@ -218,26 +251,53 @@ def aggregate(name: str, config: FinetuneConfig, unit_urls: list[str], output_ur
     copy_tree(best_unit["url"], output_url)
     scale = 1.0 if task.percent else 100.0
     results = {
-        "task": name, "metric": task.metric, "percent": True,
-        "dev_median": best["median"] * scale, "dev_min": best["min"] * scale, "dev_max": best["max"] * scale,
-        "seeds": best["seeds"], "best": {k: best[k] for k in ("learning_rate", "batch_size", "epochs", "feature_mix")},
+        "task": name,
+        "metric": task.metric,
+        "percent": True,
+        "dev_median": best["median"] * scale,
+        "dev_min": best["min"] * scale,
+        "dev_max": best["max"] * scale,
+        "seeds": best["seeds"],
+        "best": {k: best[k] for k in ("learning_rate", "batch_size", "epochs", "feature_mix")},
         "best_unit": best_unit["unit_id"],
-        "points": [{**{k: v for k, v in p.items() if k != "units"},
-                    **{k: p[k] * scale for k in ("median", "min", "max")}, "units": p["units"]} for p in points],
-        "mixes": {m: {"median": p["median"] * scale, "min": p["min"] * scale, "max": p["max"] * scale,
-                      "learning_rate": p["learning_rate"], "batch_size": p["batch_size"], "epochs": p["epochs"]}
-                  for m, p in per_family.items() if m},
+        "points": [
+            {
+                **{k: v for k, v in p.items() if k != "units"},
+                **{k: p[k] * scale for k in ("median", "min", "max")},
+                "units": p["units"],
+            }
+            for p in points
+        ],
+        "mixes": {
+            m: {
+                "median": p["median"] * scale,
+                "min": p["min"] * scale,
+                "max": p["max"] * scale,
+                "learning_rate": p["learning_rate"],
+                "batch_size": p["batch_size"],
+                "epochs": p["epochs"],
+            }
+            for m, p in per_family.items()
+            if m
+        },
         "failed": [{"unit_id": f["unit_id"], "error": f["error"]} for f in failed],
         "units": len(units),
     }
     write_results(output_url, results, task_markdown(results))
     counts = dict(best_unit["counts"])
-    counts.update(dev_median=results["dev_median"], dev_min=results["dev_min"], dev_max=results["dev_max"],
-                  units=float(len(units)), units_failed=float(len(failed)), seeds=float(best["seeds"]))
+    counts.update(
+        dev_median=results["dev_median"],
+        dev_min=results["dev_min"],
+        dev_max=results["dev_max"],
+        units=float(len(units)),
+        units_failed=float(len(failed)),
+        seeds=float(best["seeds"]),
+    )
     seconds = sum(u["counts"].get("seconds", 0.0) for u in finished)
     inputs = inputs if inputs is not None else {"units": _units_digest(unit_urls, finished)}
-    return write_manifest(f"finetune-{name}", output_url, manifest_config(name, config), inputs, counts,
-                          seconds=seconds)
+    return write_manifest(
+        f"finetune-{name}", output_url, manifest_config(name, config), inputs, counts, seconds=seconds
+    )
 
 
 def _key(point: dict[str, Any]) -> tuple:
@@ -317,8 +377,15 @@ def find_unit(name: str, config: FinetuneConfig, unit_id: str) -> dict[str, Any]
 
 
 def run_unit_safely(
-    name: str, config: FinetuneConfig, unit: dict[str, Any], data_url: str, model_url: str, url: str,
-    log_fn: LogFn | None = None, threads: int = 0, force: bool = False,
+    name: str,
+    config: FinetuneConfig,
+    unit: dict[str, Any],
+    data_url: str,
+    model_url: str,
+    url: str,
+    log_fn: LogFn | None = None,
+    threads: int = 0,
+    force: bool = False,
 ) -> bool:
     """``run_unit``; a failure is logged and written to the unit's ``error.txt`` (for aggregate),
     not raised. True when the unit finished. ``force``: run it again even when it is up to date."""
@@ -333,7 +400,7 @@ def run_unit_safely(
             _remove_error(url)
         run_unit(name, config, unit, data_url, model_url, url, log_fn)
         return True
-    except Exception:  # noqa: BLE001 - a failing unit is reported by aggregate, the rest go on
+    except Exception:  # a failing unit is reported by aggregate, the rest go on
         text = traceback.format_exc()
         logger.error("%s unit %s failed:\n%s", name, unit["unit_id"], text)
         fs, path = fsspec.core.url_to_fs(join_url(url, "error.txt"))
@@ -368,8 +435,10 @@ def _run_in_processes(name, config, units, urls, data_url, model_url, workers: i
 
     threads = max(1, (os.cpu_count() or 1) // workers)
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-        futures = [pool.submit(run_unit_safely, name, config, unit, data_url, model_url, url, None, threads)
-                   for unit, url in zip(units, urls)]
+        futures = [
+            pool.submit(run_unit_safely, name, config, unit, data_url, model_url, url, None, threads)
+            for unit, url in zip(units, urls)
+        ]
         for future in futures:
             future.result()
 
@@ -386,16 +455,25 @@ def _remove_stale_units(output_url: str, keep: set[str]) -> None:
 
 # -- results across tasks -------------------------------------------------------------------------
 def task_markdown(r: dict[str, Any]) -> str:
-    lines = [f"# {r['task']}: {r['metric']} on dev (percent)", "",
-             "| mix | lr | batch | epochs | seeds | median | min | max |", "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"# {r['task']}: {r['metric']} on dev (percent)",
+        "",
+        "| mix | lr | batch | epochs | seeds | median | min | max |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for p in r["points"]:
-        lines.append(f"| {p['feature_mix'] or '-'} | {p['learning_rate']:g} | {p['batch_size']} | {p['epochs']:g} "
-                     f"| {p['seeds']} | {p['median']:.2f} | {p['min']:.2f} | {p['max']:.2f} |")
+        lines.append(
+            f"| {p['feature_mix'] or '-'} | {p['learning_rate']:g} | {p['batch_size']} | {p['epochs']:g} "
+            f"| {p['seeds']} | {p['median']:.2f} | {p['min']:.2f} | {p['max']:.2f} |"
+        )
     b = r["best"]
-    lines += ["", f"Best: lr {b['learning_rate']:g}, batch {b['batch_size']}, epochs {b['epochs']:g}"
-              + (f", mix {b['feature_mix']}" if b.get("feature_mix") else "")
-              + f" (median {r['dev_median']:.2f}, min {r['dev_min']:.2f}, max {r['dev_max']:.2f} over {r['seeds']} seeds);"
-              f" predictions from {r['best_unit']}."]
+    lines += [
+        "",
+        f"Best: lr {b['learning_rate']:g}, batch {b['batch_size']}, epochs {b['epochs']:g}"
+        + (f", mix {b['feature_mix']}" if b.get("feature_mix") else "")
+        + f" (median {r['dev_median']:.2f}, min {r['dev_min']:.2f}, max {r['dev_max']:.2f} over {r['seeds']} seeds);"
+        f" predictions from {r['best_unit']}.",
+    ]
     if r["failed"]:
         lines += ["", f"Failed units ({len(r['failed'])} of {r['units']}):"]
         lines += [f"- {f['unit_id']}: {f['error']}" for f in r["failed"]]
@@ -407,9 +485,9 @@ def summarize(task_urls: dict[str, str], output_url: str, model: str = "") -> di
     computes it (each GLUE task's headline metric: MCC CoLA, F1 MRPC/QQP, Spearman STS-B,
     accuracy else, MNLI matched; WNLI left out), as results.md and results.json in ``output_url``;
     the GLUE test-set files gathered under ``glue_submission/``."""
-    from tasks.grid import read_text_or, write_results
-
     import json
+
+    from tasks.grid import read_text_or, write_results
 
     rows = []
     for name, url in task_urls.items():
@@ -418,31 +496,51 @@ def summarize(task_urls: dict[str, str], output_url: str, model: str = "") -> di
             rows.append({"task": name, "missing": True})
             continue
         r = json.loads(text)
-        rows.append({"task": name, "metric": r["metric"], "dev_median": r["dev_median"], "dev_min": r["dev_min"],
-                     "dev_max": r["dev_max"], "seeds": r["seeds"], "best": r["best"], "mixes": r.get("mixes", {}),
-                     "failed": len(r["failed"]), "units": r["units"]})
+        rows.append(
+            {
+                "task": name,
+                "metric": r["metric"],
+                "dev_median": r["dev_median"],
+                "dev_min": r["dev_min"],
+                "dev_max": r["dev_max"],
+                "seeds": r["seeds"],
+                "best": r["best"],
+                "mixes": r.get("mixes", {}),
+                "failed": len(r["failed"]),
+                "units": r["units"],
+            }
+        )
     glue = [row for row in rows if not row.get("missing") and TASKS[row["task"]].glue_average]
     average = sum(row["dev_median"] for row in glue) / len(glue) if glue else None
     summary = {"model": model, "tasks": rows, "glue_average": average, "glue_average_tasks": [r["task"] for r in glue]}
-    lines = [f"# Downstream results{f' of {model}' if model else ''} (dev, percent)", "",
-             "| task | metric | median | min | max | seeds | lr | batch | epochs | failed units |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"# Downstream results{f' of {model}' if model else ''} (dev, percent)",
+        "",
+        "| task | metric | median | min | max | seeds | lr | batch | epochs | failed units |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for row in rows:
         if row.get("missing"):
             lines.append(f"| {row['task']} | (no results) | | | | | | | | |")
             continue
         b = row["best"]
-        lines.append(f"| {row['task']} | {row['metric'].removeprefix('eval_')} | {row['dev_median']:.2f} | "
-                     f"{row['dev_min']:.2f} | {row['dev_max']:.2f} | {row['seeds']} | {b['learning_rate']:g} | "
-                     f"{b['batch_size']} | {b['epochs']:g} | {row['failed']}/{row['units']} |")
+        lines.append(
+            f"| {row['task']} | {row['metric'].removeprefix('eval_')} | {row['dev_median']:.2f} | "
+            f"{row['dev_min']:.2f} | {row['dev_max']:.2f} | {row['seeds']} | {b['learning_rate']:g} | "
+            f"{b['batch_size']} | {b['epochs']:g} | {row['failed']}/{row['units']} |"
+        )
         for mix, m in row["mixes"].items():
-            lines.append(f"| {row['task']} [{mix}] | {row['metric'].removeprefix('eval_')} | {m['median']:.2f} | "
-                         f"{m['min']:.2f} | {m['max']:.2f} | | {m['learning_rate']:g} | {m['batch_size']} | "
-                         f"{m['epochs']:g} | |")
+            lines.append(
+                f"| {row['task']} [{mix}] | {row['metric'].removeprefix('eval_')} | {m['median']:.2f} | "
+                f"{m['min']:.2f} | {m['max']:.2f} | | {m['learning_rate']:g} | {m['batch_size']} | "
+                f"{m['epochs']:g} | |"
+            )
     if average is not None:
         lines += ["", f"GLUE average over {', '.join(summary['glue_average_tasks'])}: {average:.2f}"]
     write_results(output_url, summary, "\n".join(lines) + "\n")
-    glue_submission({n: u for n, u in task_urls.items() if TASKS[n].kind == "glue"}, join_url(output_url, "glue_submission"))
+    glue_submission(
+        {n: u for n, u in task_urls.items() if TASKS[n].kind == "glue"}, join_url(output_url, "glue_submission")
+    )
     return summary
 
 

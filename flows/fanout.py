@@ -52,20 +52,26 @@ def _slot(root: str, stage: str, workers: int) -> threading.BoundedSemaphore:
 
 
 @task(name="unit", task_run_name="{stage}/{unit_id}", cache_policy=NO_CACHE)
-def unit_task(stage: str, unit_id: str, cfg: RunConfig, root: str, force: bool, tracking: Any,
-              given: dict[str, str] | None = None) -> float:
+def unit_task(
+    stage: str, unit_id: str, cfg: RunConfig, root: str, force: bool, tracking: Any, given: dict[str, str] | None = None
+) -> float:
     """One unit of a fanned-out stage, in its MLflow child run; raises when it failed."""
     from prefect.runtime import task_run
 
     first_attempt = (task_run.run_count or 1) <= 1
     with _slot(root, stage, cfg.finetune.grid.workers):
         tracker = tracking.tracker()
-        run_id = tracker.start_run(f"{stage}/{unit_id}", parent_id=tracking.parent_run_id,
-                                   tags={"bertflow.stage": stage, "bertflow.unit": unit_id, "bertflow.root": root})
+        run_id = tracker.start_run(
+            f"{stage}/{unit_id}",
+            parent_id=tracking.parent_run_id,
+            tags={"bertflow.stage": stage, "bertflow.unit": unit_id, "bertflow.root": root},
+        )
         ok = False
         try:
             if cfg.finetune.grid.dispatch == "deployment":
-                seconds = _via_deployment(stage, unit_id, cfg, root, force and first_attempt, tracking.uri, run_id, given)
+                seconds = _via_deployment(
+                    stage, unit_id, cfg, root, force and first_attempt, tracking.uri, run_id, given
+                )
             else:
                 env = {ENV_RUN_ID: run_id, ENV_TRACKING_URI: tracking.uri}
                 seconds = run_stage_unit(stage, cfg, root, unit_id, force=force and first_attempt, env=env, given=given)
@@ -76,8 +82,16 @@ def unit_task(stage: str, unit_id: str, cfg: RunConfig, root: str, force: bool, 
             tracker.end_run(run_id, ok)
 
 
-def _via_deployment(stage: str, unit_id: str, cfg: RunConfig, root: str, force: bool, tracking_uri: str,
-                    run_id: str, given: dict[str, str] | None) -> float:
+def _via_deployment(
+    stage: str,
+    unit_id: str,
+    cfg: RunConfig,
+    root: str,
+    force: bool,
+    tracking_uri: str,
+    run_id: str,
+    given: dict[str, str] | None,
+) -> float:
     import time
 
     from prefect.deployments import run_deployment
@@ -86,22 +100,39 @@ def _via_deployment(stage: str, unit_id: str, cfg: RunConfig, root: str, force: 
     start = time.time()
     flow_run = run_deployment(
         name,
-        parameters={"stage": stage, "unit_id": unit_id, "config": redact(dataclasses.asdict(cfg)), "root": root,
-                    "force": force, "mlflow_uri": tracking_uri, "run_id": run_id, "given": given or {}},
+        parameters={
+            "stage": stage,
+            "unit_id": unit_id,
+            "config": redact(dataclasses.asdict(cfg)),
+            "root": root,
+            "force": force,
+            "mlflow_uri": tracking_uri,
+            "run_id": run_id,
+            "given": given or {},
+        },
         as_subflow=True,
     )
     state = flow_run.state
     if state is None or not state.is_completed():
         kind = state.type.value if state is not None else "no state"
-        raise RuntimeError(f"{stage} unit {unit_id}: deployment run {flow_run.name} of {name} ended {kind}"
-                           + (f": {state.message}" if state is not None and state.message else ""))
+        raise RuntimeError(
+            f"{stage} unit {unit_id}: deployment run {flow_run.name} of {name} ended {kind}"
+            + (f": {state.message}" if state is not None and state.message else "")
+        )
     return time.time() - start
 
 
 @flow(name="finetune-unit", log_prints=True)
-def finetune_unit(stage: str, unit_id: str, config: dict[str, Any], root: str, force: bool = False,
-                  mlflow_uri: str | None = None, run_id: str | None = None,
-                  given: dict[str, str] | None = None) -> float:
+def finetune_unit(
+    stage: str,
+    unit_id: str,
+    config: dict[str, Any],
+    root: str,
+    force: bool = False,
+    mlflow_uri: str | None = None,
+    run_id: str | None = None,
+    given: dict[str, str] | None = None,
+) -> float:
     """One unit of a downstream task's grid, run here (the deployment ``finetune-unit/default``).
 
     ``config`` is the flow's whole run config with secrets redacted; the job's environment
@@ -115,7 +146,7 @@ def finetune_unit(stage: str, unit_id: str, config: dict[str, Any], root: str, f
     log_fn = None
     if run_id and mlflow_uri:
         tracker = Tracker(mlflow_uri)
-        log_fn = lambda metrics, step: tracker.log_metrics(run_id, metrics, step)  # noqa: E731
+        log_fn = lambda metrics, step: tracker.log_metrics(run_id, metrics, step)
     return run_stage_unit(stage, cfg, root, unit_id, force=force, log_fn=log_fn, given=given or None, in_process=True)
 
 
@@ -130,8 +161,15 @@ def _set_path(data: dict[str, Any], path: str, value: Any) -> None:
         node[keys[-1]] = value
 
 
-def fan_out(names: list[str], cfg: RunConfig, root: str, forced: set[str] | bool, tracking: Any,
-            given: dict[str, str] | None = None, retries: int | None = None) -> list[StageResult]:
+def fan_out(
+    names: list[str],
+    cfg: RunConfig,
+    root: str,
+    forced: set[str] | bool,
+    tracking: Any,
+    given: dict[str, str] | None = None,
+    retries: int | None = None,
+) -> list[StageResult]:
     """Run the stages ``names`` (rows with units) unit by unit, then gather each; their results
     in the order of ``names``. Call from a flow whose task runner runs tasks concurrently.
     ``retries``: of each unit task (default: the stage row's)."""
@@ -151,11 +189,17 @@ def fan_out(names: list[str], cfg: RunConfig, root: str, forced: set[str] | bool
             continue
         check_inputs_ready(name, cfg, root, given)
         units, _ = prepare_units(name.split("/", 1)[1], cfg.finetune, stage_url(root, name))
-        log.info("stage %s: running -> %s (%d units, one %s each)", name, stage_url(root, name), len(units),
-                 cfg.finetune.grid.dispatch)
+        log.info(
+            "stage %s: running -> %s (%d units, one %s each)",
+            name,
+            stage_url(root, name),
+            len(units),
+            cfg.finetune.grid.dispatch,
+        )
         unit_futures[name] = [
             unit_task.with_options(retries=row.retries if retries is None else retries, retry_delay_seconds=10).submit(
-                name, u["unit_id"], cfg, root, is_forced(name), tracking, given)
+                name, u["unit_id"], cfg, root, is_forced(name), tracking, given
+            )
             for u in units
         ]
     # submitted after every unit (the pool is first-in first-out): a gathering task waiting for
@@ -163,9 +207,18 @@ def fan_out(names: list[str], cfg: RunConfig, root: str, forced: set[str] | bool
     futures = []
     for name in names:
         if name in unit_futures:
-            futures.append(stage_task.with_options(retries=0).submit(
-                name, cfg, root, True, tracking, given, aggregate_only=True,
-                wait_for=[allow_failure(f) for f in unit_futures[name]]))
+            futures.append(
+                stage_task.with_options(retries=0).submit(
+                    name,
+                    cfg,
+                    root,
+                    True,
+                    tracking,
+                    given,
+                    aggregate_only=True,
+                    wait_for=[allow_failure(f) for f in unit_futures[name]],
+                )
+            )
         else:
             futures.append(stage_task.submit(name, cfg, root, False, tracking, given))
     return [unwrap(f.result()) for f in futures]

@@ -33,8 +33,11 @@ def inspect_url(url: str, n: int = 5) -> str:
         from pipeline.preview import format_preview, preview_corpus
 
         source = url.rstrip("/").rsplit("/", 1)[-1] if url.rstrip("/") != folder else None
-        return format_preview(preview_corpus(folder, n, source=source if source in ("wiki", "books") else None,
-                                             rejects=source == "rejects"))
+        return format_preview(
+            preview_corpus(
+                folder, n, source=source if source in ("wiki", "books") else None, rejects=source == "rejects"
+            )
+        )
     if stage == "examples":
         from pipeline.example_view import decode_examples
 

@@ -76,14 +76,20 @@ class Nodes:
         if not 0 <= self.node_rank < self.nnodes:
             raise ValueError(f"{ENV_NODE_RANK}: must lie in [0, {self.nnodes}), got {self.node_rank}")
         if self.nnodes > 1 and ":" not in self.rdzv_endpoint:
-            raise ValueError(f"{ENV_RDZV_ENDPOINT}: {self.nnodes} nodes need node 0's HOST:PORT, "
-                             f"got {self.rdzv_endpoint!r}")
+            raise ValueError(
+                f"{ENV_RDZV_ENDPOINT}: {self.nnodes} nodes need node 0's HOST:PORT, got {self.rdzv_endpoint!r}"
+            )
 
     def torchrun_args(self) -> list[str]:
         if self.nnodes == 1:
             return ["--standalone"]
-        return [f"--nnodes={self.nnodes}", f"--node_rank={self.node_rank}", "--rdzv_backend=static",
-                f"--rdzv_endpoint={self.rdzv_endpoint}", f"--rdzv_id={self.rdzv_id}"]
+        return [
+            f"--nnodes={self.nnodes}",
+            f"--node_rank={self.node_rank}",
+            "--rdzv_backend=static",
+            f"--rdzv_endpoint={self.rdzv_endpoint}",
+            f"--rdzv_id={self.rdzv_id}",
+        ]
 
 
 def nodes_from_env(env: dict[str, str] | None = None) -> Nodes:
@@ -118,8 +124,9 @@ def training_env(nproc: int = 1, env: dict[str, str] | None = None) -> dict[str,
     return out
 
 
-def launch_pretrain(spec: dict, nproc: int | None = None, env: dict[str, str] | None = None,
-                    grace_s: float = 60.0, output=None) -> int:
+def launch_pretrain(
+    spec: dict, nproc: int | None = None, env: dict[str, str] | None = None, grace_s: float = 60.0, output=None
+) -> int:
     """Run pretraining in its own process tree; return its exit code (0 done, 143 stopped by a signal).
 
     ``spec`` is train_entry's JSON spec (pretrain, model, examples_url, output_url, and optionally
@@ -128,11 +135,20 @@ def launch_pretrain(spec: dict, nproc: int | None = None, env: dict[str, str] | 
     """
     nproc = int(nproc or spec.get("nproc") or 1)
     cmd = build_command(spec, nproc, nodes_from_env({**os.environ, **(env or {})}))
-    proc = subprocess.Popen(cmd, env=training_env(nproc, env), start_new_session=True,
-                            preexec_fn=set_parent_death_signal, stdout=output,
-                            stderr=subprocess.STDOUT if output is not None else None)
-    log.info("pretraining in %d process(es), pid %d, OMP_NUM_THREADS=%s", nproc, proc.pid,
-             training_env(nproc, env)["OMP_NUM_THREADS"])
+    proc = subprocess.Popen(
+        cmd,
+        env=training_env(nproc, env),
+        start_new_session=True,
+        preexec_fn=set_parent_death_signal,
+        stdout=output,
+        stderr=subprocess.STDOUT if output is not None else None,
+    )
+    log.info(
+        "pretraining in %d process(es), pid %d, OMP_NUM_THREADS=%s",
+        nproc,
+        proc.pid,
+        training_env(nproc, env)["OMP_NUM_THREADS"],
+    )
     received: list[int] = []
     signalled_at: list[float] = []
 

@@ -50,7 +50,7 @@ class DataConfig:
     work (flows.checks.preflight), never the bundled sample (the base and large presets)."""
 
     def __post_init__(self):
-        from flows.downstream import TASKS  # noqa: PLC0415 - avoid an import cycle
+        from flows.downstream import TASKS  # avoid an import cycle
 
         for name, url in self.downstream_urls.items():
             if name not in TASKS:
@@ -97,7 +97,7 @@ class RunConfig:
                 f"finetune.squad.max_seq_length: {self.finetune.squad.max_seq_length} exceeds "
                 f"model.max_position_embeddings={self.model.max_position_embeddings}"
             )
-        from flows.downstream import TASKS  # noqa: PLC0415 - avoid an import cycle
+        from flows.downstream import TASKS  # avoid an import cycle
 
         for t in self.finetune_tasks:
             if t not in TASKS:
@@ -130,8 +130,13 @@ def _tiny() -> RunConfig:
             log_every=20,
             checkpoint_every=200,
         ),
-        finetune=FinetuneConfig(learning_rate=5e-4, batch_size=32, epochs=3, max_seq_length=64,
-                                grid=GridConfig(learning_rates=(5e-4, 1e-3), seeds=(1,))),
+        finetune=FinetuneConfig(
+            learning_rate=5e-4,
+            batch_size=32,
+            epochs=3,
+            max_seq_length=64,
+            grid=GridConfig(learning_rates=(5e-4, 1e-3), seeds=(1,)),
+        ),
         finetune_tasks=("sst2", "squad1", "conll2003"),
         model_name="bert-tiny",
     )
@@ -224,8 +229,14 @@ def _paper(name: str, layers: int, hidden: int, heads: int, parallel: str = "ddp
             precision="bf16",
             parallel=parallel,
         ),
-        finetune=FinetuneConfig(learning_rate=2e-5, batch_size=32, epochs=3, max_seq_length=128, grid=PAPER_GRID,
-                                squad=SquadConfig(max_seq_length=384)),
+        finetune=FinetuneConfig(
+            learning_rate=2e-5,
+            batch_size=32,
+            epochs=3,
+            max_seq_length=128,
+            grid=PAPER_GRID,
+            squad=SquadConfig(max_seq_length=384),
+        ),
         finetune_tasks=("sst2",),
         model_name=f"bert-{name}",
     )

@@ -57,8 +57,15 @@ class Tracking:
 
 
 @contextmanager
-def session(name: str, preset: str, root: str | None, overrides: dict | None, mlflow_uri: str | None,
-            groups: tuple[str, ...] = CHAIN, given: dict[str, str] | None = None):
+def session(
+    name: str,
+    preset: str,
+    root: str | None,
+    overrides: dict | None,
+    mlflow_uri: str | None,
+    groups: tuple[str, ...] = CHAIN,
+    given: dict[str, str] | None = None,
+):
     """Config, checks, the root's lock, the parent MLflow run and log forwarding, for one flow run."""
     from flows.secrets import merge_secret_overrides
 
@@ -113,22 +120,34 @@ def _prefect_logs():
 
 @task(name="stage", task_run_name="{stage}", cache_policy=NO_CACHE)
 def stage_task(
-    stage: str, cfg: RunConfig, root: str, force: bool, tracking: Tracking, given: dict[str, str] | None = None,
+    stage: str,
+    cfg: RunConfig,
+    root: str,
+    force: bool,
+    tracking: Tracking,
+    given: dict[str, str] | None = None,
     aggregate_only: bool = False,
 ) -> StageResult:
     """Run one stage inside an MLflow child run and publish what it wrote."""
     from prefect.runtime import task_run
 
     tracker = tracking.tracker()
-    run_id = tracker.start_run(stage, parent_id=tracking.parent_run_id, tags={"bertflow.stage": stage, "bertflow.root": root})
+    run_id = tracker.start_run(
+        stage, parent_id=tracking.parent_run_id, tags={"bertflow.stage": stage, "bertflow.root": root}
+    )
     ok = False
     try:
         env = {ENV_RUN_ID: run_id, ENV_TRACKING_URI: tracking.uri}
         # a retry resumes (pretraining from its last checkpoint): only the first attempt starts over
         first_attempt = (task_run.run_count or 1) <= 1
         result = run_stage(
-            stage, cfg, root, force=force and first_attempt,
-            log_fn=lambda m, step: tracker.log_metrics(run_id, m, step), env=env, given=given,
+            stage,
+            cfg,
+            root,
+            force=force and first_attempt,
+            log_fn=lambda m, step: tracker.log_metrics(run_id, m, step),
+            env=env,
+            given=given,
             on_progress=_progress_artifact(stage) if get_stage(stage).where == "training" else None,
             aggregate_only=aggregate_only,
         )
@@ -172,7 +191,9 @@ def _progress_artifact(stage: str):
 
     from flows.processes import notify_progress
 
-    artifact_id = create_progress_artifact(0.0, key=stage.replace("/", "-") + "-progress", description=f"{stage}: steps done")
+    artifact_id = create_progress_artifact(
+        0.0, key=stage.replace("/", "-") + "-progress", description=f"{stage}: steps done"
+    )
     last = [0.0]
 
     def update(done: int, total: int) -> None:
@@ -221,8 +242,11 @@ def register_model_task(cfg: RunConfig, export: StageResult, downstream: list[St
     # register_model (not create_model_version) passes the logged model's id: a tracking server
     # refuses a models:/ source without it
     version = mlflow.register_model(info.model_uri, cfg.model_name, tags=_version_tags(cfg, export, downstream))
-    scores = [r.counts[TASKS[r.stage.split("/", 1)[1]].metric] for r in downstream
-              if TASKS[r.stage.split("/", 1)[1]].metric in r.counts]
+    scores = [
+        r.counts[TASKS[r.stage.split("/", 1)[1]].metric]
+        for r in downstream
+        if TASKS[r.stage.split("/", 1)[1]].metric in r.counts
+    ]
     score = sum(scores) / len(scores) if scores else None
     alias = tracker.set_alias_by_score(cfg.model_name, str(version.version), score)
     log.info("registered %s version %s (%s, score %s)", cfg.model_name, version.version, alias, score)
@@ -235,7 +259,9 @@ def _ensure_registered(tracker: Tracker, name: str) -> None:
     try:
         tracker.client.get_registered_model(name)
     except MlflowException:
-        tracker.client.create_registered_model(name, description="BERT pretrained by bertflow (MLM + NSP); pyfunc: fill masks, embed text.")
+        tracker.client.create_registered_model(
+            name, description="BERT pretrained by bertflow (MLM + NSP); pyfunc: fill masks, embed text."
+        )
 
 
 def _version_tags(cfg: RunConfig, export: StageResult, downstream: list[StageResult]) -> dict[str, str]:
@@ -316,7 +342,10 @@ def pretrain(
             registered = register_model_task(cfg, export, downstream, tracking)
         tracker = tracking.tracker()
         for r in results:
-            tracker.log_metrics(tracking.parent_run_id, {f"{r.stage.replace('/', '.')}.{k}": v for k, v in key_figures(r.stage, r.counts).items()})
+            tracker.log_metrics(
+                tracking.parent_run_id,
+                {f"{r.stage.replace('/', '.')}.{k}": v for k, v in key_figures(r.stage, r.counts).items()},
+            )
         summary = _summary(preset, root, tracking, cfg, results, registered, start)
     create_markdown_artifact(key="pretrain-summary", markdown=summary_markdown(summary), description="pipeline summary")
     return summary
@@ -356,8 +385,13 @@ def _summary(preset, root, tracking: Tracking, cfg, results, registered, start) 
         "model_alias": registered["alias"] if registered else None,
         "seconds": time.time() - start,
         "stages": [
-            {"stage": r.stage, "status": r.status, "seconds": round(r.seconds, 1),
-             "figures": key_figures(r.stage, r.counts), "url": r.url}
+            {
+                "stage": r.stage,
+                "status": r.status,
+                "seconds": round(r.seconds, 1),
+                "figures": key_figures(r.stage, r.counts),
+                "url": r.url,
+            }
             for r in results
         ],
     }

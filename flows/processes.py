@@ -24,7 +24,8 @@ import subprocess
 import sys
 import tempfile
 import threading
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from pipeline.schema import Manifest, read_manifest
 
@@ -37,7 +38,7 @@ GRACE_SECONDS = 60.0
 """How long a child has to checkpoint and exit after SIGTERM before it is killed."""
 
 
-def stage_spec(call: "StageCall") -> dict:
+def stage_spec(call: StageCall) -> dict:
     """The JSON a stage process is started from: the whole run config, its URLs, the row."""
     return {
         "stage": call.stage,
@@ -65,7 +66,7 @@ def child_threads(parallel: int) -> str:
 
 
 def run_in_process(
-    call: "StageCall",
+    call: StageCall,
     where: str,
     env: dict[str, str],
     on_progress: Callable[[int, int], None] | None = None,
@@ -78,7 +79,7 @@ def run_in_process(
     return read_manifest(call.url)
 
 
-def run_unit_in_process(call: "StageCall", env: dict[str, str], parallel: int | None = None) -> None:
+def run_unit_in_process(call: StageCall, env: dict[str, str], parallel: int | None = None) -> None:
     """Run the unit ``call.unit`` of a fanned-out stage in a child process. ``parallel``: how
     many such children share this machine (their threads split the cores); default, as many
     as the grid runs at once (``finetune.grid.workers`` per task)."""
@@ -87,8 +88,9 @@ def run_unit_in_process(call: "StageCall", env: dict[str, str], parallel: int | 
     _run_entry(call, env, parallel, None)
 
 
-def _run_entry(call: "StageCall", env: dict[str, str], parallel: int,
-               on_progress: Callable[[int, int], None] | None) -> None:
+def _run_entry(
+    call: StageCall, env: dict[str, str], parallel: int, on_progress: Callable[[int, int], None] | None
+) -> None:
     proc_env = {**os.environ, **env, "PYTHONUNBUFFERED": "1"}
     if "OMP_NUM_THREADS" not in os.environ:
         proc_env["OMP_NUM_THREADS"] = child_threads(parallel)
@@ -107,7 +109,7 @@ def _run_entry(call: "StageCall", env: dict[str, str], parallel: int,
         raise RuntimeError(f"{what}: its process exited with code {code} (see its log lines above)")
 
 
-def train_spec(call: "StageCall") -> dict:
+def train_spec(call: StageCall) -> dict:
     """``flows.train_entry``'s JSON spec for the pretrain row."""
     from flows.stages import model_config
 
@@ -124,19 +126,19 @@ def train_spec(call: "StageCall") -> dict:
     }
 
 
-def launch_training(call: "StageCall", env: dict[str, str], on_progress=None) -> Manifest:
+def launch_training(call: StageCall, env: dict[str, str], on_progress=None) -> Manifest:
     """Pretraining through ``flows.launch.launch_pretrain`` (one process, or torchrun with
     ``pretrain.nproc``), its output streamed through our loggers like any stage process."""
     from flows.launch import launch_pretrain
     from flows.train_entry import EXIT_RESUME_REFUSED
 
-    proc_env = {**os.environ, **env, "PYTHONUNBUFFERED": "1",
-                ENV_PROGRESS_TOTAL: str(call.cfg.pretrain.total_steps)}
+    proc_env = {**os.environ, **env, "PYTHONUNBUFFERED": "1", ENV_PROGRESS_TOTAL: str(call.cfg.pretrain.total_steps)}
     logger = logging.getLogger("bertflow.pretrain")
     read_fd, write_fd = os.pipe()
     context = contextvars.copy_context()
-    reader = threading.Thread(target=context.run, daemon=True,
-                              args=(_forward, os.fdopen(read_fd, "r", errors="replace"), logger, on_progress))
+    reader = threading.Thread(
+        target=context.run, daemon=True, args=(_forward, os.fdopen(read_fd, "r", errors="replace"), logger, on_progress)
+    )
     reader.start()
     try:
         code = launch_pretrain(train_spec(call), env=proc_env, output=write_fd)
@@ -144,17 +146,26 @@ def launch_training(call: "StageCall", env: dict[str, str], on_progress=None) ->
         os.close(write_fd)  # the children hold their own copies: EOF once they are gone
         reader.join(timeout=10)
     if code == EXIT_RESUME_REFUSED:
-        raise RuntimeError("pretrain: the checkpoints under "
-                           f"{call.url} cannot continue under this config: rerun with --force pretrain to start over")
+        raise RuntimeError(
+            "pretrain: the checkpoints under "
+            f"{call.url} cannot continue under this config: rerun with --force pretrain to start over"
+        )
     if code != 0:
-        raise RuntimeError(f"pretrain: the training process exited with code {code}"
-                           + (" after a signal; its checkpoint is kept and a rerun resumes" if code in (130, 143) else ""))
+        raise RuntimeError(
+            f"pretrain: the training process exited with code {code}"
+            + (" after a signal; its checkpoint is kept and a rerun resumes" if code in (130, 143) else "")
+        )
     return read_manifest(call.url)
 
 
 def _run_streaming(cmd, env, logger: logging.Logger, on_progress, timeout_s: float | None = None) -> int:
     proc = subprocess.Popen(
-        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
+        cmd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        bufsize=1,
         preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
     )
     context = contextvars.copy_context()  # Prefect's run context: log and artifact calls from the reader

@@ -30,7 +30,7 @@ def format_figure(v: Any) -> str:
     return str(int(v)) if isinstance(v, float) else str(v)
 
 
-def stage_markdown(result: "StageResult") -> str:
+def stage_markdown(result: StageResult) -> str:
     lines = [f"### {result.stage}: {result.status} in {result.seconds:.1f} s", "", f"`{result.url}`", ""]
     lines += ["| figure | value |", "|---|---|"]
     lines += [f"| {k} | {format_figure(v)} |" for k, v in sorted(result.counts.items())]
@@ -48,7 +48,7 @@ def summary_markdown(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def log_stage_artifacts(tracker: "Tracker", run_id: str, stage: str, result: "StageResult") -> None:
+def log_stage_artifacts(tracker: Tracker, run_id: str, stage: str, result: StageResult) -> None:
     """Per stage: its manifest, and what shows its output best (vocab, decoded examples, the loss
     curve, the results table)."""
     if result.manifest is None:
@@ -68,7 +68,7 @@ def log_stage_artifacts(tracker: "Tracker", run_id: str, stage: str, result: "St
             rows = ["| metric | value |", "|---|---|"]
             rows += [f"| {k} | {format_figure(v)} |" for k, v in sorted(result.counts.items())]
             tracker.log_text(run_id, "\n".join(rows) + "\n", "results.md")
-    except Exception as exc:  # noqa: BLE001 - a missing extra artifact must not fail the stage
+    except Exception as exc:  # a missing extra artifact must not fail the stage
         log.warning("stage %s: extra artifacts not logged (%s)", stage, exc)
 
 
@@ -79,7 +79,7 @@ def _read_text(url: str) -> str:
         return f.read()
 
 
-def _log_loss_plot(tracker: "Tracker", run_id: str, result: "StageResult") -> None:
+def _log_loss_plot(tracker: Tracker, run_id: str, result: StageResult) -> None:
     """The loss curves the training process logged to this run, as a PNG."""
     import matplotlib
 

@@ -35,8 +35,14 @@ def main(argv: list[str] | None = None) -> int:
     rank = int(os.environ.get("RANK", "0"))
     log_fn = progress_reporter(log_fn_from_env()) if rank == 0 else None
     call = StageCall(
-        stage=spec["stage"], cfg=config_from_dict(spec["config"]), root=spec["root"], url=spec["url"],
-        inputs=spec["inputs"], log_fn=log_fn, restart=spec.get("restart", False), unit=spec.get("unit"),
+        stage=spec["stage"],
+        cfg=config_from_dict(spec["config"]),
+        root=spec["root"],
+        url=spec["url"],
+        inputs=spec["inputs"],
+        log_fn=log_fn,
+        restart=spec.get("restart", False),
+        unit=spec.get("unit"),
     )
     get_stage(call.stage).run(call)
     return 0

@@ -18,9 +18,15 @@ from prefect.task_runners import ThreadPoolTaskRunner
 
 from flows.presets import load_config
 from flows.pretrain_flow import (
-    _options, _summary, register_model_task, results_table_task, session, stage_task, unwrap,
+    _options,
+    _summary,
+    register_model_task,
+    results_table_task,
+    session,
+    stage_task,
+    unwrap,
 )
-from flows.stages import CHAIN, get_stage, stage_names, stage_inputs
+from flows.stages import CHAIN, get_stage, stage_inputs, stage_names
 
 
 def input_names(group: str) -> list[str]:
@@ -39,16 +45,27 @@ def make_stage_flow(group: str):
     def run_group(**params: Any) -> dict[str, Any]:
         start = time.time()
         given = {n: params.get(f"{n}_url") for n in urls if params.get(f"{n}_url")}
-        with session(f"stage-{group}", params["preset"], params.get("root"), params.get("overrides"),
-                     params.get("mlflow_uri"), (group,), given) as (cfg, root, tracking):
+        with session(
+            f"stage-{group}",
+            params["preset"],
+            params.get("root"),
+            params.get("overrides"),
+            params.get("mlflow_uri"),
+            (group,),
+            given,
+        ) as (cfg, root, tracking):
             names = stage_names(cfg, (group,))
             if group == "finetune":
                 from flows.fanout import fan_out
 
                 results = fan_out(names, cfg, root, params.get("force", True), tracking, given)
             else:
-                futures = [stage_task.with_options(**_options(n)).submit(n, cfg, root, params.get("force", True), tracking, given)
-                           for n in names]
+                futures = [
+                    stage_task.with_options(**_options(n)).submit(
+                        n, cfg, root, params.get("force", True), tracking, given
+                    )
+                    for n in names
+                ]
                 results = [unwrap(f.result()) for f in futures]
             registered = None
             if group == "finetune":

@@ -21,9 +21,10 @@ import hashlib
 import importlib.util
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import lru_cache
-from typing import Any, Callable
+from functools import cache
+from typing import Any
 
 from flows.presets import ConfigError, RunConfig, resolve_data
 from pipeline.config import output_config
@@ -151,8 +152,16 @@ def _run_downstream(c: StageCall) -> Manifest | None:
 
     task = c.stage.split("/", 1)[1]
     if c.unit is not None:
-        ok = run_unit_safely(task, c.cfg.finetune, c.unit, c.inputs["data"], c.inputs["model"],
-                             unit_url(c.url, c.unit), c.log_fn, force=c.restart)
+        ok = run_unit_safely(
+            task,
+            c.cfg.finetune,
+            c.unit,
+            c.inputs["data"],
+            c.inputs["model"],
+            unit_url(c.url, c.unit),
+            c.log_fn,
+            force=c.restart,
+        )
         if not ok:
             raise RuntimeError(f"{c.stage} unit {c.unit['unit_id']} failed (its error.txt has the traceback)")
         return None
@@ -206,46 +215,66 @@ STAGES: dict[str, Stage] = {
     s.name: s
     for s in (
         Stage(
-            "corpus", "corpus",
+            "corpus",
+            "corpus",
             inputs=lambda cfg, root: {"wiki": resolve_data(cfg.data).wiki, "books": resolve_data(cfg.data).books},
             config=lambda cfg, inputs: output_config(cfg.corpus),  # how it runs (beam.*) is not recorded
-            run=_run_corpus, figures=("documents", "sentences", "read", "records_rejected"),
-            retries=1, timeout_s=48 * 3600,
+            run=_run_corpus,
+            figures=("documents", "sentences", "read", "records_rejected"),
+            retries=1,
+            timeout_s=48 * 3600,
             doc="Beam: clean the Wikipedia dump and the books into sentence-split documents (Parquet)",
         ),
         Stage(
-            "vocab", "vocab",
+            "vocab",
+            "vocab",
             inputs=lambda cfg, root: {"corpus": _at(root, "corpus")},
             config=lambda cfg, inputs: dataclasses.asdict(cfg.vocab),
-            run=_run_vocab, figures=("vocab_size",), retries=1, timeout_s=12 * 3600,
+            run=_run_vocab,
+            figures=("vocab_size",),
+            retries=1,
+            timeout_s=12 * 3600,
             doc="train a WordPiece vocabulary (Google's vocab.txt layout)",
         ),
         Stage(
-            "examples", "examples",
+            "examples",
+            "examples",
             inputs=lambda cfg, root: {"corpus": _at(root, "corpus"), "vocab": _at(root, "vocab")},
             config=lambda cfg, inputs: output_config(cfg.examples),
-            run=_run_examples, retries=1, timeout_s=48 * 3600,
+            run=_run_examples,
+            retries=1,
+            timeout_s=48 * 3600,
             figures=("*.examples", "*.masked_share_of_eligible", "*.random_next_share_multi_sentence"),
             doc="Beam: masked A/B pretraining examples, Parquet shards per sequence length",
         ),
         Stage(
-            "pretrain", "checkpoints",
+            "pretrain",
+            "checkpoints",
             inputs=lambda cfg, root: {"examples": _at(root, "examples"), "vocab": _at(root, "vocab")},
-            config=_pretrain_config, run=_run_pretrain, where="training",
-            figures=("steps", "first_mlm_loss", "last_mlm_loss"), retries=3, timeout_s=30 * 24 * 3600,
+            config=_pretrain_config,
+            run=_run_pretrain,
+            where="training",
+            figures=("steps", "first_mlm_loss", "last_mlm_loss"),
+            retries=3,
+            timeout_s=30 * 24 * 3600,
             doc="MLM + NSP pretraining in phases; resumes from its last checkpoint (also on retry)",
         ),
         Stage(
-            "export", "model",
+            "export",
+            "model",
             inputs=lambda cfg, root: {"pretrain": _at(root, "checkpoints"), "vocab": _at(root, "vocab")},
-            config=_export_config, run=_run_export, figures=("parameters",), retries=1, timeout_s=3600,
+            config=_export_config,
+            run=_run_export,
+            figures=("parameters",),
+            retries=1,
+            timeout_s=3600,
             doc="the final weights in Hugging Face layout (config.json, model.safetensors, vocab)",
         ),
     )
 }
 
 
-@lru_cache(maxsize=None)
+@cache
 def downstream_stage(task: str) -> Stage:
     """The row of one downstream task (``finetune/<task>``)."""
     from flows.downstream import TASKS
@@ -261,9 +290,17 @@ def downstream_stage(task: str) -> Stage:
         return {"model": cfg.data.finetune_model or _at(root, "model"), "data": data}
 
     return Stage(
-        f"finetune/{task}", f"finetune/{task}", inputs=inputs, config=_downstream_config(task),
-        run=_run_downstream, where="process", figures=(t.metric, "eval_exact_match", "eval_exact"), retries=2,
-        timeout_s=24 * 3600, units=_downstream_units(task), unit_done=_downstream_unit_done,
+        f"finetune/{task}",
+        f"finetune/{task}",
+        inputs=inputs,
+        config=_downstream_config(task),
+        run=_run_downstream,
+        where="process",
+        figures=(t.metric, "eval_exact_match", "eval_exact"),
+        retries=2,
+        timeout_s=24 * 3600,
+        units=_downstream_units(task),
+        unit_done=_downstream_unit_done,
         doc=f"fine-tune and evaluate on {task} ({t.kind})",
     )
 
@@ -315,7 +352,7 @@ def stage_config(stage: str, cfg: RunConfig, inputs: dict[str, str]) -> dict[str
 _OUR_PACKAGES = ("pipeline", "model", "tasks")
 
 
-@lru_cache(maxsize=None)
+@cache
 def code_modules(stage: str) -> dict[str, bytes]:
     """Module name -> source of every module of ours the stage's run function reaches (imports
     followed through ``pipeline``, ``model`` and ``tasks``, lazy ones included)."""
@@ -342,7 +379,7 @@ def digest_sources(sources: dict[str, bytes]) -> str:
     return h.hexdigest()
 
 
-@lru_cache(maxsize=None)
+@cache
 def code_version(stage: str) -> str:
     """The version of a stage's code: a digest of :func:`code_modules`. Editing any of them
     makes the stage (and, if its output changes, everything after it) rerun."""
@@ -495,13 +532,16 @@ def run_stage(
         if current.state == "done":
             log.info("stage %s: up to date, skipped (%s)", stage, url)
             m = current.manifest
-            return StageResult(stage, "skipped", time.time() - start, url, m.counts, m, stage_inputs(stage, cfg, root, given))
+            return StageResult(
+                stage, "skipped", time.time() - start, url, m.counts, m, stage_inputs(stage, cfg, root, given)
+            )
         if current.manifest is not None:
             log.info("stage %s: stale (%s)", stage, "; ".join(current.reasons))
     check_inputs_ready(stage, cfg, root, given)
     inputs = stage_inputs(stage, cfg, root, given)
-    call = StageCall(stage, cfg, root, url, inputs, log_fn, restart=force and row.group == "pretrain",
-                     aggregate_only=aggregate_only)
+    call = StageCall(
+        stage, cfg, root, url, inputs, log_fn, restart=force and row.group == "pretrain", aggregate_only=aggregate_only
+    )
     log.info("stage %s: %s -> %s", stage, "gathering its units" if aggregate_only else "running", url)
     if row.where == "inline" or aggregate_only:
         manifest = row.run(call)
@@ -538,8 +578,16 @@ def run_stage_unit(
     if unit is None:
         raise KeyError(f"stage {stage}: no unit {unit_id!r}; planned: {[u['unit_id'] for u in row.units(cfg)]}")
     check_inputs_ready(stage, cfg, root, given)
-    call = StageCall(stage, cfg, root, stage_url(root, stage), stage_inputs(stage, cfg, root, given), log_fn,
-                     restart=force, unit=unit)
+    call = StageCall(
+        stage,
+        cfg,
+        root,
+        stage_url(root, stage),
+        stage_inputs(stage, cfg, root, given),
+        log_fn,
+        restart=force,
+        unit=unit,
+    )
     start = time.time()
     if not force and row.unit_done is not None and row.unit_done(call):
         log.info("%s unit %s: up to date, skipped", stage, unit_id)

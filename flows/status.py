@@ -47,9 +47,13 @@ def _mlflow_runs(root: str, uri: str | None) -> dict[str, str]:
         exp = tracker.client.get_experiment_by_name("bertflow")
         if exp is None:
             return {}
-        runs = tracker.client.search_runs([exp.experiment_id], filter_string=f"tags.`bertflow.root` = '{root}'",
-                                          order_by=["attributes.start_time DESC"], max_results=500)
-    except Exception:  # noqa: BLE001 - status must answer even when the store does not
+        runs = tracker.client.search_runs(
+            [exp.experiment_id],
+            filter_string=f"tags.`bertflow.root` = '{root}'",
+            order_by=["attributes.start_time DESC"],
+            max_results=500,
+        )
+    except Exception:  # status must answer even when the store does not
         return {}
     latest: dict[str, str] = {}
     for r in runs:
@@ -59,7 +63,9 @@ def _mlflow_runs(root: str, uri: str | None) -> dict[str, str]:
     return latest
 
 
-def collect_status(cfg: RunConfig, root: str, mlflow_uri: str | None = None, verify: bool = False) -> list[dict[str, Any]]:
+def collect_status(
+    cfg: RunConfig, root: str, mlflow_uri: str | None = None, verify: bool = False
+) -> list[dict[str, Any]]:
     holder = _running(root)
     runs = _mlflow_runs(root, mlflow_uri)
     rows = []
@@ -74,12 +80,17 @@ def collect_status(cfg: RunConfig, root: str, mlflow_uri: str | None = None, ver
         if holder and state != "done":
             state = "running"
         m = s.manifest
-        rows.append({
-            "stage": name, "state": state, "why": s.reasons, "url": s.url,
-            "figures": key_figures(name, m.counts) if m else {},
-            "seconds": round(m.seconds, 1) if m else None,
-            "mlflow_run": runs.get(name, ""),
-        })
+        rows.append(
+            {
+                "stage": name,
+                "state": state,
+                "why": s.reasons,
+                "url": s.url,
+                "figures": key_figures(name, m.counts) if m else {},
+                "seconds": round(m.seconds, 1) if m else None,
+                "mlflow_run": runs.get(name, ""),
+            }
+        )
     return rows
 
 
@@ -93,6 +104,12 @@ def print_status(rows: list[dict[str, Any]], root: str) -> None:
         table.add_column(col, overflow="fold")
     for r in rows:
         figs = "\n".join(f"{k}={format_figure(v)}" for k, v in r["figures"].items())
-        table.add_row(r["stage"], f"[{colours.get(r['state'], 'white')}]{r['state']}", "\n".join(r["why"]),
-                      figs, "" if r["seconds"] is None else f"{r['seconds']:.1f}", r["mlflow_run"])
+        table.add_row(
+            r["stage"],
+            f"[{colours.get(r['state'], 'white')}]{r['state']}",
+            "\n".join(r["why"]),
+            figs,
+            "" if r["seconds"] is None else f"{r['seconds']:.1f}",
+            r["mlflow_run"],
+        )
     Console(width=max(140, Console().width)).print(table)

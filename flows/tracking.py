@@ -123,7 +123,6 @@ class Tracker:
         )
         return str(version.version)
 
-
     def mark_killed_runs(self, root: str) -> list[str]:
         """Runs of ``root`` still RUNNING when a new run holds the root's lock: their process died
         (SIGKILL, a lost machine). Mark them KILLED; return their ids."""
@@ -136,13 +135,15 @@ class Tracker:
             self.client.set_terminated(run.info.run_id, "KILLED")
         return [r.info.run_id for r in runs]
 
-    def log_datasets(self, run_id: str, inputs: dict[str, str], fingerprints: dict[str, str], context: str = "input") -> None:
+    def log_datasets(
+        self, run_id: str, inputs: dict[str, str], fingerprints: dict[str, str], context: str = "input"
+    ) -> None:
         """Record each input URL as an MLflow dataset (its source URL and fingerprint): lineage."""
+        import warnings
+
         from mlflow.data.dataset_source_registry import resolve_dataset_source
         from mlflow.data.meta_dataset import MetaDataset
         from mlflow.entities import DatasetInput, InputTag
-
-        import warnings
 
         datasets = []
         for name, url in sorted(inputs.items()):
@@ -150,7 +151,7 @@ class Tracker:
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")  # "can be interpreted in multiple ways"
                     source = resolve_dataset_source(url)
-            except Exception:  # noqa: BLE001 - an URL scheme MLflow has no source for
+            except Exception:  # an URL scheme MLflow has no source for
                 continue
             entity = MetaDataset(source, name=name, digest=fingerprints.get(name, "")[:36])._to_mlflow_entity()
             datasets.append(DatasetInput(entity, tags=[InputTag("mlflow.data.context", context)]))
@@ -208,8 +209,12 @@ def git_commit() -> str:
     here = os.path.dirname(os.path.abspath(__file__))
     try:
         out = subprocess.run(["git", "-C", here, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5)
-        dirty = subprocess.run(["git", "-C", here, "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=5)
+        dirty = subprocess.run(
+            ["git", "-C", here, "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return "unknown"
     if out.returncode != 0:

@@ -65,8 +65,9 @@ class MaskRule:
     def __call__(self, tokens, max_predictions, rng):
         from pipeline.masking import create_masked_lm_predictions
 
-        return create_masked_lm_predictions(tokens, self.masked_lm_prob, max_predictions, self.ids, rng,
-                                            whole_word_mask=self.whole_word_mask)
+        return create_masked_lm_predictions(
+            tokens, self.masked_lm_prob, max_predictions, self.ids, rng, whole_word_mask=self.whole_word_mask
+        )
 
 
 def masking_from(spec: dict) -> tuple[MaskRule | None, int | None]:
@@ -85,8 +86,9 @@ def masking_from(spec: dict) -> tuple[MaskRule | None, int | None]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="bertflow pretraining process")
-    parser.add_argument("--spec", required=True, help="JSON: pretrain, model, examples_url, output_url, "
-                        "vocab_url, restart, init_from")
+    parser.add_argument(
+        "--spec", required=True, help="JSON: pretrain, model, examples_url, output_url, vocab_url, restart, init_from"
+    )
     args = parser.parse_args(argv)
     spec = json.loads(args.spec)
     rank = int(os.environ.get("RANK", "0"))
@@ -96,9 +98,11 @@ def main(argv: list[str] | None = None) -> int:
         set_parent_death_signal()
         if os.getppid() == 1:  # the parent died before we armed it
             return 1
-    logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING,
-                        format=f"%(asctime)s %(name)s{f' [rank {rank}]' if rank else ''} | %(message)s",
-                        datefmt="%H:%M:%S")
+    logging.basicConfig(
+        level=logging.INFO if rank == 0 else logging.WARNING,
+        format=f"%(asctime)s %(name)s{f' [rank {rank}]' if rank else ''} | %(message)s",
+        datefmt="%H:%M:%S",
+    )
     pretrain_cfg, model_cfg = build_configs(spec)
     mask_fn, pad_id = masking_from(spec)
 
@@ -107,9 +111,17 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         log_fn = progress_reporter(log_fn_from_env()) if rank == 0 else None
-        run_pretrain(pretrain_cfg, model_cfg, spec["examples_url"], spec["output_url"], log_fn=log_fn,
-                     restart=bool(spec.get("restart", False)), mask_fn=mask_fn,
-                     init_from=spec.get("init_from") or "", pad_id=pad_id)
+        run_pretrain(
+            pretrain_cfg,
+            model_cfg,
+            spec["examples_url"],
+            spec["output_url"],
+            log_fn=log_fn,
+            restart=bool(spec.get("restart", False)),
+            mask_fn=mask_fn,
+            init_from=spec.get("init_from") or "",
+            pad_id=pad_id,
+        )
     except Preempted as exc:
         log.warning("%s; rerun to resume", exc)
         return 128 + int(exc.signum)

@@ -43,7 +43,7 @@ BACKENDS = ("cpu", "cuda", "xla")
 
 def _torch_xla():
     try:
-        import torch_xla  # noqa: F401
+        import torch_xla
         import torch_xla.core.xla_model as xm
     except ImportError as exc:  # pragma: no cover - depends on the environment
         raise RuntimeError(
@@ -112,8 +112,7 @@ class Backend:
         slice of the global batch."""
         import torch_xla.distributed.spmd as xs
 
-        return {k: xs.ShardingSpec(self.mesh, ("data",) + (None,) * (n - 1), minibatch=True)
-                for k, n in dims.items()}
+        return {k: xs.ShardingSpec(self.mesh, ("data",) + (None,) * (n - 1), minibatch=True) for k, n in dims.items()}
 
     def put_batch(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Move a (host-local) batch to the device; under SPMD as the sharded global batch."""
@@ -211,7 +210,7 @@ class Backend:
 
 
 def resolve_precision(backend: str, precision: str) -> str:
-    """"auto" -> bf16 on cuda/xla, fp32 on cpu; explicit values pass through."""
+    """ "auto" -> bf16 on cuda/xla, fp32 on cpu; explicit values pass through."""
     if precision == "auto":
         return "bf16" if backend in ("cuda", "xla") else "fp32"
     return precision
@@ -246,8 +245,18 @@ def setup_backend(name: str, precision: str = "auto", parallel: str = "ddp") -> 
         torch.backends.cudnn.allow_tf32 = True
     if world_size > 1 and not torch.distributed.is_initialized():
         torch.distributed.init_process_group("nccl" if name == "cuda" else "gloo")
-    return Backend(name, device, rank, world_size, local_rank, resolve_precision(name, precision), parallel, mesh,
-                   data_rank, data_world)
+    return Backend(
+        name,
+        device,
+        rank,
+        world_size,
+        local_rank,
+        resolve_precision(name, precision),
+        parallel,
+        mesh,
+        data_rank,
+        data_world,
+    )
 
 
 def xla_process() -> tuple[int, int]:

@@ -89,9 +89,10 @@ def load_latest_good(run_url: str) -> tuple[str, dict[str, torch.Tensor], dict[s
     for _, url in reversed(list_checkpoints(run_url)):
         try:
             weights, state = read_checkpoint(url)
-        except Exception as exc:  # noqa: BLE001 - any read failure means "not usable"
-            log.warning("skipping unreadable checkpoint %s (%s: %s); trying the previous one",
-                        url, type(exc).__name__, exc)
+        except Exception as exc:  # any read failure means "not usable"
+            log.warning(
+                "skipping unreadable checkpoint %s (%s: %s); trying the previous one", url, type(exc).__name__, exc
+            )
             continue
         return url, weights, state
     return None

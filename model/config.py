@@ -43,8 +43,7 @@ class BertConfig:
         check(
             self.hidden_size % self.num_attention_heads == 0,
             "model.hidden_size",
-            f"{self.hidden_size} is not divisible by model.num_attention_heads="
-            f"{self.num_attention_heads}",
+            f"{self.hidden_size} is not divisible by model.num_attention_heads={self.num_attention_heads}",
         )
         check(self.num_hidden_layers > 0, "model.num_hidden_layers", "must be > 0")
         check(self.intermediate_size > 0, "model.intermediate_size", "must be > 0")

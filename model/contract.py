@@ -19,6 +19,14 @@ from pipeline.schema import (
 )
 
 __all__ = [
-    "EXAMPLE_COLUMNS", "Manifest", "ManifestError", "clear_stage", "describe_file",
-    "fingerprint_input", "join_url", "list_files", "read_manifest", "write_manifest",
+    "EXAMPLE_COLUMNS",
+    "Manifest",
+    "ManifestError",
+    "clear_stage",
+    "describe_file",
+    "fingerprint_input",
+    "join_url",
+    "list_files",
+    "read_manifest",
+    "write_manifest",
 ]

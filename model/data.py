@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import hashlib
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 import pyarrow as pa
@@ -48,8 +48,9 @@ def shard_urls(manifest: Manifest, max_seq_length: int) -> list[str]:
     """The Parquet shards of one sequence length listed in the example stage's manifest."""
     prefix = f"seq{max_seq_length}/"
     urls = sorted(
-        u for f, u in zip(manifest.files, manifest.file_urls()) if f.path.startswith(prefix)
-        and f.path.endswith(".parquet")
+        u
+        for f, u in zip(manifest.files, manifest.file_urls())
+        if f.path.startswith(prefix) and f.path.endswith(".parquet")
     )
     if not urls:
         have = sorted({f.path.split("/", 1)[0] for f in manifest.files if "/" in f.path})
@@ -76,17 +77,18 @@ class ExampleArrays:
     def __len__(self) -> int:
         return len(self.len_a)
 
-    def take(self, rows: np.ndarray) -> "ExampleArrays":
+    def take(self, rows: np.ndarray) -> ExampleArrays:
         """The examples at ``rows`` (any order, repeats allowed), as a new compact set."""
         rows = np.asarray(rows, dtype=np.int64)
         ids, ids_off = _take_ragged(self.ids, self.ids_offsets, rows)
         pos, pos_off = _take_ragged(self.pos, self.pos_offsets, rows)
         mids, _ = _take_ragged(self.masked_ids, self.pos_offsets, rows)
-        return ExampleArrays(ids, ids_off, self.len_a[rows], pos, pos_off, mids,
-                             self.is_random_next[rows], self.keys[rows])
+        return ExampleArrays(
+            ids, ids_off, self.len_a[rows], pos, pos_off, mids, self.is_random_next[rows], self.keys[rows]
+        )
 
     @staticmethod
-    def concat(parts: list["ExampleArrays"]) -> "ExampleArrays":
+    def concat(parts: list[ExampleArrays]) -> ExampleArrays:
         if len(parts) == 1:
             return parts[0]
 
@@ -98,9 +100,17 @@ class ExampleArrays:
                 base += int(o[-1])
             return np.concatenate(out)
 
-        cat = lambda name: np.concatenate([getattr(p, name) for p in parts])  # noqa: E731
-        return ExampleArrays(cat("ids"), offsets("ids_offsets"), cat("len_a"), cat("pos"),
-                             offsets("pos_offsets"), cat("masked_ids"), cat("is_random_next"), cat("keys"))
+        cat = lambda name: np.concatenate([getattr(p, name) for p in parts])
+        return ExampleArrays(
+            cat("ids"),
+            offsets("ids_offsets"),
+            cat("len_a"),
+            cat("pos"),
+            offsets("pos_offsets"),
+            cat("masked_ids"),
+            cat("is_random_next"),
+            cat("keys"),
+        )
 
 
 def _take_ragged(values: np.ndarray, offsets: np.ndarray, rows: np.ndarray):
@@ -134,16 +144,20 @@ def arrays_from_table(table: pa.Table, shard_index: int, first_row: int) -> Exam
         raise ValueError(f"row {first_row + r}: masked_positions and masked_ids differ in length")
     keys = np.stack([np.full(n, shard_index, dtype=np.int64), first_row + np.arange(n, dtype=np.int64)], 1)
     return ExampleArrays(
-        ids=ids, ids_offsets=ids_off,
+        ids=ids,
+        ids_offsets=ids_off,
         len_a=table.column("len_a").to_numpy().astype(np.int64),
-        pos=pos.astype(np.int64), pos_offsets=pos_off, masked_ids=mids,
+        pos=pos.astype(np.int64),
+        pos_offsets=pos_off,
+        masked_ids=mids,
         is_random_next=table.column("is_random_next").to_numpy(zero_copy_only=False).astype(bool),
         keys=keys,
     )
 
 
-def validate_examples(data: ExampleArrays, max_seq_length: int, vocab_size: int | None,
-                      where: Callable[[int], str]) -> None:
+def validate_examples(
+    data: ExampleArrays, max_seq_length: int, vocab_size: int | None, where: Callable[[int], str]
+) -> None:
     """Raise ValueError naming ``where(row)`` for the first example that breaks the contract."""
     lengths = np.diff(data.ids_offsets)
     if (bad := np.flatnonzero(lengths > max_seq_length)).size:
@@ -158,15 +172,18 @@ def validate_examples(data: ExampleArrays, max_seq_length: int, vocab_size: int 
             r = int(row_of[bad[0]])
             raise ValueError(f"{where(r)}: masked position {data.pos[bad[0]]} >= length {lengths[r]}")
     if vocab_size is not None:
-        for name, values, offsets in (("input_ids", data.ids, data.ids_offsets),
-                                      ("masked_ids", data.masked_ids, data.pos_offsets)):
+        for name, values, offsets in (
+            ("input_ids", data.ids, data.ids_offsets),
+            ("masked_ids", data.masked_ids, data.pos_offsets),
+        ):
             if values.size and (bad := np.flatnonzero(values >= vocab_size)).size:
                 r = int(np.searchsorted(offsets, bad[0], side="right") - 1)
                 raise ValueError(f"{where(r)}: {name} holds id {values[bad[0]]} >= vocab_size {vocab_size}")
 
 
-def apply_dynamic_masking(data: ExampleArrays, mask_fn: MaskFn, max_predictions: int,
-                          seed: int, key: str, epochs: np.ndarray) -> ExampleArrays:
+def apply_dynamic_masking(
+    data: ExampleArrays, mask_fn: MaskFn, max_predictions: int, seed: int, key: str, epochs: np.ndarray
+) -> ExampleArrays:
     """Re-mask every example through ``mask_fn``, seeded per (seed, key, shard, row, epoch).
 
     The static mask, if the shard has one, is undone first. The seed does not depend on which
@@ -187,9 +204,17 @@ def apply_dynamic_masking(data: ExampleArrays, mask_fn: MaskFn, max_predictions:
         lab_out.append(np.asarray(labels, dtype=np.int64))
         ids_off.append(ids_off[-1] + len(masked))
         pos_off.append(pos_off[-1] + len(positions))
-    cat = lambda xs: np.concatenate(xs) if xs else np.zeros(0, dtype=np.int64)  # noqa: E731
-    return ExampleArrays(cat(ids_out), np.asarray(ids_off, dtype=np.int64), data.len_a, cat(pos_out),
-                         np.asarray(pos_off, dtype=np.int64), cat(lab_out), data.is_random_next, data.keys)
+    cat = lambda xs: np.concatenate(xs) if xs else np.zeros(0, dtype=np.int64)
+    return ExampleArrays(
+        cat(ids_out),
+        np.asarray(ids_off, dtype=np.int64),
+        data.len_a,
+        cat(pos_out),
+        np.asarray(pos_off, dtype=np.int64),
+        cat(lab_out),
+        data.is_random_next,
+        data.keys,
+    )
 
 
 def padded_length(longest: int, max_seq_length: int, buckets: tuple[int, ...] = (), multiple: int = 8) -> int:

@@ -28,7 +28,13 @@ from torch import nn
 from model.bert import BertForPreTraining, BertModel, count_parameters
 from model.config import BertConfig
 from pipeline.schema import (
-    Manifest, clear_stage, fingerprint_input, join_url, read_manifest, write_atomically, write_manifest,
+    Manifest,
+    clear_stage,
+    fingerprint_input,
+    join_url,
+    read_manifest,
+    write_atomically,
+    write_manifest,
 )
 
 log = logging.getLogger("bertflow.export")
@@ -88,20 +94,28 @@ def load_hf_state_dict(model: nn.Module, state: dict[str, torch.Tensor], source:
     missing = sorted(set(own) - set(wanted))
     backbone_missing = [k for k in missing if isinstance(model, BertModel) or k.startswith("bert.")]
     if backbone_missing:
-        raise KeyError(f"{source} lacks backbone weights: {backbone_missing[:5]}"
-                       f"{' ...' if len(backbone_missing) > 5 else ''} ({len(backbone_missing)} missing)")
+        raise KeyError(
+            f"{source} lacks backbone weights: {backbone_missing[:5]}"
+            f"{' ...' if len(backbone_missing) > 5 else ''} ({len(backbone_missing)} missing)"
+        )
     if missing:
         log.warning("%s has no weights for %s; they keep their random init", source, missing)
     unexpected = sorted(set(wanted) - set(own)) + others
     if unexpected:
         # a backbone loaded from a pretraining export drops the MLM/NSP heads: expected, not a warning
         heads_only = isinstance(model, BertModel) and all(k.startswith("cls.") for k in unexpected)
-        log.log(logging.INFO if heads_only else logging.WARNING,
-                "%s: ignoring weights this model does not have: %s", source, unexpected[:10])
+        log.log(
+            logging.INFO if heads_only else logging.WARNING,
+            "%s: ignoring weights this model does not have: %s",
+            source,
+            unexpected[:10],
+        )
     for k in set(wanted) & set(own):
         if wanted[k].shape != own[k].shape:
-            raise ValueError(f"{source}: {k} has shape {tuple(wanted[k].shape)}, "
-                             f"the model expects {tuple(own[k].shape)} (config mismatch?)")
+            raise ValueError(
+                f"{source}: {k} has shape {tuple(wanted[k].shape)}, "
+                f"the model expects {tuple(own[k].shape)} (config mismatch?)"
+            )
     model.load_state_dict({k: v for k, v in wanted.items() if k in own}, strict=False)
 
 
@@ -157,8 +171,12 @@ def copy_tokenizer(vocab_url: str, output_url: str, model_max_length: int) -> No
             write_atomically(join_url(output_url, name), f.read())
     _write_json(
         join_url(output_url, "tokenizer_config.json"),
-        {"do_lower_case": True, "model_max_length": model_max_length, "tokenizer_class": "BertTokenizer",
-         **SPECIAL_TOKENS},
+        {
+            "do_lower_case": True,
+            "model_max_length": model_max_length,
+            "tokenizer_class": "BertTokenizer",
+            **SPECIAL_TOKENS,
+        },
     )
     _write_json(join_url(output_url, "special_tokens_map.json"), SPECIAL_TOKENS)
 

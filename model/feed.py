@@ -33,7 +33,6 @@ from model.backend import Backend
 from model.data import IGNORE_INDEX
 from model.stream import StreamingLoader
 
-
 BATCH_DIMS = {"input_ids": 2, "token_type_ids": 2, "attention_mask": 2, "labels": 2, "next_sentence_label": 1}
 """The tensors of a batch (``model.data.collate``) and their number of dimensions."""
 
@@ -50,15 +49,15 @@ class MicroInfo:
 
 def micro_info(batch: dict[str, torch.Tensor]) -> MicroInfo:
     rows, width = batch["input_ids"].shape
-    return MicroInfo(int(rows), int(width), int((batch["labels"] != IGNORE_INDEX).sum()),
-                     int(batch["attention_mask"].sum()))
+    return MicroInfo(
+        int(rows), int(width), int((batch["labels"] != IGNORE_INDEX).sum()), int(batch["attention_mask"].sum())
+    )
 
 
 class StepFeed:
     """Each step's micro-batches on the device (see the module docstring)."""
 
-    def __init__(self, loader: StreamingLoader, backend: Backend, loader_prefetch: int = 4,
-                 device_prefetch: int = 2):
+    def __init__(self, loader: StreamingLoader, backend: Backend, loader_prefetch: int = 4, device_prefetch: int = 2):
         self.loader, self.backend = loader, backend
         self.position = loader.position
         self.last_keys: np.ndarray | None = None
@@ -69,10 +68,13 @@ class StepFeed:
         if backend.mesh is not None:
             import torch_xla.distributed.parallel_loader as pl
 
-            self._mp = pl.MpDeviceLoader(self._host_batches(), backend.device,
-                                         input_sharding=backend.input_sharding(BATCH_DIMS),
-                                         loader_prefetch_size=loader_prefetch,
-                                         device_prefetch_size=device_prefetch)
+            self._mp = pl.MpDeviceLoader(
+                self._host_batches(),
+                backend.device,
+                input_sharding=backend.input_sharding(BATCH_DIMS),
+                loader_prefetch_size=loader_prefetch,
+                device_prefetch_size=device_prefetch,
+            )
             self._device_iter = iter(self._mp)
 
     def _host_batches(self):
@@ -85,7 +87,7 @@ class StepFeed:
                         raise ValueError(f"a batch has tensors {sorted(b)} of ranks other than BATCH_DIMS {BATCH_DIMS}")
                 self._pending.append((self.loader.last_keys, [micro_info(b) for b in micro]))
                 yield from micro
-        except Exception as exc:  # noqa: BLE001 - handed to the loop by next_step
+        except Exception as exc:  # handed to the loop by next_step
             self._error = exc
 
     def next_step(self) -> list[tuple[dict[str, torch.Tensor], MicroInfo]]:

@@ -99,8 +99,9 @@ def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
     return x * keep.to(x.dtype)  # autograd keeps the mask for the backward pass
 
 
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, p: float,
-           training: bool) -> torch.Tensor:
+def attend(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, p: float, training: bool
+) -> torch.Tensor:
     """softmax(q k^T / sqrt(hs), padded keys excluded) v, dropout p on the probabilities when training.
 
     q (B, nh, M, hs); k, v (B, nh, T, hs); mask (B, 1, 1, T) bool, True = attend. Returns
@@ -118,7 +119,8 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
     if mask is not None:
         bias = bias.masked_fill(~mask.expand(B, 1, 1, T), torch.finfo(q.dtype).min)
     bias = bias.expand(B, nh, 1, T).reshape(B * nh, 1, T)
-    scores = torch.baddbmm(bias, q.reshape(B * nh, M, hs), k.reshape(B * nh, T, hs).transpose(1, 2),
-                           alpha=hs**-0.5)  # (B*nh, M, T): scale, product and mask in one op
+    scores = torch.baddbmm(
+        bias, q.reshape(B * nh, M, hs), k.reshape(B * nh, T, hs).transpose(1, 2), alpha=hs**-0.5
+    )  # (B*nh, M, T): scale, product and mask in one op
     y = torch.bmm(dropout(scores.softmax(-1), p, True), v.reshape(B * nh, T, hs))
     return y.view(B, nh, M, hs)

@@ -26,9 +26,9 @@ PEAK_BF16_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L4": 121.0, "A
 
 def step_flops(cfg: BertConfig, batch: int, width: int, predicted: int) -> float:
     """Training FLOPs (forward + backward) of one micro-batch of shape (batch, width)."""
-    H, I, V, L = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size, cfg.num_hidden_layers
+    H, F, V, L = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size, cfg.num_hidden_layers  # F: feed-forward
     n = batch * width
-    encoder = L * (2 * n * (4 * H * H + 2 * H * I) + 4 * batch * width * width * H)
+    encoder = L * (2 * n * (4 * H * H + 2 * H * F) + 4 * batch * width * width * H)
     heads = 2 * predicted * (H * H + H * V) + 2 * batch * (H * H + 2 * H)
     return 3.0 * (encoder + heads)
 
@@ -60,19 +60,26 @@ class Window:
         self.flops = 0.0
         self.started = time.perf_counter()
 
-    def add_micro(self, out, batch: dict[str, torch.Tensor], flops: float, tokens: int,
-                  examples: int | None = None) -> None:
+    def add_micro(
+        self, out, batch: dict[str, torch.Tensor], flops: float, tokens: int, examples: int | None = None
+    ) -> None:
         """One forward pass's outputs (before any loss scaling). ``flops``, ``tokens`` and
         ``examples`` count this process's share (default: the batch's rows); on an XLA pod slice
         the device ``batch`` is the global one and the host's share is passed in."""
         correct, total = mlm_correct(out.prediction_logits.detach(), batch["labels"])
         label = batch["next_sentence_label"]
         nsp_correct = (out.seq_relationship_logits.detach().argmax(-1) == label).sum()
-        self.sums[:7] += torch.stack([
-            out.loss.detach().double(), out.mlm_loss.detach().double(), out.nsp_loss.detach().double(),
-            correct.double(), total.double(), nsp_correct.double(),
-            torch.tensor(float(label.numel()), dtype=torch.float64, device=self.device),
-        ])
+        self.sums[:7] += torch.stack(
+            [
+                out.loss.detach().double(),
+                out.mlm_loss.detach().double(),
+                out.nsp_loss.detach().double(),
+                correct.double(),
+                total.double(),
+                nsp_correct.double(),
+                torch.tensor(float(label.numel()), dtype=torch.float64, device=self.device),
+            ]
+        )
         self.micro += 1
         self.examples += int(label.numel()) if examples is None else int(examples)
         self.tokens += tokens

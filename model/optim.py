@@ -97,9 +97,11 @@ def _fusable(params: list[torch.Tensor]) -> bool:
     multi-tensor (foreach) AdamW. The same update; not for XLA or FSDP's DTensors.
     """
     return bool(params) and all(
-        type(p) is nn.Parameter and p.device.type in ("cpu", "cuda") and p.dtype in (torch.float32, torch.float16,
-                                                                                      torch.bfloat16, torch.float64)
-        for p in params)
+        type(p) is nn.Parameter
+        and p.device.type in ("cpu", "cuda")
+        and p.dtype in (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+        for p in params
+    )
 
 
 class WarmupLinear:

@@ -24,8 +24,18 @@ from typing import Any
 from model.config import BertConfig, PretrainConfig
 from pipeline.schema import config_digest
 
-FREE = ("log_every", "checkpoint_every", "backend", "eval_every", "eval_batches", "loader_workers",
-        "precision", "peak_tflops", "keep_checkpoints", "nproc")  # nproc: data_parts holds what binds
+FREE = (
+    "log_every",
+    "checkpoint_every",
+    "backend",
+    "eval_every",
+    "eval_batches",
+    "loader_workers",
+    "precision",
+    "peak_tflops",
+    "keep_checkpoints",
+    "nproc",
+)  # nproc: data_parts holds what binds
 TUNABLE = ("learning_rate", "warmup_steps", "weight_decay", "beta1", "beta2", "eps", "max_grad_norm")
 
 
@@ -33,13 +43,18 @@ class ResumeError(RuntimeError):
     """A checkpoint exists that cannot continue under this config; the message says what to do."""
 
 
-def run_record(config: PretrainConfig, model_config: BertConfig, examples_fp: str, data_parts: int,
-               init_from: str = "") -> dict[str, Any]:
+def run_record(
+    config: PretrainConfig, model_config: BertConfig, examples_fp: str, data_parts: int, init_from: str = ""
+) -> dict[str, Any]:
     """What a checkpoint stores about the run that wrote it."""
     pretrain = dataclasses.asdict(config)
     pretrain["data_parts"] = data_parts  # resolved (0 means "processes x workers")
-    return {"pretrain": pretrain, "model": dataclasses.asdict(model_config), "examples": examples_fp,
-            "init_from": init_from}
+    return {
+        "pretrain": pretrain,
+        "model": dataclasses.asdict(model_config),
+        "examples": examples_fp,
+        "init_from": init_from,
+    }
 
 
 def exact_digest(record: dict[str, Any]) -> str:
@@ -64,7 +79,7 @@ def compare(saved: dict[str, Any], current: dict[str, Any]) -> tuple[list[str], 
             continue
         (tunable if k in TUNABLE else binding).append(f"pretrain.{k}")
     old, new = sp.get("phases", []), cp["phases"]
-    shape = lambda ps: [(p["name"], p["max_seq_length"], p["batch_size"]) for p in ps]  # noqa: E731
+    shape = lambda ps: [(p["name"], p["max_seq_length"], p["batch_size"]) for p in ps]
     if shape(old) != shape(new):
         binding.append("pretrain.phases (names, lengths or batch sizes)")
     else:

@@ -85,14 +85,18 @@ def plan_units(urls: list[str], min_units: int = 1) -> list[Unit]:
             first += n
     total = sum(u.rows for u in units)
     if total < min_units:
-        raise ValueError(f"{len(urls)} shard(s) hold {total} examples, fewer than the {min_units} "
-                         "data parts (ranks x loader parts) that must each get some")
+        raise ValueError(
+            f"{len(urls)} shard(s) hold {total} examples, fewer than the {min_units} "
+            "data parts (ranks x loader parts) that must each get some"
+        )
     while len(units) < min_units:  # halve the largest unit (deterministic: first largest)
         i = max(range(len(units)), key=lambda k: units[k].rows)
         u = units[i]
         mid = u.start + u.rows // 2
-        units[i : i + 1] = [Unit(u.shard, u.row_group, u.start, mid, u.shard_row),
-                            Unit(u.shard, u.row_group, mid, u.stop, u.shard_row + mid - u.start)]
+        units[i : i + 1] = [
+            Unit(u.shard, u.row_group, u.start, mid, u.shard_row),
+            Unit(u.shard, u.row_group, mid, u.stop, u.shard_row + mid - u.start),
+        ]
     return units
 
 
@@ -104,9 +108,18 @@ def split_units(units: list[Unit], num_parts: int) -> list[list[Unit]]:
 class PartStream:
     """One part's endless, seeded stream of examples (see the module docstring, point 3)."""
 
-    def __init__(self, urls: list[str], units: list[Unit], part: int, seed: int, key: str,
-                 buffer_size: int, max_seq_length: int, vocab_size: int | None = None,
-                 shuffle: bool = True):
+    def __init__(
+        self,
+        urls: list[str],
+        units: list[Unit],
+        part: int,
+        seed: int,
+        key: str,
+        buffer_size: int,
+        max_seq_length: int,
+        vocab_size: int | None = None,
+        shuffle: bool = True,
+    ):
         if not units:
             raise ValueError(f"data part {part} has no examples")
         self.urls, self.units, self.part = urls, units, part
@@ -159,8 +172,7 @@ class PartStream:
         table = table.slice(u.start, u.rows)
         try:
             arrays = arrays_from_table(table, u.shard, u.shard_row)
-            validate_examples(arrays, self.max_seq_length, self.vocab_size,
-                              lambda r: f"row {u.shard_row + r}")
+            validate_examples(arrays, self.max_seq_length, self.vocab_size, lambda r: f"row {u.shard_row + r}")
         except ValueError as exc:
             raise ValueError(f"{url} {exc}") from None
         self._unit_cache = (u, arrays)
@@ -207,8 +219,9 @@ class LoaderSpec:
             raise ValueError(f"batch_size {self.batch_size} is not divisible by the {self.num_parts} data parts")
 
 
-def _part_slices(spec: LoaderSpec, streams: dict[int, PartStream], batch: int,
-                 mask_fn: MaskFn | None) -> dict[int, ExampleArrays]:
+def _part_slices(
+    spec: LoaderSpec, streams: dict[int, PartStream], batch: int, mask_fn: MaskFn | None
+) -> dict[int, ExampleArrays]:
     s = spec.batch_size // spec.num_parts
     out = {}
     for p, stream in streams.items():
@@ -222,8 +235,7 @@ def _part_slices(spec: LoaderSpec, streams: dict[int, PartStream], batch: int,
 class _WorkerDataset(torch.utils.data.IterableDataset):
     """Loader worker ``w`` of ``W`` builds its share of parts' slices for every batch from ``start``."""
 
-    def __init__(self, spec: LoaderSpec, units: list[list[Unit]], parts: list[int], start: int,
-                 mask_fn: MaskFn | None):
+    def __init__(self, spec: LoaderSpec, units: list[list[Unit]], parts: list[int], start: int, mask_fn: MaskFn | None):
         self.spec, self.units, self.parts, self.start, self.mask_fn = spec, units, parts, start, mask_fn
 
     def __iter__(self):
@@ -238,8 +250,17 @@ class _WorkerDataset(torch.utils.data.IterableDataset):
 
 
 def _stream(spec: LoaderSpec, units: list[list[Unit]], p: int) -> PartStream:
-    return PartStream(list(spec.urls), units[p], p, spec.seed, spec.key, spec.buffer_size,
-                      spec.max_seq_length, spec.vocab_size, spec.shuffle)
+    return PartStream(
+        list(spec.urls),
+        units[p],
+        p,
+        spec.seed,
+        spec.key,
+        spec.buffer_size,
+        spec.max_seq_length,
+        spec.vocab_size,
+        spec.shuffle,
+    )
 
 
 class StreamingLoader:
@@ -250,8 +271,15 @@ class StreamingLoader:
     worker processes (each owning some of this rank's parts); the batches are identical.
     """
 
-    def __init__(self, spec: LoaderSpec, rank: int = 0, world_size: int = 1, num_workers: int = 0,
-                 mask_fn: MaskFn | None = None, micro_batches: int = 1):
+    def __init__(
+        self,
+        spec: LoaderSpec,
+        rank: int = 0,
+        world_size: int = 1,
+        num_workers: int = 0,
+        mask_fn: MaskFn | None = None,
+        micro_batches: int = 1,
+    ):
         if spec.num_parts % world_size:
             raise ValueError(f"the {spec.num_parts} data parts do not divide among {world_size} ranks")
         k = spec.num_parts // world_size
@@ -286,9 +314,16 @@ class StreamingLoader:
             return _part_slices(self.spec, self._streams, b, self.mask_fn)
         if self._iter is None:
             ds = _WorkerDataset(self.spec, self.units, self.parts, self.position, self.mask_fn)
-            self._iter = iter(torch.utils.data.DataLoader(
-                ds, batch_size=None, num_workers=self.num_workers, prefetch_factor=4,
-                persistent_workers=False, multiprocessing_context="fork" if os.name == "posix" else None))
+            self._iter = iter(
+                torch.utils.data.DataLoader(
+                    ds,
+                    batch_size=None,
+                    num_workers=self.num_workers,
+                    prefetch_factor=4,
+                    persistent_workers=False,
+                    multiprocessing_context="fork" if os.name == "posix" else None,
+                )
+            )
         out: dict[int, ExampleArrays] = {}
         for _ in range(self.num_workers):  # DataLoader deals items round-robin over workers
             got, slices = next(self._iter)
@@ -325,4 +360,3 @@ class StreamingLoader:
         """Epochs of this rank's data served so far (for logs)."""
         mine = sum(u.rows for p in self.parts for u in self.units[p])
         return self.position * self.local_batch_size / max(mine, 1)
-

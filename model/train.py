@@ -38,7 +38,8 @@ import random
 import signal
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import fsspec
 import torch
@@ -54,14 +55,33 @@ from model.metrics import Window, peak_tflops, step_flops, summary
 from model.optim import build_optimizer, warmup_linear_schedule
 from model.resume import FREE, ResumeError, compare, exact_digest, run_record
 from model.stream import LoaderSpec, StreamingLoader
-from pipeline.schema import Manifest, clear_stage, describe_file, fingerprint_input, join_url, manifest_url, read_manifest, write_manifest
+from pipeline.schema import (
+    Manifest,
+    clear_stage,
+    describe_file,
+    fingerprint_input,
+    join_url,
+    manifest_url,
+    read_manifest,
+    write_manifest,
+)
 
 log = logging.getLogger("bertflow.pretrain")
 
 LogFn = Callable[[dict[str, float], int], None]
 
-__all__ = ["run_pretrain", "setup", "fit", "evaluate", "finish", "Session", "TrainState", "Preempted",
-           "ResumeError", "manifest_config"]
+__all__ = [
+    "run_pretrain",
+    "setup",
+    "fit",
+    "evaluate",
+    "finish",
+    "Session",
+    "TrainState",
+    "Preempted",
+    "ResumeError",
+    "manifest_config",
+]
 
 
 class Preempted(RuntimeError):
@@ -106,8 +126,9 @@ class StopSignals:
             signal.raise_signal(signum)
             return
         self.requested = signum
-        log.warning("%s received: finishing this step, writing a checkpoint, then stopping",
-                    signal.Signals(signum).name)
+        log.warning(
+            "%s received: finishing this step, writing a checkpoint, then stopping", signal.Signals(signum).name
+        )
 
     def __enter__(self):
         if threading.current_thread() is threading.main_thread():
@@ -143,9 +164,17 @@ class Session:
     t_start: float = dataclasses.field(default_factory=time.time)
 
 
-def run_pretrain(config: PretrainConfig, model_config: BertConfig, examples_url: str, output_url: str,
-                 log_fn: LogFn | None = None, restart: bool = False, mask_fn: MaskFn | None = None,
-                 init_from: str = "", pad_id: int | None = None) -> Manifest:
+def run_pretrain(
+    config: PretrainConfig,
+    model_config: BertConfig,
+    examples_url: str,
+    output_url: str,
+    log_fn: LogFn | None = None,
+    restart: bool = False,
+    mask_fn: MaskFn | None = None,
+    init_from: str = "",
+    pad_id: int | None = None,
+) -> Manifest:
     """Pretrain BERT on the example stage at ``examples_url``; write checkpoints and final weights.
 
     Continues from the latest good checkpoint under ``output_url`` when its config allows
@@ -153,8 +182,17 @@ def run_pretrain(config: PretrainConfig, model_config: BertConfig, examples_url:
     folder in Hugging Face layout whose weights start the run (continued pretraining).
     ``mask_fn`` is needed for dynamic masking. ``log_fn(metrics, step)`` runs on rank 0.
     """
-    session = setup(config, model_config, examples_url, output_url, log_fn=log_fn, restart=restart,
-                    mask_fn=mask_fn, init_from=init_from, pad_id=pad_id)
+    session = setup(
+        config,
+        model_config,
+        examples_url,
+        output_url,
+        log_fn=log_fn,
+        restart=restart,
+        mask_fn=mask_fn,
+        init_from=init_from,
+        pad_id=pad_id,
+    )
     fit(session)
     return finish(session)
 
@@ -173,9 +211,18 @@ def _max_predictions(examples: Manifest, length: int) -> int:
     return max(1, round(length * float(cfg.get("masked_lm_prob", 0.15))))
 
 
-def setup(config: PretrainConfig, model_config: BertConfig, examples_url: str, output_url: str, *,
-          log_fn: LogFn | None = None, restart: bool = False, mask_fn: MaskFn | None = None,
-          init_from: str = "", pad_id: int | None = None) -> Session:
+def setup(
+    config: PretrainConfig,
+    model_config: BertConfig,
+    examples_url: str,
+    output_url: str,
+    *,
+    log_fn: LogFn | None = None,
+    restart: bool = False,
+    mask_fn: MaskFn | None = None,
+    init_from: str = "",
+    pad_id: int | None = None,
+) -> Session:
     """Check everything that can fail before training, build the model and resume or start."""
     t_start = time.time()
     backend = setup_backend(config.backend, config.precision, config.parallel)
@@ -188,18 +235,24 @@ def setup(config: PretrainConfig, model_config: BertConfig, examples_url: str, o
     for p in config.phases:  # fail before any work
         urls = shard_urls(examples, p.max_seq_length)
         if p.max_seq_length > model_config.max_position_embeddings:
-            raise ValueError(f"pretrain.phases[{p.name}].max_seq_length {p.max_seq_length} > "
-                             f"model.max_position_embeddings {model_config.max_position_embeddings}")
+            raise ValueError(
+                f"pretrain.phases[{p.name}].max_seq_length {p.max_seq_length} > "
+                f"model.max_position_embeddings {model_config.max_position_embeddings}"
+            )
         if config.eval_every and len(urls) < 2:
-            raise ValueError(f"pretrain.eval_every: phase {p.name} has {len(urls)} shard(s); held-out "
-                             "evaluation reserves the last shard and needs at least 2")
+            raise ValueError(
+                f"pretrain.eval_every: phase {p.name} has {len(urls)} shard(s); held-out "
+                "evaluation reserves the last shard and needs at least 2"
+            )
         _micro_batches(p, data_world, data_parts)
     if backend.devices > 1:  # SPMD splits every host's micro-batch over the host's devices
         for p in config.phases:
             micro = p.micro_batch_size or p.batch_size // data_world
             if micro % backend.local_devices:
-                raise ValueError(f"pretrain.phases[{p.name}]: micro-batch {micro} per host does not split over "
-                                 f"the host's {backend.local_devices} XLA devices")
+                raise ValueError(
+                    f"pretrain.phases[{p.name}]: micro-batch {micro} per host does not split over "
+                    f"the host's {backend.local_devices} XLA devices"
+                )
     if _dynamic(config, examples) and mask_fn is None:
         raise ValueError("dynamic masking needs mask_fn (flows.train_entry builds it from the vocabulary)")
     counts = examples.counts
@@ -219,8 +272,10 @@ def setup(config: PretrainConfig, model_config: BertConfig, examples_url: str, o
     if init_from:
         source = load_pretrained(init_from, BertForPreTraining)
         if source.config != model_config:
-            raise ValueError(f"init_from {init_from}: its config.json differs from the model config "
-                             f"({source.config} vs {model_config})")
+            raise ValueError(
+                f"init_from {init_from}: its config.json differs from the model config "
+                f"({source.config} vs {model_config})"
+            )
         model.load_state_dict(source.state_dict())
         log.info("initialised from %s", init_from)
     model.to(backend.device)
@@ -230,22 +285,41 @@ def setup(config: PretrainConfig, model_config: BertConfig, examples_url: str, o
     state = TrainState(run_digest=exact_digest(record), record=record)
     found = load_latest_good(output_url)
     if not backend.same_everywhere(-1 if found is None else int(found[2]["train"]["global_step"])):
-        raise RuntimeError(f"the hosts of the pod slice found different checkpoints to resume under {output_url} "
-                           f"(this host: {found[0] if found else 'none'}); rerun: they must continue the same step")
+        raise RuntimeError(
+            f"the hosts of the pod slice found different checkpoints to resume under {output_url} "
+            f"(this host: {found[0] if found else 'none'}); rerun: they must continue the same step"
+        )
     if found is not None:  # weights before wrapping: DDP broadcasts rank 0's, FSDP shards them
         state = _check_resume(found[0], found[2], state)
         load_hf_state_dict(model, found[1], source=found[0])
     train_model = backend.wrap(model)  # FSDP swaps in sharded parameters: build the optimizer after
-    optimizer = build_optimizer(model, config.learning_rate, config.weight_decay, (config.beta1, config.beta2),
-                                config.eps, config.optimizer)
+    optimizer = build_optimizer(
+        model, config.learning_rate, config.weight_decay, (config.beta1, config.beta2), config.eps, config.optimizer
+    )
     scheduler = warmup_linear_schedule(optimizer, config.warmup_steps, config.total_steps)
     if backend.rank:  # distinct dropout per DDP rank (weights: rank 0's); XLA hosts share one program
         torch.manual_seed(stable_seed(config.seed, "rank", backend.rank))
     if found is not None:
         _restore(found, model, optimizer, scheduler, backend, state, config)
     train_model.train()
-    return Session(config, model_config, backend, examples, examples_fp, output_url, model, train_model,
-                   optimizer, scheduler, state, data_parts, pad_id, mask_fn, log_fn, t_start)
+    return Session(
+        config,
+        model_config,
+        backend,
+        examples,
+        examples_fp,
+        output_url,
+        model,
+        train_model,
+        optimizer,
+        scheduler,
+        state,
+        data_parts,
+        pad_id,
+        mask_fn,
+        log_fn,
+        t_start,
+    )
 
 
 def _micro_batches(phase: PhaseConfig, world_size: int, data_parts: int) -> int:
@@ -255,8 +329,10 @@ def _micro_batches(phase: PhaseConfig, world_size: int, data_parts: int) -> int:
     local = phase.batch_size // world_size
     micro = phase.micro_batch_size or local
     if local % micro:
-        raise ValueError(f"{name}.micro_batch_size {micro} does not divide the per-process batch {local} "
-                         f"(batch_size {phase.batch_size} / {world_size} processes)")
+        raise ValueError(
+            f"{name}.micro_batch_size {micro} does not divide the per-process batch {local} "
+            f"(batch_size {phase.batch_size} / {world_size} processes)"
+        )
     return local // micro
 
 
@@ -269,14 +345,14 @@ def _check_resume(url: str, saved: dict, fresh: TrainState) -> TrainState:
             raise ResumeError(
                 f"checkpoint {url} was written by a run with a different {', '.join(binding)}: it cannot "
                 "continue under this config. Rerun with --force pretrain (restart=true in the training "
-                "spec) to start this stage over")
+                "spec) to start this stage over"
+            )
         log.warning("resuming %s under changed settings: %s", url, ", ".join(tunable))
     state.run_digest, state.record = fresh.run_digest, fresh.record
     return state
 
 
-def _restore(found, model, optimizer, scheduler, backend: Backend, state: TrainState,
-             config: PretrainConfig) -> None:
+def _restore(found, model, optimizer, scheduler, backend: Backend, state: TrainState, config: PretrainConfig) -> None:
     url, _, saved = found
     if backend.parallel == "fsdp" and backend.world_size > 1:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
@@ -304,11 +380,11 @@ def _restore(found, model, optimizer, scheduler, backend: Backend, state: TrainS
     log.info("resuming from %s (step %d)", url, state.global_step)
 
 
-def _sharded(s: "Session") -> bool:
+def _sharded(s: Session) -> bool:
     return s.backend.parallel == "fsdp" and s.backend.world_size > 1
 
 
-def _full_model(s: "Session") -> torch.nn.Module | None:
+def _full_model(s: Session) -> torch.nn.Module | None:
     """A CPU model with all weights on rank 0 (None elsewhere); a collective under FSDP, and on
     an XLA pod slice, where every host fetches the weights (a transfer of SPMD data may run a
     program on all hosts) and host 0 keeps them."""
@@ -333,14 +409,16 @@ def _full_model(s: "Session") -> torch.nn.Module | None:
     return model
 
 
-def _optimizer_state(s: "Session") -> dict:
+def _optimizer_state(s: Session) -> dict:
     if s.backend.multihost:  # every host fetches (see _full_model)
         return to_cpu(s.optimizer.state_dict())
     if not _sharded(s):
         return s.optimizer.state_dict()
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
-    return get_optimizer_state_dict(s.model, s.optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return get_optimizer_state_dict(
+        s.model, s.optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+    )
 
 
 def _buckets(backend: Backend, length: int) -> tuple[int, ...]:
@@ -360,16 +438,29 @@ def make_loader(s: Session, phase: PhaseConfig, held_out: bool = False) -> Strea
     if s.config.eval_every:
         urls = urls[-1:] if held_out else urls[:-1]
     spec = LoaderSpec(
-        urls=tuple(urls), batch_size=phase.batch_size, max_seq_length=phase.max_seq_length,
-        seed=s.config.seed, key=phase.name + ("/held-out" if held_out else ""), num_parts=s.data_parts,
-        buffer_size=s.config.loader_buffer, vocab_size=s.model_config.vocab_size, pad_id=s.pad_id,
-        buckets=_buckets(s.backend, phase.max_seq_length), shuffle=not held_out,
+        urls=tuple(urls),
+        batch_size=phase.batch_size,
+        max_seq_length=phase.max_seq_length,
+        seed=s.config.seed,
+        key=phase.name + ("/held-out" if held_out else ""),
+        num_parts=s.data_parts,
+        buffer_size=s.config.loader_buffer,
+        vocab_size=s.model_config.vocab_size,
+        pad_id=s.pad_id,
+        buckets=_buckets(s.backend, phase.max_seq_length),
+        shuffle=not held_out,
         max_predictions=_max_predictions(s.examples, phase.max_seq_length),
     )
     mask_fn = s.mask_fn if _dynamic(s.config, s.examples) else None
     be = s.backend
-    return StreamingLoader(spec, be.data_rank, be.data_world, 0 if held_out else s.config.loader_workers, mask_fn,
-                           micro_batches=_micro_batches(phase, be.data_world, s.data_parts))
+    return StreamingLoader(
+        spec,
+        be.data_rank,
+        be.data_world,
+        0 if held_out else s.config.loader_workers,
+        mask_fn,
+        micro_batches=_micro_batches(phase, be.data_world, s.data_parts),
+    )
 
 
 # -- fit --------------------------------------------------------------------------------------------
@@ -392,29 +483,51 @@ def fit(s: Session) -> None:
                 continue
             loader = make_loader(s, phase)
             loader.set_position(st.loader_position)
-            log.info("phase %s: %d examples of length %d in %d data parts, batch %d (%d x %d micro-batch(es) "
-                     "on %d process(es)), steps %d..%d", phase.name, loader.examples_per_epoch,
-                     phase.max_seq_length, s.data_parts, phase.batch_size, loader.micro_batches,
-                     loader.local_batch_size // loader.micro_batches, be.data_world, st.global_step + 1,
-                     st.global_step + phase.steps - st.phase_step)
+            log.info(
+                "phase %s: %d examples of length %d in %d data parts, batch %d (%d x %d micro-batch(es) "
+                "on %d process(es)), steps %d..%d",
+                phase.name,
+                loader.examples_per_epoch,
+                phase.max_seq_length,
+                s.data_parts,
+                phase.batch_size,
+                loader.micro_batches,
+                loader.local_batch_size // loader.micro_batches,
+                be.data_world,
+                st.global_step + 1,
+                st.global_step + phase.steps - st.phase_step,
+            )
             window = Window(be.device)
             feed = StepFeed(loader, be)
             try:
-                _fit_phase(s, phase, phase_index, feed, window, stop, phase_ends, trace, peak,
-                           seconds_before, session_start)
+                _fit_phase(
+                    s, phase, phase_index, feed, window, stop, phase_ends, trace, peak, seconds_before, session_start
+                )
             finally:
                 feed.close()
     st.seconds = seconds_before + time.perf_counter() - session_start
     if trace:  # every rank's weights, to check that the replicas agree
         model = _full_model(s) if _sharded(s) else unwrap(s.model)
         if model is not None:
-            torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()},
-                       os.path.join(trace, f"rank{be.data_rank}.weights.pt"))
+            torch.save(
+                {k: v.detach().cpu() for k, v in model.state_dict().items()},
+                os.path.join(trace, f"rank{be.data_rank}.weights.pt"),
+            )
 
 
-def _fit_phase(s: Session, phase: PhaseConfig, phase_index: int, feed: StepFeed, window: Window,
-               stop: StopSignals, phase_ends: set[int], trace: str | None, peak: float,
-               seconds_before: float, session_start: float) -> None:
+def _fit_phase(
+    s: Session,
+    phase: PhaseConfig,
+    phase_index: int,
+    feed: StepFeed,
+    window: Window,
+    stop: StopSignals,
+    phase_ends: set[int],
+    trace: str | None,
+    peak: float,
+    seconds_before: float,
+    session_start: float,
+) -> None:
     """The remaining steps of one phase."""
     cfg, st, be = s.config, s.state, s.backend
     while st.phase_step < phase.steps:
@@ -469,8 +582,9 @@ def _train_step(s: Session, feed: StepFeed, window: Window) -> None:
             # global-batch MLM mean (see the module docstring)
             loss = out.mlm_loss * weights[i] + out.nsp_loss / len(micro)
             loss.backward()
-        window.add_micro(out, batch, step_flops(s.model_config, info.rows, info.width, info.masked), info.tokens,
-                         examples=info.rows)
+        window.add_micro(
+            out, batch, step_flops(s.model_config, info.rows, info.width, info.masked), info.tokens, examples=info.rows
+        )
     max_norm = cfg.max_grad_norm if cfg.max_grad_norm > 0 else float("inf")
     norm = torch.nn.utils.clip_grad_norm_(s.model.parameters(), max_norm)
     if hasattr(norm, "full_tensor"):  # FSDP: a DTensor
@@ -496,23 +610,36 @@ def evaluate(s: Session, phase: PhaseConfig) -> dict[str, float]:
                     out = s.train_model(**batch)
                 correct, total = mlm_correct(out.prediction_logits, batch["labels"])
                 label = batch["next_sentence_label"]
-                sums += torch.stack([
-                    out.mlm_loss.double() * total, total.double(), correct.double(),
-                    out.nsp_loss.double() * label.numel(),
-                    (out.seq_relationship_logits.argmax(-1) == label).sum().double(),
-                    torch.tensor(float(label.numel()), dtype=torch.float64, device=be.device),
-                ])
+                sums += torch.stack(
+                    [
+                        out.mlm_loss.double() * total,
+                        total.double(),
+                        correct.double(),
+                        out.nsp_loss.double() * label.numel(),
+                        (out.seq_relationship_logits.argmax(-1) == label).sum().double(),
+                        torch.tensor(float(label.numel()), dtype=torch.float64, device=be.device),
+                    ]
+                )
     s.train_model.train()
     mlm_sum, n_mlm, mlm_ok, nsp_sum, nsp_ok, n = be.all_reduce_sum(sums).tolist()
     metrics = {
-        "eval_mlm_loss": mlm_sum / max(n_mlm, 1), "eval_nsp_loss": nsp_sum / max(n, 1),
-        "eval_mlm_accuracy": mlm_ok / max(n_mlm, 1), "eval_nsp_accuracy": nsp_ok / max(n, 1),
+        "eval_mlm_loss": mlm_sum / max(n_mlm, 1),
+        "eval_nsp_loss": nsp_sum / max(n, 1),
+        "eval_mlm_accuracy": mlm_ok / max(n_mlm, 1),
+        "eval_nsp_accuracy": nsp_ok / max(n, 1),
     }
     metrics["eval_loss"] = metrics["eval_mlm_loss"] + metrics["eval_nsp_loss"]
     if be.is_main:
-        log.info("held-out %s step %d: loss %.4f (mlm %.4f, nsp %.4f) mlm_acc %.3f nsp_acc %.3f",
-                 phase.name, s.state.global_step, metrics["eval_loss"], metrics["eval_mlm_loss"],
-                 metrics["eval_nsp_loss"], metrics["eval_mlm_accuracy"], metrics["eval_nsp_accuracy"])
+        log.info(
+            "held-out %s step %d: loss %.4f (mlm %.4f, nsp %.4f) mlm_acc %.3f nsp_acc %.3f",
+            phase.name,
+            s.state.global_step,
+            metrics["eval_loss"],
+            metrics["eval_mlm_loss"],
+            metrics["eval_nsp_loss"],
+            metrics["eval_mlm_accuracy"],
+            metrics["eval_nsp_accuracy"],
+        )
     return metrics
 
 
@@ -525,11 +652,23 @@ def _report(s: Session, metrics: dict[str, float], phase: PhaseConfig) -> None:
     st.last_window = metrics
     if not s.backend.is_main:
         return
-    log.info("phase %s step %d/%d loss %.4f (mlm %.4f, nsp %.4f) mlm_acc %.3f |g| %.3g lr %.3g "
-             "%.1f seq/s %.0f tok/s %.3g TFLOP/s%s", phase.name, st.global_step, s.config.total_steps,
-             metrics["loss"], metrics["mlm_loss"], metrics["nsp_loss"], metrics["mlm_accuracy"],
-             metrics["grad_norm"], metrics["lr"], metrics["examples_per_sec"], metrics["tokens_per_sec"],
-             metrics["model_tflops_per_sec"], f" MFU {metrics['mfu']:.1%}" if "mfu" in metrics else "")
+    log.info(
+        "phase %s step %d/%d loss %.4f (mlm %.4f, nsp %.4f) mlm_acc %.3f |g| %.3g lr %.3g "
+        "%.1f seq/s %.0f tok/s %.3g TFLOP/s%s",
+        phase.name,
+        st.global_step,
+        s.config.total_steps,
+        metrics["loss"],
+        metrics["mlm_loss"],
+        metrics["nsp_loss"],
+        metrics["mlm_accuracy"],
+        metrics["grad_norm"],
+        metrics["lr"],
+        metrics["examples_per_sec"],
+        metrics["tokens_per_sec"],
+        metrics["model_tflops_per_sec"],
+        f" MFU {metrics['mfu']:.1%}" if "mfu" in metrics else "",
+    )
     if s.log_fn is not None:
         s.log_fn(metrics, st.global_step)
 
@@ -539,12 +678,16 @@ def _checkpoint(s: Session, phase_name: str, phase_ends: set[int]) -> None:
     model, optim_state = _full_model(s), _optimizer_state(s)  # collectives under FSDP: every rank
     if be.is_main:
         url = checkpoint_url(s.output_url, phase_name, s.state.global_step)
-        save_checkpoint(url, model, {
-            "train": dataclasses.asdict(s.state),
-            "optimizer": optim_state,
-            "scheduler": s.scheduler.state_dict(),
-            "rng": {"python": random.getstate(), "torch": torch.get_rng_state(), "device": be.rng_state()},
-        })
+        save_checkpoint(
+            url,
+            model,
+            {
+                "train": dataclasses.asdict(s.state),
+                "optimizer": optim_state,
+                "scheduler": s.scheduler.state_dict(),
+                "rng": {"python": random.getstate(), "torch": torch.get_rng_state(), "device": be.rng_state()},
+            },
+        )
         prune_checkpoints(s.output_url, s.config.keep_checkpoints, keep=phase_ends)
     be.barrier()
 
@@ -576,8 +719,15 @@ def finish(s: Session) -> Manifest:
     if not be.is_main:
         return Manifest("pretrain", s.output_url, stage_config, {"examples": s.examples_fp}, counts, [])
     files = [describe_file(s.output_url, f"final/{name}") for name in ("config.json", "model.safetensors")]
-    return write_manifest("pretrain", s.output_url, config=stage_config, inputs={"examples": s.examples_fp},
-                          counts=counts, files=files, seconds=time.time() - s.t_start)
+    return write_manifest(
+        "pretrain",
+        s.output_url,
+        config=stage_config,
+        inputs={"examples": s.examples_fp},
+        counts=counts,
+        files=files,
+        seconds=time.time() - s.t_start,
+    )
 
 
 def manifest_config(config: PretrainConfig, model_config: BertConfig) -> dict[str, Any]:

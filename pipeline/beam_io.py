@@ -11,7 +11,8 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import apache_beam as beam
 import fsspec
@@ -59,7 +60,7 @@ def local_runner(cfg: BeamConfig):
     """The runner instance for a BeamConfig, or None to let Beam pick it from ``--runner``: the
     local FnApiRunner at 2+ workers forks its workers from the driver (``cfg.fork_workers``)."""
     if cfg.runner == "FnApiRunner" and cfg.num_workers > 1 and cfg.fork_workers:
-        from pipeline.local_workers import ForkingFnApiRunner, can_fork  # noqa: PLC0415
+        from pipeline.local_workers import ForkingFnApiRunner, can_fork
 
         if can_fork():
             return ForkingFnApiRunner()

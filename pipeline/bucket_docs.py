@@ -7,7 +7,7 @@ smallest content, so the bucket is the same whatever the file layout.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import fsspec
 import pyarrow as pa
@@ -31,7 +31,7 @@ class BucketDocuments(Sequence):
     def __len__(self) -> int:
         return len(self.rows)
 
-    def __getitem__(self, i: int) -> "_Document":
+    def __getitem__(self, i: int) -> _Document:
         row = self.rows[i]
         return _Document(self, int(self.doc_offsets[row]), int(self.doc_offsets[row + 1]))
 

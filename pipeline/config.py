@@ -63,23 +63,34 @@ class BeamConfig:
         check(isinstance(self.runner, str) and bool(self.runner), "beam.runner", "must name a runner")
         check(self.num_workers >= 1, "beam.num_workers", f"must be >= 1, got {self.num_workers}")
         check(self.max_num_workers >= 0, "beam.max_num_workers", f"must be >= 0, got {self.max_num_workers}")
-        check(self.max_num_workers == 0 or self.max_num_workers >= self.num_workers, "beam.max_num_workers",
-              f"{self.max_num_workers} is below beam.num_workers={self.num_workers}")
+        check(
+            self.max_num_workers == 0 or self.max_num_workers >= self.num_workers,
+            "beam.max_num_workers",
+            f"{self.max_num_workers} is below beam.num_workers={self.num_workers}",
+        )
         for key in self.options:
-            check(isinstance(key, str) and re.fullmatch(r"[A-Za-z][A-Za-z0-9_]*", key) is not None,
-                  f"beam.options.{key}", "must be a pipeline option name without dashes, e.g. flink_master")
+            check(
+                isinstance(key, str) and re.fullmatch(r"[A-Za-z][A-Za-z0-9_]*", key) is not None,
+                f"beam.options.{key}",
+                "must be a pipeline option name without dashes, e.g. flink_master",
+            )
         if self.runner == "DataflowRunner":
             given = self._named_options()
             for name in ("project", "region", "temp_location"):
-                check(bool(getattr(self, name)) or name in given, f"beam.{name}",
-                      "DataflowRunner needs it (e.g. --set corpus.beam.%s=...)" % name)
+                check(
+                    bool(getattr(self, name)) or name in given,
+                    f"beam.{name}",
+                    "DataflowRunner needs it (e.g. --set corpus.beam.%s=...)" % name,
+                )
             temp = self.temp_location or str(self.options.get("temp_location", "gs://"))
             check(temp.startswith("gs://"), "beam.temp_location", f"must be a gs:// folder for Dataflow, got {temp!r}")
-            check(bool(self.sdk_container_image or self.setup_file)
-                  or bool(given & {"sdk_container_image", "setup_file", "extra_package", "extra_packages"}),
-                  "beam.sdk_container_image",
-                  "DataflowRunner workers need our code: set beam.sdk_container_image (an image built "
-                  "from infra/dataflow/Dockerfile) or beam.setup_file (infra/dataflow/run.sh --setup-file)")
+            check(
+                bool(self.sdk_container_image or self.setup_file)
+                or bool(given & {"sdk_container_image", "setup_file", "extra_package", "extra_packages"}),
+                "beam.sdk_container_image",
+                "DataflowRunner workers need our code: set beam.sdk_container_image (an image built "
+                "from infra/dataflow/Dockerfile) or beam.setup_file (infra/dataflow/run.sh --setup-file)",
+            )
 
     def _named_options(self) -> set[str]:
         """Option names given through ``options`` or ``extra_args``."""
@@ -152,8 +163,11 @@ class CorpusConfig:
             object.__setattr__(self, "sources", tuple(self.sources))
         check(len(self.sources) >= 1, "corpus.sources", "must name at least one source")
         for source in self.sources:
-            check(source in CORPUS_SOURCES, "corpus.sources",
-                  f"unknown source {source!r}; expected some of {CORPUS_SOURCES}")
+            check(
+                source in CORPUS_SOURCES,
+                "corpus.sources",
+                f"unknown source {source!r}; expected some of {CORPUS_SOURCES}",
+            )
         check(self.min_sentence_chars >= 0, "corpus.min_sentence_chars", "must be >= 0")
         check(
             self.max_sentence_chars > self.min_sentence_chars,
@@ -163,19 +177,24 @@ class CorpusConfig:
         check(0.0 <= self.min_alpha_ratio <= 1.0, "corpus.min_alpha_ratio", "must lie in [0, 1]")
         check(self.min_doc_sentences >= 1, "corpus.min_doc_sentences", "must be >= 1")
         check(self.min_doc_chars >= 0, "corpus.min_doc_chars", "must be >= 0")
-        check(self.max_doc_chars > self.min_doc_chars, "corpus.max_doc_chars",
-              "must be greater than corpus.min_doc_chars")
-        check(0.0 <= self.min_doc_alpha_ratio <= 1.0, "corpus.min_doc_alpha_ratio",
-              "must lie in [0, 1]")
-        check(0.0 <= self.near_dup_threshold < 1.0, "corpus.near_dup_threshold",
-              "must lie in [0, 1)")
+        check(
+            self.max_doc_chars > self.min_doc_chars, "corpus.max_doc_chars", "must be greater than corpus.min_doc_chars"
+        )
+        check(0.0 <= self.min_doc_alpha_ratio <= 1.0, "corpus.min_doc_alpha_ratio", "must lie in [0, 1]")
+        check(0.0 <= self.near_dup_threshold < 1.0, "corpus.near_dup_threshold", "must lie in [0, 1)")
         check(self.max_page_bytes >= 1024, "corpus.max_page_bytes", "must be >= 1024")
         check(self.max_book_bytes >= 1024, "corpus.max_book_bytes", "must be >= 1024")
-        check(self.books_layout in BOOKS_LAYOUTS, "corpus.books_layout",
-              f"must be one of {BOOKS_LAYOUTS}, got {self.books_layout!r}")
+        check(
+            self.books_layout in BOOKS_LAYOUTS,
+            "corpus.books_layout",
+            f"must be one of {BOOKS_LAYOUTS}, got {self.books_layout!r}",
+        )
         check(self.split_bytes >= 0, "corpus.split_bytes", "must be >= 0")
-        check(self.wiki_reader in WIKI_READERS, "corpus.wiki_reader",
-              f"must be one of {WIKI_READERS}, got {self.wiki_reader!r}")
+        check(
+            self.wiki_reader in WIKI_READERS,
+            "corpus.wiki_reader",
+            f"must be one of {WIKI_READERS}, got {self.wiki_reader!r}",
+        )
         check(self.num_shards >= 1, "corpus.num_shards", "must be >= 1")
 
 

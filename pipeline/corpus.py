@@ -46,31 +46,69 @@ from pipeline.beam_io import check_runner_urls, counters, fill_empty_shards, mak
 from pipeline.config import CORPUS_SOURCES, CorpusConfig, output_config
 from pipeline.corpus_decide import KEY_SCHEMA, PartitionedRuns, key_row
 from pipeline.corpus_dedup import (
-    KEYS, NAMESPACE, REJECTS_FOLDER, RUNS, DedupAndWrite, FragmentWriter, Writing, doc_digest,
-    norms_digest, norms_hash, paragraph_hash, windowed,
+    KEYS,
+    NAMESPACE,
+    REJECTS_FOLDER,
+    RUNS,
+    DedupAndWrite,
+    FragmentWriter,
+    Writing,
+    doc_digest,
+    norms_digest,
+    norms_hash,
+    paragraph_hash,
+    windowed,
 )
 from pipeline.dump_reader import wiki_reader_mode
 from pipeline.dumps import iter_wiki, plan_reads
 from pipeline.filters import (
-    FILE_EVENTS, NOTES, PART_DROPS, RECORD_REJECTS, REJECT_REASONS, REJECT_SCHEMA, normalise,
-    sentence_reject, text_digest,
+    FILE_EVENTS,
+    NOTES,
+    PART_DROPS,
+    RECORD_REJECTS,
+    REJECT_REASONS,
+    REJECT_SCHEMA,
+    normalise,
+    sentence_reject,
+    text_digest,
 )
 from pipeline.readers import (
-    BOOK_SUFFIXES, WIKI_SUFFIXES, CorpusReadError, Page, book_stem, expand_inputs,
-    iter_book_lines, looks_binary, read_book,
+    BOOK_SUFFIXES,
+    WIKI_SUFFIXES,
+    CorpusReadError,
+    Page,
+    book_stem,
+    expand_inputs,
+    iter_book_lines,
+    looks_binary,
+    read_book,
 )
 from pipeline.schema import (
-    DOCUMENT_SCHEMA, Manifest, clear_stage, describe_file, fingerprint_input, join_url,
-    list_files, write_manifest,
+    DOCUMENT_SCHEMA,
+    Manifest,
+    clear_stage,
+    describe_file,
+    fingerprint_input,
+    join_url,
+    list_files,
+    write_manifest,
 )
 from pipeline.sentences import book_paragraphs, split_sentences, strip_boilerplate
 from pipeline.shards import write_table
 from pipeline.wikitext import clean_wikitext
 
 __all__ = [
-    "run_corpus", "check_corpus_inputs", "CorpusInputError", "build_document", "build_paragraphs",
+    "run_corpus",
+    "check_corpus_inputs",
+    "CorpusInputError",
+    "build_document",
+    "build_paragraphs",
     "page_record",
-    "REJECT_REASONS", "RECORD_REJECTS", "sentence_reject", "normalise", "text_digest",
+    "REJECT_REASONS",
+    "RECORD_REJECTS",
+    "sentence_reject",
+    "normalise",
+    "text_digest",
 ]
 
 log = logging.getLogger("bertflow.corpus")
@@ -82,7 +120,9 @@ BATCHES = "batches"
 PROGRESS_EVERY = 1000
 _DISAMBIGUATION = re.compile(
     r"\{\{\s*(?:disambiguation|disambig|dab|hndis|geodis|numberdis|letter-numbercombdisambig)"
-    r"\s*(?:\||\}\})", re.I)
+    r"\s*(?:\||\}\})",
+    re.I,
+)
 
 
 class CorpusInputError(ValueError):
@@ -112,22 +152,24 @@ def check_corpus_inputs(config: CorpusConfig, inputs: dict[str, str]) -> dict[st
         if not url:
             raise CorpusInputError(
                 f"corpus: corpus.sources includes {name!r} but no {name} input was given; give "
-                f"one (data.{name}) or leave {name!r} out of corpus.sources")
+                f"one (data.{name}) or leave {name!r} out of corpus.sources"
+            )
         try:
             found = _input_files(name, url)
         except FileNotFoundError:
             raise CorpusInputError(
                 f"corpus: the {name} input {url} matches no files; corpus.sources includes "
-                f"{name!r}, so it may not be empty") from None
+                f"{name!r}, so it may not be empty"
+            ) from None
         fs, _ = fsspec.core.url_to_fs(found[0])
         if all(fs.size(fsspec.core.url_to_fs(u)[1]) == 0 for u in found):
             raise CorpusInputError(
                 f"corpus: the {name} input {url} holds only empty files ({len(found)}); "
-                f"corpus.sources includes {name!r}, so it may not be empty")
+                f"corpus.sources includes {name!r}, so it may not be empty"
+            )
         files[name] = found
     for name in sorted(set(inputs) - set(config.sources)):
-        log.warning("corpus: ignoring the %s input %s (not in corpus.sources %s)",
-                    name, inputs[name], config.sources)
+        log.warning("corpus: ignoring the %s input %s (not in corpus.sources %s)", name, inputs[name], config.sources)
     return files
 
 
@@ -140,8 +182,7 @@ def page_record(page: Page) -> tuple[dict | None, str | None]:
         return None, "non_article_namespace"
     if _DISAMBIGUATION.search(page.text):
         return None, "disambiguation"
-    return {"doc_id": f"wiki:{page.page_id}", "source": "wiki", "title": page.title,
-            "text": page.text}, None
+    return {"doc_id": f"wiki:{page.page_id}", "source": "wiki", "title": page.title, "text": page.text}, None
 
 
 def paragraphs_of(record: dict, config: CorpusConfig) -> list[str]:
@@ -250,15 +291,20 @@ class _ReadUnit(Writing):
         read = 0
         if source == "wiki":
             batches = _RecordBatches(self.work_url) if parts == HANDOFF else None
-            reader = wiki_reader_mode(self.config.wiki_reader, self.config.beam.runner,
-                                      self.config.beam.num_workers)
+            reader = wiki_reader_mode(self.config.wiki_reader, self.config.beam.runner, self.config.beam.num_workers)
             for item in iter_wiki(url, start, end, self.config.max_page_bytes, part, max(parts, 1), reader):
                 if isinstance(item, Page):
                     read += 1
                     record, reason = page_record(item)
                     if reason:
-                        self.reject("wiki", reason, record_id=f"wiki:{item.page_id}",
-                                    title=item.title, url=url, sample=item.text)
+                        self.reject(
+                            "wiki",
+                            reason,
+                            record_id=f"wiki:{item.page_id}",
+                            title=item.title,
+                            url=url,
+                            sample=item.text,
+                        )
                     elif batches is None:
                         yield record
                     else:
@@ -273,8 +319,15 @@ class _ReadUnit(Writing):
                 else:
                     log.error("corpus: %s in %s: %s", item.reason, url, item.detail)
                 rid = f"wiki:{item.record_id}" if item.record_id else ""
-                self.reject("wiki", item.reason, record_id=rid, title=item.title,
-                            url=url, detail=item.detail, sample=item.sample)
+                self.reject(
+                    "wiki",
+                    item.reason,
+                    record_id=rid,
+                    title=item.title,
+                    url=url,
+                    detail=item.detail,
+                    sample=item.sample,
+                )
             for batch in batches.close() if batches is not None else []:
                 yield beam.pvalue.TaggedOutput(BATCHES, batch)
         elif self.config.books_layout == "line_per_document":
@@ -289,8 +342,9 @@ class _ReadUnit(Writing):
         if not url.lower().endswith(BOOK_SUFFIXES):
             reason = "binary_file" if _is_binary(url) else "unsupported_file"
             log.error("corpus: %s among the books rejected (%s)", url, reason)
-            self.reject("books", reason, record_id=rid, url=url,
-                              detail=f"not a book file (expected {', '.join(BOOK_SUFFIXES)})")
+            self.reject(
+                "books", reason, record_id=rid, url=url, detail=f"not a book file (expected {', '.join(BOOK_SUFFIXES)})"
+            )
             return
         try:
             book = read_book(url, self.config.max_book_bytes)
@@ -302,8 +356,7 @@ class _ReadUnit(Writing):
         if book.encoding != "utf-8":
             self.count("books_reencoded")
             log.warning("corpus: %s is not UTF-8; read as %s", url, book.encoding)
-        yield {"doc_id": f"books:{book.name}", "source": "books", "title": book.title,
-               "text": book.text}
+        yield {"doc_id": f"books:{book.name}", "source": "books", "title": book.title, "text": book.text}
 
     def _book_lines(self, url: str):
         stem = book_stem(url)
@@ -315,8 +368,13 @@ class _ReadUnit(Writing):
         read = 0
         for number, line in iter_book_lines(url):
             read += 1
-            yield {"doc_id": f"books:{stem}:{number:09d}", "source": "books", "title": stem,
-                   "text": line, "layout": "line"}
+            yield {
+                "doc_id": f"books:{stem}:{number:09d}",
+                "source": "books",
+                "title": stem,
+                "text": line,
+                "layout": "line",
+            }
         return read
 
 
@@ -358,17 +416,22 @@ def spread_units(units: list[tuple], workers: int) -> list[tuple]:
     more, and the read (decompression and page scan) is not shared out."""
     if workers <= 1 or len(units) >= 2 * workers:
         return units
-    return [(source, url, start, end, 0, HANDOFF) if source == "wiki" and start is None
-            else (source, url, start, end, part, parts)
-            for source, url, start, end, part, parts in units]
+    return [
+        (source, url, start, end, 0, HANDOFF)
+        if source == "wiki" and start is None
+        else (source, url, start, end, part, parts)
+        for source, url, start, end, part, parts in units
+    ]
 
 
-RECORD_SCHEMA = pa.schema([
-    pa.field("doc_id", pa.string(), nullable=False),
-    pa.field("source", pa.string(), nullable=False),
-    pa.field("title", pa.string()),
-    pa.field("text", pa.string(), nullable=False),
-])
+RECORD_SCHEMA = pa.schema(
+    [
+        pa.field("doc_id", pa.string(), nullable=False),
+        pa.field("source", pa.string(), nullable=False),
+        pa.field("title", pa.string()),
+        pa.field("text", pa.string(), nullable=False),
+    ]
+)
 
 
 class _RecordBatches:
@@ -419,7 +482,8 @@ class ReadUnits(beam.PTransform):
 
     def expand(self, units):
         read = units | "ReadUnit" >> beam.ParDo(_ReadUnit(self.config, self.work_url)).with_outputs(
-            RUNS, BATCHES, main="records")
+            RUNS, BATCHES, main="records"
+        )
         # Cleaned apart from the direct records, not flattened with them: a Flatten of two
         # stages' outputs is a buffer in the local runner, and these are whole pages.
         handed = read[BATCHES] | "SpreadBatches" >> beam.Reshuffle() | "ReadBatch" >> beam.ParDo(_ReadBatch())
@@ -452,28 +516,33 @@ class _CleanToFragments(Writing):
                 self.count(reason, n)
         self._processed += 1
         if self._processed % PROGRESS_EVERY == 0:
-            log.info("corpus: %d documents processed by this worker (last %s)",
-                     self._processed, record["doc_id"])
+            log.info("corpus: %d documents processed by this worker (last %s)", self._processed, record["doc_id"])
         if paragraphs is None:
             reason = next(r for r in rejects if r in RECORD_REJECTS)
-            self.reject(record["source"], reason, record_id=record["doc_id"],
-                        title=record["title"], sample=record["text"])
+            self.reject(
+                record["source"], reason, record_id=record["doc_id"], title=record["title"], sample=record["text"]
+            )
             return
         # The digest and hashes normalise each sentence; the dedup above already did (the
         # same strings: normalise(" ".join(p)) == " ".join(map(normalise, p)), no kept
         # sentence normalising to "").
         digest = doc_digest(paragraphs) if norms is None else norms_digest(norms)
-        ref = self._fragments.add({"doc_id": record["doc_id"], "source": record["source"],
-                                   "title": record["title"], "digest": digest,
-                                   "paragraphs": paragraphs})
+        ref = self._fragments.add(
+            {
+                "doc_id": record["doc_id"],
+                "source": record["source"],
+                "title": record["title"],
+                "digest": digest,
+                "paragraphs": paragraphs,
+            }
+        )
         if not self.config.dedup_paragraphs:
             hashes = []
         elif norms is None:
             hashes = [paragraph_hash(p) for p in paragraphs]
         else:
             hashes = [norms_hash(n) for n in norms]
-        sig = (filters.minhash([s for p in paragraphs for s in p])
-               if self.config.near_dup_threshold > 0 else None)
+        sig = filters.minhash([s for p in paragraphs for s in p]) if self.config.near_dup_threshold > 0 else None
         self._keys.add(key_row(bytes.fromhex(digest), record["doc_id"], record["title"], ref, hashes, sig))
 
     def finish_bundle(self):
@@ -496,8 +565,8 @@ class CleanToFragments(beam.PTransform):
 
     def expand(self, records):
         return records | "BuildDocument" >> beam.ParDo(
-            _CleanToFragments(self.config, self.work_url, self.partitions)).with_outputs(
-                "fragments", RUNS, KEYS, main="none")
+            _CleanToFragments(self.config, self.work_url, self.partitions)
+        ).with_outputs("fragments", RUNS, KEYS, main="none")
 
 
 def dedup_partitions(config: CorpusConfig, workers: int) -> int:
@@ -512,18 +581,12 @@ def build_corpus_pipeline(config: CorpusConfig, files: dict[str, list[str]], out
     check_runner_urls(config.beam, {**files, "output": [output_url]})
     # Page text never crosses a shuffle: each worker cleans what it reads.
     workers = config.beam.num_workers if config.beam.runner in ("FnApiRunner", "DirectRunner") else 64
-    units = spread_units(
-        [u for name, urls in files.items() for u in plan_units(name, urls, config)], workers)
+    units = spread_units([u for name, urls in files.items() for u in plan_units(name, urls, config)], workers)
     log.info("corpus: %d read units for %d workers", len(units), workers)
 
     work = join_url(output_url, WORK_DIR)
     p = make_pipeline(config.beam, job_name="bertflow-corpus")
-    read = (
-        p
-        | "Units" >> beam.Create(units)
-        | "SpreadUnits" >> beam.Reshuffle()
-        | "Read" >> ReadUnits(config, work)
-    )
+    read = p | "Units" >> beam.Create(units) | "SpreadUnits" >> beam.Reshuffle() | "Read" >> ReadUnits(config, work)
     partitions = dedup_partitions(config, workers)
     cleaned = read["records"] | "Clean" >> CleanToFragments(config, work, partitions)
     handed = read["handed"] | "CleanHanded" >> CleanToFragments(config, work, partitions)
@@ -576,9 +639,14 @@ def run_corpus(config: CorpusConfig, inputs: dict[str, str], output_url: str) ->
         files=out_files,
         seconds=seconds,
     )
-    log.info("corpus: %d documents, %d sentences in %.1f s; rejects %s (rows in %s)",
-             counts["documents"], counts["sentences"], seconds,
-             {r: counts[r] for r in REJECT_REASONS if counts[r]}, join_url(output_url, REJECTS_FOLDER))
+    log.info(
+        "corpus: %d documents, %d sentences in %.1f s; rejects %s (rows in %s)",
+        counts["documents"],
+        counts["sentences"],
+        seconds,
+        {r: counts[r] for r in REJECT_REASONS if counts[r]},
+        join_url(output_url, REJECTS_FOLDER),
+    )
     return manifest
 
 

@@ -36,7 +36,8 @@ import hashlib
 import json
 import logging
 import uuid
-from typing import Any, Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 import fsspec
 import pyarrow as pa
@@ -57,29 +58,35 @@ KEY_MERGE_BYTES = 8 << 20
 KEY_ROW_GROUP = 1024
 """Row-group size of key runs (a key row is ~100-300 bytes)."""
 
-KEY_SCHEMA = pa.schema([
-    pa.field("digest", pa.binary(), nullable=False),
-    pa.field("doc_id", pa.string(), nullable=False),
-    pa.field("title", pa.string()),
-    pa.field("fragment", pa.string(), nullable=False),
-    pa.field("row", pa.int32(), nullable=False),
-    pa.field("hashes", pa.binary(), nullable=False),  # the paragraph hashes, concatenated
-    pa.field("sig", pa.list_(pa.uint64())),  # MinHash values, only with near-dup detection
-])
-OCCURRENCE_SCHEMA = pa.schema([
-    pa.field("phash", pa.binary(), nullable=False),
-    pa.field("doc_id", pa.string(), nullable=False),
-    pa.field("fragment", pa.string(), nullable=False),
-    pa.field("row", pa.int32(), nullable=False),
-    pa.field("index", pa.int32(), nullable=False),
-])
-DROP_SCHEMA = pa.schema([
-    pa.field("fragment", pa.string(), nullable=False),
-    pa.field("row", pa.int32(), nullable=False),
-    pa.field("paragraph", pa.int32(), nullable=False),  # -1: the whole document
-    pa.field("reason", pa.string(), nullable=False),
-    pa.field("detail", pa.string(), nullable=False),
-])
+KEY_SCHEMA = pa.schema(
+    [
+        pa.field("digest", pa.binary(), nullable=False),
+        pa.field("doc_id", pa.string(), nullable=False),
+        pa.field("title", pa.string()),
+        pa.field("fragment", pa.string(), nullable=False),
+        pa.field("row", pa.int32(), nullable=False),
+        pa.field("hashes", pa.binary(), nullable=False),  # the paragraph hashes, concatenated
+        pa.field("sig", pa.list_(pa.uint64())),  # MinHash values, only with near-dup detection
+    ]
+)
+OCCURRENCE_SCHEMA = pa.schema(
+    [
+        pa.field("phash", pa.binary(), nullable=False),
+        pa.field("doc_id", pa.string(), nullable=False),
+        pa.field("fragment", pa.string(), nullable=False),
+        pa.field("row", pa.int32(), nullable=False),
+        pa.field("index", pa.int32(), nullable=False),
+    ]
+)
+DROP_SCHEMA = pa.schema(
+    [
+        pa.field("fragment", pa.string(), nullable=False),
+        pa.field("row", pa.int32(), nullable=False),
+        pa.field("paragraph", pa.int32(), nullable=False),  # -1: the whole document
+        pa.field("reason", pa.string(), nullable=False),
+        pa.field("detail", pa.string(), nullable=False),
+    ]
+)
 
 
 def sort_key(text: str) -> int:
@@ -92,11 +99,25 @@ def prefix_key(data: bytes) -> int:
     return int.from_bytes(data[:8], "big")
 
 
-def key_row(digest: bytes, doc_id: str, title: str | None, ref: tuple[str, int],
-            hashes: list[bytes], sig: list[int] | None = None) -> dict[str, Any]:
+def key_row(
+    digest: bytes,
+    doc_id: str,
+    title: str | None,
+    ref: tuple[str, int],
+    hashes: list[bytes],
+    sig: list[int] | None = None,
+) -> dict[str, Any]:
     """A document's key row (:data:`KEY_SCHEMA` plus its sort key)."""
-    return {"digest": digest, "doc_id": doc_id, "title": title or "", "fragment": ref[0], "row": ref[1],
-            "hashes": b"".join(hashes), "sig": sig, KEY: prefix_key(digest)}
+    return {
+        "digest": digest,
+        "doc_id": doc_id,
+        "title": title or "",
+        "fragment": ref[0],
+        "row": ref[1],
+        "hashes": b"".join(hashes),
+        "sig": sig,
+        KEY: prefix_key(digest),
+    }
 
 
 # -- walking sorted runs ----------------------------------------------------------------------
@@ -158,9 +179,11 @@ class PartitionedRuns:
         if writer is None:
             folder = join_url(self.work_url, self.name, f"p{j:05d}")
             writer = self.writers[j] = RunWriter(
-                self.schema, lambda r, folder=folder: join_url(folder, f"{self.prefix}-{r:05d}.parquet"),
+                self.schema,
+                lambda r, folder=folder: join_url(folder, f"{self.prefix}-{r:05d}.parquet"),
                 budget_bytes=max(min(256 << 10, KEY_RUN_BYTES), KEY_RUN_BYTES // self.partitions),
-                row_group_rows=KEY_ROW_GROUP)
+                row_group_rows=KEY_ROW_GROUP,
+            )
         writer.add(row)
 
     def close(self) -> list[tuple[int, tuple[str, int]]]:
@@ -176,23 +199,41 @@ class Drops(PartitionedRuns):
         super().__init__(work_url, name, DROP_SCHEMA, partitions)
 
     def drop(self, fragment: str, row: int, paragraph: int, reason: str, detail: str) -> None:
-        self.add({"fragment": fragment, "row": row, "paragraph": paragraph, "reason": reason,
-                  "detail": detail, KEY: sort_key(fragment)})
+        self.add(
+            {
+                "fragment": fragment,
+                "row": row,
+                "paragraph": paragraph,
+                "reason": reason,
+                "detail": detail,
+                KEY: sort_key(fragment),
+            }
+        )
 
 
 def walk(runs: list[tuple[str, int]], work_url: str, schema: pa.Schema) -> Iterator[list[dict[str, Any]]]:
     """Blocks of equal key of every row of ``runs``, in key order, in bounded memory."""
-    return key_blocks(iter_merged(sorted(runs), work_url, schema, row_bytes=256, max_fan_in=MAX_FAN_IN,
-                                  budget_bytes=KEY_MERGE_BYTES, level_row_group_rows=KEY_ROW_GROUP,
-                                  keep_levels=True))  # the job removes its work folder
+    return key_blocks(
+        iter_merged(
+            sorted(runs),
+            work_url,
+            schema,
+            row_bytes=256,
+            max_fan_in=MAX_FAN_IN,
+            budget_bytes=KEY_MERGE_BYTES,
+            level_row_group_rows=KEY_ROW_GROUP,
+            keep_levels=True,
+        )
+    )  # the job removes its work folder
 
 
 # -- the decisions: one function per pass, each over one partition of its key -----------------
 # Each pass reads the runs of one partition (every row of a group has the same key, so the same
 # partition) and writes what goes on to runs partitioned by the next pass's key. Beam groups the
 # run URLs by partition between passes (pipeline.corpus_dedup); decide_drops runs them in turn.
-def exact_documents(runs: list[tuple[str, int]], work_url: str, config: CorpusConfig, part: int,
-                    partitions: int) -> tuple[list, list]:
+def exact_documents(
+    runs: list[tuple[str, int]], work_url: str, config: CorpusConfig, part: int, partitions: int
+) -> tuple[list, list]:
     """Pass 1, exact documents (key: text digest): of documents with the same digest the
     smallest ``(doc_id, title)`` is kept. -> (survivor runs by doc_id partition, drop runs).
     With near-duplicate detection on (one partition only), the near duplicates among the
@@ -205,8 +246,7 @@ def exact_documents(runs: list[tuple[str, int]], work_url: str, config: CorpusCo
         for group in by_field(block, "digest") if config.dedup_sentences else [[r] for r in block]:
             keeper, others = keep_first(group, lambda r: (r["doc_id"], r["title"]))
             for other in others:
-                drops.drop(other["fragment"], other["row"], -1, "duplicate_document",
-                           f"same as {keeper['doc_id']}")
+                drops.drop(other["fragment"], other["row"], -1, "duplicate_document", f"same as {keeper['doc_id']}")
             if near:
                 signatures.append((keeper["doc_id"], keeper["sig"]))
             keeper[KEY] = sort_key(keeper["doc_id"])
@@ -222,8 +262,9 @@ NEAR = "near.json"
 """{doc_id: the doc_id it nearly duplicates} of pass 1, read by pass 2 (near-dup on only)."""
 
 
-def one_per_doc_id(runs: list[tuple[str, int]], work_url: str, config: CorpusConfig, part: int,
-                   partitions: int) -> tuple[list, list]:
+def one_per_doc_id(
+    runs: list[tuple[str, int]], work_url: str, config: CorpusConfig, part: int, partitions: int
+) -> tuple[list, list]:
     """Pass 2 (key: doc_id): near duplicates dropped, then of rows with the same doc_id the
     smallest ``(digest, title)`` is kept, and the keeper's paragraphs go on.
     -> (occurrence runs by paragraph-hash partition, drop runs)."""
@@ -240,8 +281,7 @@ def one_per_doc_id(runs: list[tuple[str, int]], work_url: str, config: CorpusCon
             if kept is None:
                 live.append(row)
             else:
-                drops.drop(row["fragment"], row["row"], -1, "near_duplicate_document",
-                           f"near duplicate of {kept}")
+                drops.drop(row["fragment"], row["row"], -1, "near_duplicate_document", f"near duplicate of {kept}")
         for group in by_field(live, "doc_id") if live else []:
             keeper, others = keep_first(group, lambda r: (r["digest"], r["title"]))
             doc_id = keeper["doc_id"]
@@ -252,8 +292,16 @@ def one_per_doc_id(runs: list[tuple[str, int]], work_url: str, config: CorpusCon
             hashes = keeper["hashes"]
             for index in range(len(hashes) // HASH_BYTES):
                 phash = hashes[index * HASH_BYTES : (index + 1) * HASH_BYTES]
-                occurrences.add({"phash": phash, "doc_id": doc_id, "fragment": keeper["fragment"],
-                                 "row": keeper["row"], "index": index, KEY: prefix_key(phash)})
+                occurrences.add(
+                    {
+                        "phash": phash,
+                        "doc_id": doc_id,
+                        "fragment": keeper["fragment"],
+                        "row": keeper["row"],
+                        "index": index,
+                        KEY: prefix_key(phash),
+                    }
+                )
     return occurrences.close(), drops.close()
 
 
@@ -267,8 +315,7 @@ def shared_paragraphs(runs: list[tuple[str, int]], work_url: str, part: int, par
                 continue
             occurrences_of = [(r["doc_id"], (r["fragment"], r["row"]), r["index"]) for r in group]
             for (_, (fragment, row), index), kept in paragraph_drops(occurrences_of):
-                drops.drop(fragment, row, index, "duplicate_paragraph_corpus",
-                           f"paragraph {index} same as {kept}")
+                drops.drop(fragment, row, index, "duplicate_paragraph_corpus", f"paragraph {index} same as {kept}")
     return drops.close()
 
 

@@ -45,7 +45,12 @@ from apache_beam.utils.windowed_value import WindowedValue
 from pipeline.beam_io import shard_name
 from pipeline.config import CorpusConfig
 from pipeline.corpus_decide import (
-    HASH_BYTES, drop_files, exact_documents, one_per_doc_id, shared_paragraphs, sort_key,
+    HASH_BYTES,
+    drop_files,
+    exact_documents,
+    one_per_doc_id,
+    shared_paragraphs,
+    sort_key,
 )
 from pipeline.filters import REJECT_SCHEMA, digest, normalise, reject_row, text_digest
 from pipeline.schema import DOCUMENT_SCHEMA, join_url
@@ -141,8 +146,7 @@ class FragmentWriter:
     def _flush(self) -> None:
         if not self.rows:
             return
-        write_table(fragment_url(self.work_url, self.fragment),
-                    pa.Table.from_pylist(self.rows, schema=FRAGMENT_SCHEMA))
+        write_table(fragment_url(self.work_url, self.fragment), pa.Table.from_pylist(self.rows, schema=FRAGMENT_SCHEMA))
         self.written.append(self.fragment)
         self.rows, self.fragment = [], _new_id()
 
@@ -219,8 +223,10 @@ class Writing(Counted):
             schema = REJECT_SCHEMA if folder == REJECTS_FOLDER else DOCUMENT_SCHEMA
             prefix = _new_id()
             writer = self._writers[folder] = RunWriter(
-                schema, lambda r: join_url(self.work_url, RUNS, folder, f"{prefix}-{r:04d}.parquet"),
-                row_group_rows=ROW_GROUP_ROWS)
+                schema,
+                lambda r: join_url(self.work_url, RUNS, folder, f"{prefix}-{r:04d}.parquet"),
+                row_group_rows=ROW_GROUP_ROWS,
+            )
         writer.add(row)
 
     def reject(self, source: str, reason: str, **fields) -> None:
@@ -303,18 +309,35 @@ class _ApplyDrops(Writing):
             source, doc_id, title = row["source"], row["doc_id"], row["title"]
             if index in whole:
                 reason, detail = whole[index]
-                self.reject(source, reason, record_id=doc_id, title=title, detail=detail,
-                            sample=" ".join(s for p in row["paragraphs"] for s in p))
+                self.reject(
+                    source,
+                    reason,
+                    record_id=doc_id,
+                    title=title,
+                    detail=detail,
+                    sample=" ".join(s for p in row["paragraphs"] for s in p),
+                )
                 continue
             dropped = parts.get(index, {})
             for p, detail in sorted(dropped.items()):
-                self.reject(source, "duplicate_paragraph_corpus", record_id=doc_id, title=title,
-                            detail=detail, sample=" ".join(row["paragraphs"][p]))
+                self.reject(
+                    source,
+                    "duplicate_paragraph_corpus",
+                    record_id=doc_id,
+                    title=title,
+                    detail=detail,
+                    sample=" ".join(row["paragraphs"][p]),
+                )
             doc, reason = apply_drops(row, dropped, self.config)
             if reason:
-                self.reject(source, reason, record_id=doc_id, title=title,
-                            detail="after removing paragraphs kept in other documents",
-                            sample=" ".join(s for p in row["paragraphs"] for s in p))
+                self.reject(
+                    source,
+                    reason,
+                    record_id=doc_id,
+                    title=title,
+                    detail="after removing paragraphs kept in other documents",
+                    sample=" ".join(s for p in row["paragraphs"] for s in p),
+                )
                 continue
             self.count(f"{source}_documents")
             self.count(f"{source}_sentences", doc["num_sentences"])
@@ -341,10 +364,19 @@ class _MergeFolder(beam.DoFn):
         runs = sorted(runs)
         schema = REJECT_SCHEMA if folder == REJECTS_FOLDER else DOCUMENT_SCHEMA
         rows = merge_runs_in_levels(
-            runs, join_url(self.work_url, "merge", folder), join_url(self.output_url, folder), schema,
-            self.num_shards, shard_name, row_bytes=_row_bytes(runs), max_fan_in=MAX_FAN_IN,
-            budget_bytes=MERGE_BUDGET_BYTES, level_row_group_rows=ROW_GROUP_ROWS,
-            row_group_rows=SHARD_ROW_GROUP_ROWS, keep_levels=True)  # the job removes its work folder
+            runs,
+            join_url(self.work_url, "merge", folder),
+            join_url(self.output_url, folder),
+            schema,
+            self.num_shards,
+            shard_name,
+            row_bytes=_row_bytes(runs),
+            max_fan_in=MAX_FAN_IN,
+            budget_bytes=MERGE_BUDGET_BYTES,
+            level_row_group_rows=ROW_GROUP_ROWS,
+            row_group_rows=SHARD_ROW_GROUP_ROWS,
+            keep_levels=True,
+        )  # the job removes its work folder
         yield folder, rows
 
 
@@ -382,15 +414,21 @@ class DedupAndWrite(beam.PTransform):
     def expand(self, inputs):
         keys, fragments, runs = inputs
         cfg, work, parts = self.config, self.work_url, self.partitions
-        exact = (keys
-                 | "KeysByDigest" >> beam.GroupByKey()
-                 | "ExactDocuments" >> beam.ParDo(_ExactDocuments(work, cfg, parts)).with_outputs("drops", main="next"))
-        unique = (exact.next
-                  | "SurvivorsById" >> beam.GroupByKey()
-                  | "OnePerDocId" >> beam.ParDo(_OnePerDocId(work, cfg, parts)).with_outputs("drops", main="next"))
-        shared = (unique.next
-                  | "ParagraphsByHash" >> beam.GroupByKey()
-                  | "SharedParagraphs" >> beam.ParDo(_SharedParagraphs(work, cfg, parts)).with_outputs("drops", main="next"))
+        exact = (
+            keys
+            | "KeysByDigest" >> beam.GroupByKey()
+            | "ExactDocuments" >> beam.ParDo(_ExactDocuments(work, cfg, parts)).with_outputs("drops", main="next")
+        )
+        unique = (
+            exact.next
+            | "SurvivorsById" >> beam.GroupByKey()
+            | "OnePerDocId" >> beam.ParDo(_OnePerDocId(work, cfg, parts)).with_outputs("drops", main="next")
+        )
+        shared = (
+            unique.next
+            | "ParagraphsByHash" >> beam.GroupByKey()
+            | "SharedParagraphs" >> beam.ParDo(_SharedParagraphs(work, cfg, parts)).with_outputs("drops", main="next")
+        )
         dropped = (
             (exact.drops, unique.drops, shared.drops)
             | "AllDrops" >> beam.Flatten()

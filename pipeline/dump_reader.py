@@ -24,14 +24,13 @@ import os
 import pickle
 import subprocess
 import sys
-from typing import Iterator
+from collections.abc import Iterator
 
 from pipeline.readers import Page, ReadEvent
 
 BATCH_BYTES = 256 << 10
 """Page text the child gathers before it writes one batch."""
 _HEADER = 8
-
 
 
 def available_cores() -> int:
@@ -65,19 +64,25 @@ def _decode(t: tuple) -> Page | ReadEvent:
     return ReadEvent(*t[1:])
 
 
-def iter_wiki_in_child(url: str, start: int | None = None, end: int | None = None,
-                       max_page_bytes: int | None = None, part: int = 0, parts: int = 1
-                       ) -> Iterator[Page | ReadEvent]:
+def iter_wiki_in_child(
+    url: str,
+    start: int | None = None,
+    end: int | None = None,
+    max_page_bytes: int | None = None,
+    part: int = 0,
+    parts: int = 1,
+) -> Iterator[Page | ReadEvent]:
     """What :func:`pipeline.dumps.iter_wiki` yields for the same arguments, read by a child
     process. Raises RuntimeError naming the file if the child dies before the end."""
-    import pipeline  # noqa: PLC0415
+    import pipeline
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(pipeline.__file__)))
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     args = json.dumps([url, start, end, max_page_bytes, part, parts])
-    proc = subprocess.Popen([sys.executable, "-m", "pipeline.dump_reader", args], stdout=subprocess.PIPE,
-                            stdin=subprocess.DEVNULL, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pipeline.dump_reader", args], stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, env=env
+    )
     finished = False
     try:
         out = proc.stdout
@@ -104,7 +109,7 @@ def iter_wiki_in_child(url: str, start: int | None = None, end: int | None = Non
 
 
 def _main(argv: list[str]) -> int:
-    from pipeline.dumps import DEFAULT_MAX_PAGE_BYTES, iter_wiki  # noqa: PLC0415
+    from pipeline.dumps import DEFAULT_MAX_PAGE_BYTES, iter_wiki
 
     url, start, end, max_page_bytes, part, parts = json.loads(argv[0])
     out = sys.stdout.buffer
@@ -118,8 +123,7 @@ def _main(argv: list[str]) -> int:
         out.write(data)
         batch, held = [], 0
 
-    for item in iter_wiki(url, start, end, max_page_bytes or DEFAULT_MAX_PAGE_BYTES, part, parts,
-                          reader="inline"):
+    for item in iter_wiki(url, start, end, max_page_bytes or DEFAULT_MAX_PAGE_BYTES, part, parts, reader="inline"):
         batch.append(_encode(item))
         held += len(item.text) if isinstance(item, Page) else len(item.sample)
         if held >= BATCH_BYTES:

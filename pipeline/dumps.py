@@ -29,9 +29,9 @@ import bz2
 import queue
 import re
 import threading
-import zlib
 import xml.etree.ElementTree as ET
-from typing import Iterable, Iterator
+import zlib
+from collections.abc import Iterable, Iterator
 
 import fsspec
 
@@ -51,12 +51,14 @@ def _head_info(head: bytes) -> tuple[str, str]:
     """(page id, title) from the first bytes of a page, for naming a rejected one."""
     title = _TITLE.search(head)
     page_id = _ID.search(head)
-    return (page_id.group(1).decode("ascii") if page_id else "",
-            title.group(1).decode("utf-8", "replace") if title else "")
+    return (
+        page_id.group(1).decode("ascii") if page_id else "",
+        title.group(1).decode("utf-8", "replace") if title else "",
+    )
 
 
 def _sample(data: bytes) -> str:
-    return data[:_SAMPLE * 2].decode("utf-8", "replace")[:_SAMPLE]
+    return data[: _SAMPLE * 2].decode("utf-8", "replace")[:_SAMPLE]
 
 
 # -- byte sources ------------------------------------------------------------------------------
@@ -78,7 +80,7 @@ def _inflate(raw: Iterable[bytes], kind: str) -> Iterator[bytes]:
     if kind == "bz2":
         new = bz2.BZ2Decompressor
     else:
-        new = lambda: zlib.decompressobj(wbits=47)  # noqa: E731 (gzip header)
+        new = lambda: zlib.decompressobj(wbits=47)  # gzip header
     dec = new()
     fed = False  # the current stream has had input but not reached its end
     for data in raw:
@@ -172,8 +174,9 @@ def prefetched(chunks: Iterator[bytes], depth: int = PREFETCH_CHUNKS) -> Iterato
 
 
 # -- the page scanner --------------------------------------------------------------------------
-def scan_pages(chunks: Iterable[bytes], url: str, max_page_bytes: int = DEFAULT_MAX_PAGE_BYTES,
-               part: int = 0, parts: int = 1) -> Iterator[Page | ReadEvent]:
+def scan_pages(
+    chunks: Iterable[bytes], url: str, max_page_bytes: int = DEFAULT_MAX_PAGE_BYTES, part: int = 0, parts: int = 1
+) -> Iterator[Page | ReadEvent]:
     """Pages and events from a stream of dump bytes; see the module docstring.
 
     With ``parts > 1`` only every ``parts``-th page from the ``part``-th (0-based; a page event
@@ -212,17 +215,28 @@ def scan_pages(chunks: Iterable[bytes], url: str, max_page_bytes: int = DEFAULT_
         except (OSError, EOFError, ValueError) as exc:
             if not received:
                 if part == 0:
-                    yield ReadEvent("file", "unreadable_file", url, "", "",
-                                    f"{type(exc).__name__}: {exc}")
+                    yield ReadEvent("file", "unreadable_file", url, "", "", f"{type(exc).__name__}: {exc}")
                 return
             if in_page and mine():
                 page_id, title, sample = info(len(buf))
-                yield ReadEvent("page", "truncated_page", url, page_id, title,
-                                f"page cut by the end of the readable data: {exc}", sample)
+                yield ReadEvent(
+                    "page",
+                    "truncated_page",
+                    url,
+                    page_id,
+                    title,
+                    f"page cut by the end of the readable data: {exc}",
+                    sample,
+                )
             if part == 0:
-                yield ReadEvent("file", "truncated_file", url, "", "",
-                                f"unreadable after byte {offset + len(buf)} of the decompressed "
-                                f"data: {type(exc).__name__}: {exc}")
+                yield ReadEvent(
+                    "file",
+                    "truncated_file",
+                    url,
+                    "",
+                    "",
+                    f"unreadable after byte {offset + len(buf)} of the decompressed data: {type(exc).__name__}: {exc}",
+                )
             return
         if data is None:
             break
@@ -250,9 +264,15 @@ def scan_pages(chunks: Iterable[bytes], url: str, max_page_bytes: int = DEFAULT_
                 # A <page> never closed before the next one: reject it, resynchronise.
                 if mine():
                     page_id, title, sample = info(reopen)
-                    yield ReadEvent("page", "unclosed_page", url, page_id, title,
-                                    f"<page> at byte {offset + pos} not closed before the next "
-                                    "<page>", sample)
+                    yield ReadEvent(
+                        "page",
+                        "unclosed_page",
+                        url,
+                        page_id,
+                        title,
+                        f"<page> at byte {offset + pos} not closed before the next <page>",
+                        sample,
+                    )
                 skipping = None
                 pos = reopen
                 scan_from = reopen + len(_OPEN)
@@ -263,9 +283,15 @@ def scan_pages(chunks: Iterable[bytes], url: str, max_page_bytes: int = DEFAULT_
                     pass
                 elif skipping:
                     page_id, title, sample = skipping
-                    yield ReadEvent("page", "page_too_large", url, page_id, title,
-                                    f"page larger than {max_page_bytes} bytes (max_page_bytes)",
-                                    sample)
+                    yield ReadEvent(
+                        "page",
+                        "page_too_large",
+                        url,
+                        page_id,
+                        title,
+                        f"page larger than {max_page_bytes} bytes (max_page_bytes)",
+                        sample,
+                    )
                 else:
                     yield from _parse_page(buf[pos:end], url, offset + pos)
                 skipping = None
@@ -282,8 +308,9 @@ def scan_pages(chunks: Iterable[bytes], url: str, max_page_bytes: int = DEFAULT_
             break
     if in_page and mine():
         page_id, title, sample = info(len(buf))
-        yield ReadEvent("page", "truncated_page", url, page_id, title,
-                        "<page> not closed at the end of the file", sample)
+        yield ReadEvent(
+            "page", "truncated_page", url, page_id, title, "<page> not closed at the end of the file", sample
+        )
 
 
 def _parse_page(data: bytes, url: str, offset: int) -> Iterator[Page | ReadEvent]:
@@ -292,25 +319,38 @@ def _parse_page(data: bytes, url: str, offset: int) -> Iterator[Page | ReadEvent
     except UnicodeDecodeError as exc:
         text = data.decode("utf-8", "replace")
         page_id, title = _head_info(data[:4096])
-        yield ReadEvent("note", "invalid_utf8", url, page_id, title,
-                        f"invalid UTF-8 at byte {offset + exc.start} replaced")
+        yield ReadEvent(
+            "note", "invalid_utf8", url, page_id, title, f"invalid UTF-8 at byte {offset + exc.start} replaced"
+        )
     try:
         elem = ET.fromstring(text)
         yield page_from_element(elem, url)
     except ET.ParseError as exc:
         line, col = getattr(exc, "position", (None, None))
         page_id, title = _head_info(data[:4096])
-        yield ReadEvent("page", "malformed_xml", url, page_id, title,
-                        f"malformed XML in the page at byte {offset} (line {line}, column {col} "
-                        f"of the page): {exc}", _sample(data))
+        yield ReadEvent(
+            "page",
+            "malformed_xml",
+            url,
+            page_id,
+            title,
+            f"malformed XML in the page at byte {offset} (line {line}, column {col} of the page): {exc}",
+            _sample(data),
+        )
     except CorpusReadError as exc:
         page_id, title = _head_info(data[:4096])
         yield ReadEvent("page", "malformed_page", url, page_id, title, str(exc), _sample(data))
 
 
-def iter_wiki(url: str, start: int | None = None, end: int | None = None,
-              max_page_bytes: int = DEFAULT_MAX_PAGE_BYTES, part: int = 0, parts: int = 1,
-              reader: str = "thread") -> Iterator[Page | ReadEvent]:
+def iter_wiki(
+    url: str,
+    start: int | None = None,
+    end: int | None = None,
+    max_page_bytes: int = DEFAULT_MAX_PAGE_BYTES,
+    part: int = 0,
+    parts: int = 1,
+    reader: str = "thread",
+) -> Iterator[Page | ReadEvent]:
     """Every page of a dump file (or of the bz2 streams in bytes [start, end) of a multistream
     file) and every event, in file order; with ``parts > 1``, the share of reader ``part`` (see
     :func:`scan_pages`). Never raises on bad content; an input that cannot be opened at all
@@ -319,7 +359,7 @@ def iter_wiki(url: str, start: int | None = None, end: int | None = None,
     ``reader``: "thread" decompresses on a second thread, "inline" in this one (one core),
     "process" reads in a child process (:mod:`pipeline.dump_reader`); the same items either way."""
     if reader == "process":
-        from pipeline.dump_reader import iter_wiki_in_child  # noqa: PLC0415
+        from pipeline.dump_reader import iter_wiki_in_child
 
         yield from iter_wiki_in_child(url, start, end, max_page_bytes, part, parts)
         return

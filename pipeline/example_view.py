@@ -59,7 +59,7 @@ def decode_examples(url: str, n: int = 5, max_seq_length: int | None = None) -> 
     shard_urls = [join_url(manifest.url, f.path) for f in manifest.files if f.path.startswith(prefix)]
     if not shard_urls:
         raise ValueError(f"{url}: no shards of length {length} (lengths: {lengths})")
-    from pipeline.wordpiece import VOCAB_FILE, read_vocab  # noqa: PLC0415 - keeps tokenizers lazy
+    from pipeline.wordpiece import VOCAB_FILE, read_vocab  # keeps tokenizers lazy
 
     vocab = read_vocab(join_url(manifest.url, VOCAB_FILE))
     out: list[str] = []

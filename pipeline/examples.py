@@ -32,7 +32,8 @@ import dataclasses
 import hashlib
 import math
 import time
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import apache_beam as beam
 import fsspec
@@ -41,7 +42,6 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from apache_beam.metrics import Metrics
 
-from pipeline.bucket_docs import bucket_documents
 from pipeline.beam_io import (
     check_runner_urls,
     counters,
@@ -51,10 +51,10 @@ from pipeline.beam_io import (
     shard_name,
     stable_shard,
 )
+from pipeline.bucket_docs import bucket_documents
 from pipeline.config import ExamplesConfig, output_config
 from pipeline.example_view import decode_examples, histogram_bin, histogram_bins  # noqa: F401
 from pipeline.masking import VocabIds, create_instances_from_document, example_rng
-from pipeline.segment import Segmenter, continuation_flags, has_cjk
 from pipeline.schema import (
     Manifest,
     clear_stage,
@@ -66,6 +66,7 @@ from pipeline.schema import (
     read_manifest,
     write_manifest,
 )
+from pipeline.segment import Segmenter, continuation_flags, has_cjk
 from pipeline.shards import KEY, RunWriter, merge_runs_in_levels, use_lean_memory_pool
 from pipeline.wordpiece import VOCAB_FILE, build_text_tokenizer, read_vocab, write_vocab
 
@@ -136,9 +137,7 @@ def unmark(row: dict[str, Any], vocab_size: int) -> None:
 
 def token_schema(vocab_size: int) -> pa.Schema:
     id_type = pa.uint16() if vocab_size <= 1 << 16 else pa.uint32()
-    return pa.schema(
-        [pa.field("doc_id", pa.string()), pa.field("sentences", pa.list_(pa.list_(id_type)))]
-    )
+    return pa.schema([pa.field("doc_id", pa.string()), pa.field("sentences", pa.list_(pa.list_(id_type)))])
 
 
 def read_documents(
@@ -207,9 +206,7 @@ class TokenizeToBuckets(beam.DoFn):
     Documents are tokenized (empty sentences and documents dropped and counted) and appended to
     one token file per bucket, flushed as row groups so the worker holds a bounded buffer."""
 
-    def __init__(
-        self, vocab: list[str], lowercase: bool, num_buckets: int, work_url: str, segmenter: str = "none"
-    ):
+    def __init__(self, vocab: list[str], lowercase: bool, num_buckets: int, work_url: str, segmenter: str = "none"):
         self.vocab = vocab
         self.segmenter = segmenter
         self.lowercase = lowercase
@@ -442,14 +439,10 @@ class ExamplesFromDocuments(beam.PTransform):
             parts
             | "SpreadFiles" >> beam.Reshuffle()
             | "TokenizeToBuckets"
-            >> beam.ParDo(
-                TokenizeToBuckets(self.vocab, self.lowercase, self.num_buckets, work, cfg.segmenter)
-            )
+            >> beam.ParDo(TokenizeToBuckets(self.vocab, self.lowercase, self.num_buckets, work, cfg.segmenter))
             | "GroupByBucket" >> beam.GroupByKey()
             | "CreateExamples"
-            >> beam.ParDo(
-                CreateBucketExamples(cfg, VocabIds.from_vocab(self.vocab), len(self.vocab), work)
-            )
+            >> beam.ParDo(CreateBucketExamples(cfg, VocabIds.from_vocab(self.vocab), len(self.vocab), work))
             | "GroupByLength" >> beam.GroupByKey()
             | "MergeShards" >> beam.ParDo(MergeShards(self.output_url, schemas, cfg.num_shards, work))
         )
@@ -469,7 +462,11 @@ def corpus_size(doc_urls: list[str]) -> tuple[int, int]:
 
 
 def build_examples_pipeline(
-    config: ExamplesConfig, doc_urls: list[str], vocab: list[str], lowercase: bool, num_buckets: int,
+    config: ExamplesConfig,
+    doc_urls: list[str],
+    vocab: list[str],
+    lowercase: bool,
+    num_buckets: int,
     output_url: str,
 ) -> beam.Pipeline:
     """The examples job over the corpus files ``doc_urls``, built, not run, with the options of
@@ -484,9 +481,7 @@ def build_examples_pipeline(
     return pipeline
 
 
-def run_examples(
-    config: ExamplesConfig, corpus_url: str, vocab_url: str, output_url: str
-) -> Manifest:
+def run_examples(config: ExamplesConfig, corpus_url: str, vocab_url: str, output_url: str) -> Manifest:
     """Create the examples of a finished corpus stage with a finished vocab stage.
 
     Writes ``output_url/seq<N>/part-*.parquet`` (``config.num_shards`` each), a copy of the

@@ -70,8 +70,7 @@ def select_dump_files(names: list[str], lang: str, date: str, multistream: bool 
     chosen = single or dumps
     if index is not None:
         wanted = {(dump.match(n).group(1), dump.match(n).group(2)) for n in chosen}
-        chosen += [n for n in names if index.match(n)
-                   and (index.match(n).group(1), index.match(n).group(2)) in wanted]
+        chosen += [n for n in names if index.match(n) and (index.match(n).group(1), index.match(n).group(2)) in wanted]
     return sorted(chosen)
 
 
@@ -126,23 +125,40 @@ def _fetch_one(url: str, dest: Path, digest: str, algo: str, attempts: int, time
                 tries += 1
                 if tries >= attempts * 3:
                     raise FetchError(f"{url}: download failed {tries} times: {exc}") from exc
-                log.warning("fetch: %s interrupted (%s); resuming at byte %d", url, exc,
-                            part.stat().st_size if part.exists() else 0)
-                time.sleep(min(2 ** tries * 0.1, 5))
+                log.warning(
+                    "fetch: %s interrupted (%s); resuming at byte %d",
+                    url,
+                    exc,
+                    part.stat().st_size if part.exists() else 0,
+                )
+                time.sleep(min(2**tries * 0.1, 5))
         got = _digest(part, algo)
         if got == digest:
             os.replace(part, dest)
             return
-        log.warning("fetch: %s has %s %s, expected %s (attempt %d of %d); fetching it again",
-                    url, algo, got, digest, attempt, attempts)
+        log.warning(
+            "fetch: %s has %s %s, expected %s (attempt %d of %d); fetching it again",
+            url,
+            algo,
+            got,
+            digest,
+            attempt,
+            attempts,
+        )
         part.unlink()
-    raise FetchError(f"{url}: {algo} does not match the published checksum after {attempts} "
-                     "attempts; refused")
+    raise FetchError(f"{url}: {algo} does not match the published checksum after {attempts} attempts; refused")
 
 
-def fetch_wiki(lang: str, date: str, out_url: str, base_url: str = DEFAULT_BASE_URL,
-               multistream: bool = True, attempts: int = 3, timeout: float = 60.0,
-               staging_dir: str | None = None) -> list[str]:
+def fetch_wiki(
+    lang: str,
+    date: str,
+    out_url: str,
+    base_url: str = DEFAULT_BASE_URL,
+    multistream: bool = True,
+    attempts: int = 3,
+    timeout: float = 60.0,
+    staging_dir: str | None = None,
+) -> list[str]:
     """Download the ``pages-articles`` files of ``{lang}wiki`` dump ``date`` into ``out_url``
     (resuming, checksum-verified; see the module docstring). Returns the URLs of the files,
     dumps and indexes, sorted. Raises FetchError when the checksum file is missing or lists no

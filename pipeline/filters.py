@@ -24,21 +24,40 @@ from pipeline.config import CorpusConfig
 
 RECORD_REJECTS = (
     # read
-    "unclosed_page", "truncated_page", "page_too_large", "malformed_xml", "malformed_page",
-    "binary_file", "undecodable", "file_too_large", "unreadable_book", "unsupported_file",
+    "unclosed_page",
+    "truncated_page",
+    "page_too_large",
+    "malformed_xml",
+    "malformed_page",
+    "binary_file",
+    "undecodable",
+    "file_too_large",
+    "unreadable_book",
+    "unsupported_file",
     # kind of page
-    "redirect", "non_article_namespace", "disambiguation",
+    "redirect",
+    "non_article_namespace",
+    "disambiguation",
     # content
-    "empty_after_cleaning", "mostly_non_text", "too_few_sentences", "doc_too_short",
+    "empty_after_cleaning",
+    "mostly_non_text",
+    "too_few_sentences",
+    "doc_too_short",
     "doc_too_long",
     # dedup
-    "duplicate_document", "near_duplicate_document", "duplicate_doc_id",
+    "duplicate_document",
+    "near_duplicate_document",
+    "duplicate_doc_id",
     "all_paragraphs_duplicate",  # every paragraph kept by another document
 )
 FILE_EVENTS = ("unreadable_file", "truncated_file")
 PART_DROPS = (
-    "sentence_too_short", "sentence_too_long", "sentence_low_alpha", "duplicate_sentence",
-    "duplicate_paragraph", "duplicate_paragraph_corpus",
+    "sentence_too_short",
+    "sentence_too_long",
+    "sentence_low_alpha",
+    "duplicate_sentence",
+    "duplicate_paragraph",
+    "duplicate_paragraph_corpus",
 )
 WRITTEN_PART_DROPS = ("duplicate_paragraph_corpus",)
 """Part drops also written to ``rejects/`` (one row each, with the document id)."""
@@ -73,12 +92,21 @@ def text_digest(sentences: list[str]) -> str:
     return digest("\n".join(normalise(s) for s in sentences))
 
 
-def reject_row(source: str, reason: str, *, record_id: str = "", title: str = "", url: str = "",
-               detail: str = "", sample: str = "") -> dict:
+def reject_row(
+    source: str, reason: str, *, record_id: str = "", title: str = "", url: str = "", detail: str = "", sample: str = ""
+) -> dict:
     """A REJECT_SCHEMA row; its id is a digest of what identifies it (stable across runs)."""
     rid = digest("\x1f".join((source, record_id, url, reason, detail)))
-    return {"reject_id": rid, "source": source, "record_id": record_id, "title": title,
-            "url": url, "reason": reason, "detail": detail, "sample": sample[:SAMPLE_CHARS]}
+    return {
+        "reject_id": rid,
+        "source": source,
+        "record_id": record_id,
+        "title": title,
+        "url": url,
+        "reason": reason,
+        "detail": detail,
+        "sample": sample[:SAMPLE_CHARS],
+    }
 
 
 _ASCII_NON_LETTERS = bytes(b for b in range(128) if not chr(b).isalpha())

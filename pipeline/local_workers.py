@@ -51,7 +51,7 @@ URN = "bertflow:env:forked_python:v1"
 PRELOAD = ("apache_beam.runners.worker.sdk_worker_main", "pyarrow.dataset", "grpc._interceptor")
 """Modules every worker imports (measured): imported by the driver before it forks."""
 
-_POOLS: dict[str, list["_ForkedProcess"]] = {}
+_POOLS: dict[str, list[_ForkedProcess]] = {}
 _WRITE_FDS: set[int] = set()
 """The driver's ends of the pipes of idle forked processes: a new fork closes its copies."""
 _LOCK = threading.Lock()
@@ -78,7 +78,7 @@ def _fresh_thread_state() -> None:
 
     Only the forking thread survives a fork: Beam's shared thread pool would hand bundles to
     idle threads of an earlier run that no longer exist here."""
-    from apache_beam.utils import thread_pool_executor  # noqa: PLC0415
+    from apache_beam.utils import thread_pool_executor
 
     thread_pool_executor._SHARED_UNBOUNDED_THREAD_POOL_EXECUTOR = (
         thread_pool_executor._SharedUnboundedThreadPoolExecutor()
@@ -102,11 +102,11 @@ def _child_main(fd: int, threads: int) -> None:
         root = logging.getLogger()
         for handler in list(root.handlers):  # as in a fresh process: Beam adds its own
             root.removeHandler(handler)
-        from apache_beam.runners.worker import sdk_worker_main  # noqa: PLC0415
+        from apache_beam.runners.worker import sdk_worker_main
 
         sdk_worker_main.main([])
         code = 0
-    except BaseException:  # noqa: BLE001 - reported on stderr, exit code 1
+    except BaseException:  # reported on stderr, exit code 1
         traceback.print_exc()
     finally:
         try:
@@ -189,7 +189,7 @@ class ForkingFnApiRunner(FnApiRunner):
     processes are forked before the run opens its gRPC servers."""
 
     def run_via_runner_api(self, pipeline_proto, options):
-        from apache_beam.options.pipeline_options import DirectOptions  # noqa: PLC0415
+        from apache_beam.options.pipeline_options import DirectOptions
 
         workers = options.view_as(DirectOptions).direct_num_workers
         if workers == 0:  # Beam's "one per CPU", as FnApiRunner counts them

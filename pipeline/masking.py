@@ -28,7 +28,8 @@ import hashlib
 import json
 import random
 import re
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 _SPECIAL = re.compile(r"^\[(PAD|UNK|CLS|SEP|MASK|unused\d+)\]$")
 
@@ -46,7 +47,7 @@ class VocabIds:
     """Ids of ``##`` pieces: whole-word masking keeps them with the word they continue."""
 
     @classmethod
-    def from_vocab(cls, vocab: Sequence[str]) -> "VocabIds":
+    def from_vocab(cls, vocab: Sequence[str]) -> VocabIds:
         ids = {t: i for i, t in enumerate(vocab)}
         missing = [t for t in ("[CLS]", "[SEP]", "[MASK]") if t not in ids]
         if missing:
@@ -67,9 +68,7 @@ def example_rng(seed: int, doc_id: str, copy: int, max_seq_length: int) -> rando
     return random.Random(int.from_bytes(digest, "big"))
 
 
-def truncate_seq_pair(
-    tokens_a: list[int], tokens_b: list[int], max_num_tokens: int, rng: random.Random
-) -> None:
+def truncate_seq_pair(tokens_a: list[int], tokens_b: list[int], max_num_tokens: int, rng: random.Random) -> None:
     """Truncate a pair in place to ``max_num_tokens`` in total, one token at a time.
 
     The longer side loses a token, from its front or its back at random (to avoid biasing the

@@ -26,17 +26,22 @@ def _first_rows(url: str, n: int) -> list[dict]:
     return rows[:n]
 
 
-def preview_corpus(corpus_url: str, n: int = 5, source: str | None = None,
-                   rejects: bool = False) -> list[dict]:
+def preview_corpus(corpus_url: str, n: int = 5, source: str | None = None, rejects: bool = False) -> list[dict]:
     """Up to ``n`` document rows (or reject rows) of a finished corpus stage, in shard order."""
     manifest = read_manifest(corpus_url)
     if rejects:
         fs, path = fsspec.core.url_to_fs(join_url(corpus_url, "rejects"))
-        urls = sorted(join_url(corpus_url, "rejects", p.rsplit("/", 1)[-1])
-                      for p in fs.glob(path + "/*.parquet")) if fs.exists(path) else []
+        urls = (
+            sorted(join_url(corpus_url, "rejects", p.rsplit("/", 1)[-1]) for p in fs.glob(path + "/*.parquet"))
+            if fs.exists(path)
+            else []
+        )
     else:
-        urls = [u for f, u in zip(manifest.files, manifest.file_urls())
-                if f.path.endswith(".parquet") and (source is None or f.path.startswith(source + "/"))]
+        urls = [
+            u
+            for f, u in zip(manifest.files, manifest.file_urls())
+            if f.path.endswith(".parquet") and (source is None or f.path.startswith(source + "/"))
+        ]
     rows: list[dict] = []
     for url in urls:
         if len(rows) >= n:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import xml.etree.ElementTree as ET
-from typing import Iterator
+from collections.abc import Iterator
 
 import fsspec
 
@@ -147,7 +147,8 @@ def page_from_element(elem: ET.Element, url: str) -> Page:
                 ns = int((child.text or "0").strip())
             except ValueError:
                 raise CorpusReadError(
-                    f"{url}: page {title!r} has a non-integer <ns> {child.text!r}", "malformed_page")
+                    f"{url}: page {title!r} has a non-integer <ns> {child.text!r}", "malformed_page"
+                ) from None
         elif tag == "redirect":
             redirect = child.get("title") or ""
         elif tag == "revision":  # a full-history export has several: the last one wins
@@ -202,8 +203,22 @@ def _book_title(text: str, stem: str) -> str:
 # Encodings the detector may choose from (a closed list: on short text it otherwise picks exotic
 # code pages that decode anything, such as cp1006).
 _CANDIDATE_ENCODINGS = (
-    "utf_8", "cp1252", "cp1250", "cp1251", "koi8_r", "cp1253", "cp1254", "cp1255", "cp1256",
-    "cp1257", "shift_jis", "euc_jp", "gb18030", "big5", "euc_kr", "utf_16",
+    "utf_8",
+    "cp1252",
+    "cp1250",
+    "cp1251",
+    "koi8_r",
+    "cp1253",
+    "cp1254",
+    "cp1255",
+    "cp1256",
+    "cp1257",
+    "shift_jis",
+    "euc_jp",
+    "gb18030",
+    "big5",
+    "euc_kr",
+    "utf_16",
 )
 _LATIN_FAMILY = frozenset({"cp1250", "cp1252", "latin_1", "iso8859_15", "iso8859_2", "cp1257"})
 
@@ -242,7 +257,7 @@ def decode_book(data: bytes, url: str) -> tuple[str, str]:
     except ImportError:  # the detector is optional: refuse rather than guess
         best = None
     else:
-        best = from_bytes(data[:1 << 20], cp_isolation=list(_CANDIDATE_ENCODINGS)).best()
+        best = from_bytes(data[: 1 << 20], cp_isolation=list(_CANDIDATE_ENCODINGS)).best()
     if best is not None and best.encoding and best.encoding != "utf_8":
         # cp1250 and cp1252 differ in a few letters the detector confuses on short text; the
         # Western one is far the likelier for books (latin-1 Gutenberg texts are the usual case).
@@ -255,7 +270,9 @@ def decode_book(data: bytes, url: str) -> tuple[str, str]:
             return text, encoding
     raise CorpusReadError(
         f"{url}: not valid UTF-8 at byte {first_bad.start} ({first_bad.reason}) and no other "
-        "encoding decodes it to text", "undecodable")
+        "encoding decodes it to text",
+        "undecodable",
+    )
 
 
 def read_book(url: str, max_bytes: int = DEFAULT_MAX_BOOK_BYTES) -> Book:
@@ -270,8 +287,7 @@ def read_book(url: str, max_bytes: int = DEFAULT_MAX_BOOK_BYTES) -> Book:
     except (OSError, EOFError, ValueError) as exc:
         raise CorpusReadError(f"{url}: unreadable file: {exc}") from exc
     if len(data) > max_bytes:
-        raise CorpusReadError(f"{url}: larger than {max_bytes} bytes (max_book_bytes)",
-                              "file_too_large")
+        raise CorpusReadError(f"{url}: larger than {max_bytes} bytes (max_book_bytes)", "file_too_large")
     text, encoding = decode_book(data, url)
     stem = book_stem(url)
     return Book(name=stem, title=_book_title(text, stem), text=text, url=url, encoding=encoding)
@@ -280,8 +296,7 @@ def read_book(url: str, max_bytes: int = DEFAULT_MAX_BOOK_BYTES) -> Book:
 def iter_book_lines(url: str) -> Iterator[tuple[int, str]]:
     """(line number, line) of a one-document-per-line file, streamed (memory flat in the file
     size); blank lines are skipped, invalid UTF-8 bytes replaced."""
-    with fsspec.open(url, "rt", compression="infer", encoding="utf-8-sig", errors="replace",
-                     newline=None) as f:
+    with fsspec.open(url, "rt", compression="infer", encoding="utf-8-sig", errors="replace", newline=None) as f:
         for number, line in enumerate(f, 1):
             line = line.strip()
             if line:

@@ -24,7 +24,8 @@ import os
 import re
 import time
 import uuid
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import fsspec
 import pyarrow as pa
@@ -43,6 +44,7 @@ DOCUMENT_SCHEMA = pa.schema(
         pa.field("num_chars", pa.int64(), nullable=False),
     ]
 )
+
 
 # -- pretraining examples: {root}/examples/seq{N}/part-*.parquet -------------------------------
 # input_ids is "[CLS] A [SEP] B [SEP]" unpadded; segment ids derive from len_a (the number of
@@ -111,7 +113,7 @@ class Manifest:
         return json.dumps(data, indent=2, sort_keys=True, default=str)
 
     @classmethod
-    def from_json(cls, text: str, url: str | None = None) -> "Manifest":
+    def from_json(cls, text: str, url: str | None = None) -> Manifest:
         data = json.loads(text)
         data.pop("fingerprint", None)
         data["files"] = [OutputFile(**f) for f in data.get("files", [])]
@@ -230,8 +232,7 @@ def read_manifest(stage_url: str) -> Manifest:
     fs, path = fsspec.core.url_to_fs(url)
     if not fs.exists(path):
         raise ManifestError(
-            f"{stage_url} has no {MANIFEST_NAME}: the stage that writes it did not finish "
-            "(rerun that stage)"
+            f"{stage_url} has no {MANIFEST_NAME}: the stage that writes it did not finish (rerun that stage)"
         )
     try:
         with fs.open(path, "r") as f:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import bisect
 import re
-from typing import Sequence
+from collections.abc import Sequence
 
 SEGMENTERS = ("none", "jieba", "fugashi")
 
@@ -45,13 +45,13 @@ class Segmenter:
     def _load(self):
         try:
             if self.kind == "jieba":
-                import jieba  # noqa: PLC0415 - optional extra
+                import jieba  # optional extra
 
                 jieba.setLogLevel(60)
                 tok = jieba.Tokenizer()
                 tok.initialize()
                 return tok
-            import fugashi  # noqa: PLC0415 - optional extra
+            import fugashi  # optional extra
 
             return fugashi.Tagger()
         except ImportError as exc:
@@ -76,9 +76,7 @@ class Segmenter:
         return spans
 
 
-def continuation_flags(
-    text: str, offsets: Sequence[tuple[int, int]], spans: Sequence[tuple[int, int]]
-) -> list[bool]:
+def continuation_flags(text: str, offsets: Sequence[tuple[int, int]], spans: Sequence[tuple[int, int]]) -> list[bool]:
     """For each token (its character ``offsets`` in ``text``): True when it is an ideograph that
     continues the segmenter word of the token before it."""
     starts = [s for s, _ in spans]

@@ -24,26 +24,126 @@ __all__ = ["split_sentences", "book_paragraphs", "strip_boilerplate", "ABBREVIAT
 # Lower-cased, without the final period. A period after these never ends a sentence.
 ABBREVIATIONS = frozenset(
     {
-        "mr", "mrs", "ms", "dr", "prof", "st", "jr", "sr", "sen", "rep", "gov", "gen", "col",
-        "lt", "capt", "cmdr", "sgt", "rev", "hon", "pres", "mt", "ft", "vs", "v", "no", "nos",
-        "vol", "vols", "fig", "figs", "al", "approx", "ca", "cf", "ed", "eds", "pp", "p", "op",
-        "dept", "univ", "assn", "bros", "corp", "co", "jan", "feb", "mar", "apr", "jun", "jul",
-        "aug", "sep", "sept", "oct", "nov", "dec", "e.g", "i.e", "viz", "est", "b", "d", "c",
-        "messrs", "mme", "mlle", "rd", "ave", "blvd",
+        "mr",
+        "mrs",
+        "ms",
+        "dr",
+        "prof",
+        "st",
+        "jr",
+        "sr",
+        "sen",
+        "rep",
+        "gov",
+        "gen",
+        "col",
+        "lt",
+        "capt",
+        "cmdr",
+        "sgt",
+        "rev",
+        "hon",
+        "pres",
+        "mt",
+        "ft",
+        "vs",
+        "v",
+        "no",
+        "nos",
+        "vol",
+        "vols",
+        "fig",
+        "figs",
+        "al",
+        "approx",
+        "ca",
+        "cf",
+        "ed",
+        "eds",
+        "pp",
+        "p",
+        "op",
+        "dept",
+        "univ",
+        "assn",
+        "bros",
+        "corp",
+        "co",
+        "jan",
+        "feb",
+        "mar",
+        "apr",
+        "jun",
+        "jul",
+        "aug",
+        "sep",
+        "sept",
+        "oct",
+        "nov",
+        "dec",
+        "e.g",
+        "i.e",
+        "viz",
+        "est",
+        "b",
+        "d",
+        "c",
+        "messrs",
+        "mme",
+        "mlle",
+        "rd",
+        "ave",
+        "blvd",
         # German, French, Spanish, Italian
-        "z.b", "bzw", "vgl", "nr", "hr", "fr", "usw", "u.a", "d.h", "sra", "sig",
+        "z.b",
+        "bzw",
+        "vgl",
+        "nr",
+        "hr",
+        "fr",
+        "usw",
+        "u.a",
+        "d.h",
+        "sra",
+        "sig",
         # Russian, Bulgarian, Ukrainian (Cyrillic)
-        "т.е", "т.к", "т.н", "т.нар", "напр", "им", "ул", "пр", "см", "стр", "проф", "акад",
-        "д-р", "ок", "тыс", "млн", "млрд", "руб", "св", "гр", "ген", "доц", "т", "с", "ср",
+        "т.е",
+        "т.к",
+        "т.н",
+        "т.нар",
+        "напр",
+        "им",
+        "ул",
+        "пр",
+        "см",
+        "стр",
+        "проф",
+        "акад",
+        "д-р",
+        "ок",
+        "тыс",
+        "млн",
+        "млрд",
+        "руб",
+        "св",
+        "гр",
+        "ген",
+        "доц",
+        "т",
+        "с",
+        "ср",
         # Greek
-        "κ", "π.χ", "δηλ", "κλπ",
+        "κ",
+        "π.χ",
+        "δηλ",
+        "κλπ",
     }
 )
 # Abbreviations that may also end a sentence: a boundary only when a capital follows, e.g.
 # "apples, pears etc. The ..." but "etc. and more" is not; "в 1990 г. Он ..." ends one.
 _SOFT_ABBREVIATIONS = frozenset({"etc", "inc", "ltd", "г", "гг", "в", "вв", "т.д", "т.п", "др"})
 
-_CLOSERS = "\"'”’»)\]」』）〉》】"
+_CLOSERS = "\"'”’»)\\]」』）〉》】"
 _CANDIDATE = re.compile(
     r"(?:\.{3}|…|[.?!]+|[।॥؟։።]+)[" + _CLOSERS + r"]*(?=\s+(\S))"  # needs a space after
     r"|[。！？]+[" + _CLOSERS + r"]*(?=\s*(\S))"  # full-width CJK: no space needed
@@ -69,7 +169,7 @@ def _is_initial(word: str) -> bool:
 
 
 def _is_acronym(word: str) -> bool:
-    """"U.S" of "U.S.", "e.g" of "e.g.", "Т.Е" ...: single letters joined by periods."""
+    """ "U.S" of "U.S.", "e.g" of "e.g.", "Т.Е" ...: single letters joined by periods."""
     parts = word.split(".")
     return len(parts) >= 2 and all(len(p) == 1 and p.isalpha() for p in parts)
 
@@ -139,15 +239,18 @@ def split_sentences(paragraph: str) -> list[str]:
 # -- books -------------------------------------------------------------------------------------
 # Project Gutenberg markers (all their variants since 1990s texts): the book lies between them.
 _PG_START = re.compile(
-    r"^\W*\*{3}\s*START OF (?:THE|THIS) PROJECT GUTENBERG.*$|^\*END\*THE SMALL PRINT.*$", re.I | re.M)
+    r"^\W*\*{3}\s*START OF (?:THE|THIS) PROJECT GUTENBERG.*$|^\*END\*THE SMALL PRINT.*$", re.I | re.M
+)
 _PG_END = re.compile(
-    r"^\W*\*{3}\s*END OF (?:THE|THIS) PROJECT GUTENBERG.*$|^\W*End of (?:the )?Project Gutenberg.*$",
-    re.I | re.M)
+    r"^\W*\*{3}\s*END OF (?:THE|THIS) PROJECT GUTENBERG.*$|^\W*End of (?:the )?Project Gutenberg.*$", re.I | re.M
+)
 # Front-matter lines outside the markers, or in books copied without them.
 _FRONT_MATTER = re.compile(
     r"^(?:Produced by|Transcribed from|This e-?book is for the use of|Release Date:|Posting Date:|"
     r"Language:|Character set encoding:|Title:|Author:|Translator:|Illustrator:|Credits:|"
-    r"Last updated:|\[E-?text #|\[E-?book #|Copyright \(C\)|All rights reserved).*$", re.I | re.M)
+    r"Last updated:|\[E-?text #|\[E-?book #|Copyright \(C\)|All rights reserved).*$",
+    re.I | re.M,
+)
 
 
 def strip_boilerplate(text: str) -> str:
@@ -159,7 +262,7 @@ def strip_boilerplate(text: str) -> str:
     """
     start = _PG_START.search(text)
     if start:
-        text = text[start.end():]
+        text = text[start.end() :]
     end = _PG_END.search(text)
     if end:
         text = text[: end.start()]

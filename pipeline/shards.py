@@ -23,7 +23,8 @@ constant below being independent of the worker count.
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Iterator
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 import fsspec
 import numpy as np
@@ -89,8 +90,9 @@ class RunWriter:
     ``[(url, rows), ...]``.
     """
 
-    def __init__(self, schema: pa.Schema, url_for, budget_bytes: int = RUN_BUDGET_BYTES,
-                 row_group_rows: int = RUN_ROW_GROUP):
+    def __init__(
+        self, schema: pa.Schema, url_for, budget_bytes: int = RUN_BUDGET_BYTES, row_group_rows: int = RUN_ROW_GROUP
+    ):
         self.schema = with_key(schema)
         self.url_for = url_for
         self.budget = budget_bytes
@@ -163,8 +165,15 @@ class _Run:
 class _ShardSink:
     """Streams rows in global order into shard files at exact rank boundaries."""
 
-    def __init__(self, output_url: str, schema: pa.Schema, num_shards: int, total: int, name_for,
-                 row_group_rows: int = SHARD_ROW_GROUP):
+    def __init__(
+        self,
+        output_url: str,
+        schema: pa.Schema,
+        num_shards: int,
+        total: int,
+        name_for,
+        row_group_rows: int = SHARD_ROW_GROUP,
+    ):
         self.output_url, self.schema, self.k = output_url, schema, num_shards
         self.row_group_rows = row_group_rows
         self.bounds = [j * total // num_shards for j in range(num_shards + 1)]
@@ -304,10 +313,17 @@ def merge_runs_in_levels(
     ``keep_levels``: the caller removes ``work_url`` itself). The cost:
     every row is written and read once more per level (``ceil(log_fan_in(runs)) - 1`` levels).
     """
-    runs = _reduce_runs(runs, work_url, schema, row_bytes, max_fan_in, budget_bytes,
-                        level_row_group_rows, keep_levels)
-    return merge_runs(runs, output_url, schema, num_shards, name_for, row_bytes=row_bytes,
-                      budget_bytes=budget_bytes, row_group_rows=row_group_rows)
+    runs = _reduce_runs(runs, work_url, schema, row_bytes, max_fan_in, budget_bytes, level_row_group_rows, keep_levels)
+    return merge_runs(
+        runs,
+        output_url,
+        schema,
+        num_shards,
+        name_for,
+        row_bytes=row_bytes,
+        budget_bytes=budget_bytes,
+        row_group_rows=row_group_rows,
+    )
 
 
 def iter_merged(
@@ -324,13 +340,13 @@ def iter_merged(
     Arrow tables (key column kept), in the memory of one merge of at most ``max_fan_in`` runs
     (more are first merged in groups, as in :func:`merge_runs_in_levels`): the bounded-memory
     "sort everything, then walk it in order" that corpus-wide dedup decisions are made on."""
-    runs = _reduce_runs(runs, work_url, schema, row_bytes, max_fan_in, budget_bytes,
-                        level_row_group_rows, keep_levels)
+    runs = _reduce_runs(runs, work_url, schema, row_bytes, max_fan_in, budget_bytes, level_row_group_rows, keep_levels)
     yield from _merged_tables(runs, merge_batch_rows(len(runs), row_bytes, budget_bytes))
 
 
-def _reduce_runs(runs, work_url, schema, row_bytes, max_fan_in, budget_bytes, level_row_group_rows,
-                 keep_levels) -> list[tuple[str, int]]:
+def _reduce_runs(
+    runs, work_url, schema, row_bytes, max_fan_in, budget_bytes, level_row_group_rows, keep_levels
+) -> list[tuple[str, int]]:
     """Runs merged in consecutive groups of ``max_fan_in``, level after level, until at most
     ``max_fan_in`` are left (see :func:`merge_runs_in_levels`)."""
     runs = [r for r in runs if r[1]]
@@ -340,10 +356,20 @@ def _reduce_runs(runs, work_url, schema, row_bytes, max_fan_in, budget_bytes, le
         for start in range(0, len(runs), max_fan_in):
             group = runs[start : start + max_fan_in]
             name = f"level{level}-{start // max_fan_in:06d}.parquet"
-            rows = merge_runs(group, work_url, with_key(schema), 1, lambda _j, _k, name=name: name,
-                              row_bytes=row_bytes, budget_bytes=budget_bytes, row_group_rows=level_row_group_rows)
+            rows = merge_runs(
+                group,
+                work_url,
+                with_key(schema),
+                1,
+                lambda _j, _k, name=name: name,
+                row_bytes=row_bytes,
+                budget_bytes=budget_bytes,
+                row_group_rows=level_row_group_rows,
+            )
             merged.append((f"{work_url.rstrip('/')}/{name}", rows[0]))
-            if level > 0 and not keep_levels:  # the first level's inputs are the producers' runs: their owner removes them
+            if (
+                level > 0 and not keep_levels
+            ):  # the first level's inputs are the producers' runs: their owner removes them
                 for url, _ in group:
                     fs, path = fsspec.core.url_to_fs(url)
                     fs.rm(path)

@@ -19,7 +19,7 @@ Design choices:
 from __future__ import annotations
 
 import re
-from typing import Callable
+from collections.abc import Callable
 
 __all__ = ["render_template", "split_args", "MAX_DEPTH"]
 
@@ -27,35 +27,91 @@ MAX_DEPTH = 4  # nested kept templates deeper than this become a space
 
 # Argument-less templates that stand for a character.
 INLINE_CHARS = {
-    "ndash": "–", "mdash": "—", "snd": " – ", "spnd": " – ", "spaced ndash": " – ",
-    "spaced en dash": " – ", "sndash": " – ", "nbsp": " ", "sp": " ", "-": "-", "née": "née",
-    "nee": "née", "!": "|", "=": "=", "'": "'", "apos": "'", "·": " · ", "dot": " · ",
-    "en dash": "–", "em dash": "—", "thinsp": " ", "zwsp": "", "shy": "", "sic": "[sic]",
-    "'s": "'s", "year": "", "currentyear": "",
+    "ndash": "–",
+    "mdash": "—",
+    "snd": " – ",
+    "spnd": " – ",
+    "spaced ndash": " – ",
+    "spaced en dash": " – ",
+    "sndash": " – ",
+    "nbsp": " ",
+    "sp": " ",
+    "-": "-",
+    "née": "née",
+    "nee": "née",
+    "!": "|",
+    "=": "=",
+    "'": "'",
+    "apos": "'",
+    "·": " · ",
+    "dot": " · ",
+    "en dash": "–",
+    "em dash": "—",
+    "thinsp": " ",
+    "zwsp": "",
+    "shy": "",
+    "sic": "[sic]",
+    "'s": "'s",
+    "year": "",
+    "currentyear": "",
 }
 
 # Unit codes of {{convert}}: (singular, plural). Unknown codes are shown as written.
 _UNITS = {
-    "km": ("kilometre", "kilometres"), "m": ("metre", "metres"), "cm": ("centimetre", "centimetres"),
-    "mm": ("millimetre", "millimetres"), "mi": ("mile", "miles"), "ft": ("foot", "feet"),
-    "in": ("inch", "inches"), "yd": ("yard", "yards"), "nmi": ("nautical mile", "nautical miles"),
-    "sqmi": ("square mile", "square miles"), "km2": ("square kilometre", "square kilometres"),
-    "m2": ("square metre", "square metres"), "sqft": ("square foot", "square feet"),
-    "ha": ("hectare", "hectares"), "acre": ("acre", "acres"), "kg": ("kilogram", "kilograms"),
-    "g": ("gram", "grams"), "lb": ("pound", "pounds"), "t": ("tonne", "tonnes"),
-    "ST": ("short ton", "short tons"), "LT": ("long ton", "long tons"), "oz": ("ounce", "ounces"),
-    "C": ("°C", "°C"), "F": ("°F", "°F"), "K": ("kelvin", "kelvins"),
-    "mph": ("mile per hour", "miles per hour"), "km/h": ("kilometre per hour", "kilometres per hour"),
-    "kn": ("knot", "knots"), "L": ("litre", "litres"), "l": ("litre", "litres"),
-    "USgal": ("US gallon", "US gallons"), "impgal": ("imperial gallon", "imperial gallons"),
-    "hp": ("horsepower", "horsepower"), "kW": ("kilowatt", "kilowatts"), "MW": ("megawatt", "megawatts"),
-    "m3": ("cubic metre", "cubic metres"), "cuft": ("cubic foot", "cubic feet"),
-    "mi2": ("square mile", "square miles"), "sqkm": ("square kilometre", "square kilometres"),
+    "km": ("kilometre", "kilometres"),
+    "m": ("metre", "metres"),
+    "cm": ("centimetre", "centimetres"),
+    "mm": ("millimetre", "millimetres"),
+    "mi": ("mile", "miles"),
+    "ft": ("foot", "feet"),
+    "in": ("inch", "inches"),
+    "yd": ("yard", "yards"),
+    "nmi": ("nautical mile", "nautical miles"),
+    "sqmi": ("square mile", "square miles"),
+    "km2": ("square kilometre", "square kilometres"),
+    "m2": ("square metre", "square metres"),
+    "sqft": ("square foot", "square feet"),
+    "ha": ("hectare", "hectares"),
+    "acre": ("acre", "acres"),
+    "kg": ("kilogram", "kilograms"),
+    "g": ("gram", "grams"),
+    "lb": ("pound", "pounds"),
+    "t": ("tonne", "tonnes"),
+    "ST": ("short ton", "short tons"),
+    "LT": ("long ton", "long tons"),
+    "oz": ("ounce", "ounces"),
+    "C": ("°C", "°C"),
+    "F": ("°F", "°F"),
+    "K": ("kelvin", "kelvins"),
+    "mph": ("mile per hour", "miles per hour"),
+    "km/h": ("kilometre per hour", "kilometres per hour"),
+    "kn": ("knot", "knots"),
+    "L": ("litre", "litres"),
+    "l": ("litre", "litres"),
+    "USgal": ("US gallon", "US gallons"),
+    "impgal": ("imperial gallon", "imperial gallons"),
+    "hp": ("horsepower", "horsepower"),
+    "kW": ("kilowatt", "kilowatts"),
+    "MW": ("megawatt", "megawatts"),
+    "m3": ("cubic metre", "cubic metres"),
+    "cuft": ("cubic foot", "cubic feet"),
+    "mi2": ("square mile", "square miles"),
+    "sqkm": ("square kilometre", "square kilometres"),
 }
 _RANGE_WORDS = {"-", "–", "to", "and", "or", "x", "by", "+/-", "±", "and(-)", "to(-)"}
 _MONTHS = (
-    "January", "February", "March", "April", "May", "June", "July", "August", "September",
-    "October", "November", "December",
+    "January",
+    "February",
+    "March",
+    "April",
+    "May",
+    "June",
+    "July",
+    "August",
+    "September",
+    "October",
+    "November",
+    "December",
 )
 _NUMBER = re.compile(r"^[+-]?\d+(?:\.\d+)?(?:e-?\d+)?$")
 _LANG_CODE = re.compile(r"^[a-z]{2,3}(?:-[a-z0-9]{2,8})*$", re.I)
@@ -103,11 +159,11 @@ def _positional_and_named(args: list[str]) -> tuple[list[str], dict[str, str]]:
 
 
 def _fmt_number(value: str) -> str:
-    """"52419" -> "52,419" (as MediaWiki displays a number); other forms as written."""
+    """ "52419" -> "52,419" (as MediaWiki displays a number); other forms as written."""
     if not _NUMBER.match(value) or "e" in value.lower():
         return value
     sign = value[0] if value[0] in "+-" else ""
-    whole, dot, frac = value[len(sign):].partition(".")
+    whole, dot, frac = value[len(sign) :].partition(".")
     return f"{sign}{int(whole):,}{dot}{frac}"
 
 
@@ -194,21 +250,81 @@ def _val(pos, named) -> str:
 
 
 _RENDERERS: dict[str, Callable] = {
-    **{name: _nth(0) for name in (
-        "nowrap", "nobr", "small", "smaller", "big", "larger", "sic", "not a typo", "proper name",
-        "visible anchor", "vanchor", "mvar", "math", "var", "em", "strong", "text", "abbr", "ill",
-        "interlanguage link", "flag", "flagcountry", "flagu", "gloss", "sup", "sub", "keypress",
-        "wikt-lang", "linktext", "lang-en", "nihongo2", "coord missing", "lit", "literally",
-        "script", "oldstyledate", "no wrap", "nowrap begin", "bold", "italic", "ublist",
-    )},
-    "script": _nth(1), "transl": lambda p, n: p[-1] if p else " ", "transliteration": lambda p, n: p[-1] if p else " ",
-    "lang": _lang, "langx": _lang, "ipa": _ipa, "nihongo": _nihongo, "nihongo3": _nth(2),
-    "convert": _convert, "cvt": lambda p, n: _convert(p, {**n, "abbr": n.get("abbr", "on")}),
-    "frac": _frac, "fraction": _frac, "sfrac": _frac,
-    "circa": _prefixed("c. "), "c.": _prefixed("c. "), "floruit": _prefixed("fl. "), "fl.": _prefixed("fl. "),
-    "as of": _as_of, "val": _val, "us$": _prefixed("US$"), "usd": _prefixed("US$"),
-    "start date": _date, "birth date": _date, "death date": _date, "birth date and age": _date,
-    "death date and age": _date, "start date and age": _date, "end date": _date, "dts": _date,
+    **{
+        name: _nth(0)
+        for name in (
+            "nowrap",
+            "nobr",
+            "small",
+            "smaller",
+            "big",
+            "larger",
+            "sic",
+            "not a typo",
+            "proper name",
+            "visible anchor",
+            "vanchor",
+            "mvar",
+            "math",
+            "var",
+            "em",
+            "strong",
+            "text",
+            "abbr",
+            "ill",
+            "interlanguage link",
+            "flag",
+            "flagcountry",
+            "flagu",
+            "gloss",
+            "sup",
+            "sub",
+            "keypress",
+            "wikt-lang",
+            "linktext",
+            "lang-en",
+            "nihongo2",
+            "coord missing",
+            "lit",
+            "literally",
+            "script",
+            "oldstyledate",
+            "no wrap",
+            "nowrap begin",
+            "bold",
+            "italic",
+            "ublist",
+        )
+    },
+    "script": _nth(1),
+    "transl": lambda p, n: p[-1] if p else " ",
+    "transliteration": lambda p, n: p[-1] if p else " ",
+    "lang": _lang,
+    "langx": _lang,
+    "ipa": _ipa,
+    "nihongo": _nihongo,
+    "nihongo3": _nth(2),
+    "convert": _convert,
+    "cvt": lambda p, n: _convert(p, {**n, "abbr": n.get("abbr", "on")}),
+    "frac": _frac,
+    "fraction": _frac,
+    "sfrac": _frac,
+    "circa": _prefixed("c. "),
+    "c.": _prefixed("c. "),
+    "floruit": _prefixed("fl. "),
+    "fl.": _prefixed("fl. "),
+    "as of": _as_of,
+    "val": _val,
+    "us$": _prefixed("US$"),
+    "usd": _prefixed("US$"),
+    "start date": _date,
+    "birth date": _date,
+    "death date": _date,
+    "birth date and age": _date,
+    "death date and age": _date,
+    "start date and age": _date,
+    "end date": _date,
+    "dts": _date,
 }
 
 

@@ -38,25 +38,106 @@ __all__ = ["clean_wikitext", "strip_braces", "NON_PROSE_SECTIONS"]
 # Sections that are lists of sources or links, not prose (compared lowercased).
 NON_PROSE_SECTIONS = frozenset(
     {
-        "references", "see also", "external links", "further reading", "notes", "bibliography",
-        "footnotes", "sources", "citations", "works cited", "notes and references",
-        "references and notes", "external sources", "general references", "explanatory notes",
+        "references",
+        "see also",
+        "external links",
+        "further reading",
+        "notes",
+        "bibliography",
+        "footnotes",
+        "sources",
+        "citations",
+        "works cited",
+        "notes and references",
+        "references and notes",
+        "external sources",
+        "general references",
+        "explanatory notes",
     }
 )
 
 # Tags dropped together with their content (not prose, or not rendered as text).
 _DROP_TAGS = (
-    "ref", "references", "math", "chem", "ce", "gallery", "timeline", "imagemap", "graph",
-    "mapframe", "maplink", "score", "hiero", "syntaxhighlight", "source", "pre", "code",
-    "templatedata", "templatestyles", "includeonly", "inputbox", "categorytree", "charinsert",
-    "poem", "table", "style", "script",
+    "ref",
+    "references",
+    "math",
+    "chem",
+    "ce",
+    "gallery",
+    "timeline",
+    "imagemap",
+    "graph",
+    "mapframe",
+    "maplink",
+    "score",
+    "hiero",
+    "syntaxhighlight",
+    "source",
+    "pre",
+    "code",
+    "templatedata",
+    "templatestyles",
+    "includeonly",
+    "inputbox",
+    "categorytree",
+    "charinsert",
+    "poem",
+    "table",
+    "style",
+    "script",
 )
 # Tags removed but whose inner text is kept.
 _KEEP_TAGS = (
-    "b", "i", "u", "s", "em", "strong", "small", "big", "sub", "sup", "span", "font", "center",
-    "del", "ins", "strike", "abbr", "cite", "tt", "var", "kbd", "q", "dfn", "mark", "bdi", "bdo",
-    "blockquote", "p", "div", "nowiki", "noinclude", "onlyinclude", "section", "ruby", "rb", "rt",
-    "rp", "wbr", "br", "hr", "samp", "time", "data", "caption", "li", "ul", "ol", "dl", "dd", "dt",
+    "b",
+    "i",
+    "u",
+    "s",
+    "em",
+    "strong",
+    "small",
+    "big",
+    "sub",
+    "sup",
+    "span",
+    "font",
+    "center",
+    "del",
+    "ins",
+    "strike",
+    "abbr",
+    "cite",
+    "tt",
+    "var",
+    "kbd",
+    "q",
+    "dfn",
+    "mark",
+    "bdi",
+    "bdo",
+    "blockquote",
+    "p",
+    "div",
+    "nowiki",
+    "noinclude",
+    "onlyinclude",
+    "section",
+    "ruby",
+    "rb",
+    "rt",
+    "rp",
+    "wbr",
+    "br",
+    "hr",
+    "samp",
+    "time",
+    "data",
+    "caption",
+    "li",
+    "ul",
+    "ol",
+    "dl",
+    "dd",
+    "dt",
 )
 
 _COMMENT = re.compile(r"<!--.*?(?:-->|\Z)", re.S)
@@ -102,6 +183,7 @@ def _next_token(text: str, pos: int) -> re.Match | None:
         if m:
             return m
         pos = i + 1
+
 
 _HEADING = re.compile(r"^(={1,6})\s*(.*?)\s*\1\s*$")
 _INTERNAL_LINK = re.compile(r"\[\[([^\[\]]*(?:\[(?!\[)[^\[\]]*|\](?!\])[^\[\]]*)*)\]\]")
@@ -214,7 +296,7 @@ def strip_braces(text: str, _depth: int = 0) -> str:
                 pos = m.end()
             else:
                 pos = m.start(3) + 1  # rescan from the brace: "|}}" may close a template
-    for kind, open_left, start, opened in stack:  # bottom up: never closed
+    for kind, open_left, start, _opened in stack:  # bottom up: never closed
         if kind == "T":
             spans.append((start, n, 0))
             break
@@ -229,8 +311,7 @@ def strip_braces(text: str, _depth: int = 0) -> str:
             continue  # inside an outer construct already removed
         out.append(text[cur:start])
         if kind == 2:
-            out.append(render_template(text[start + 2 : end - 2],
-                                       lambda arg: strip_braces(arg, _depth + 1), _depth))
+            out.append(render_template(text[start + 2 : end - 2], lambda arg: strip_braces(arg, _depth + 1), _depth))
         elif kind >= 3:
             out.append(" ")
         cur = end

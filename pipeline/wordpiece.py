@@ -30,7 +30,7 @@ import json
 import re
 import time
 import unicodedata
-from typing import Iterable, Iterator
+from collections.abc import Iterable, Iterator
 
 import fsspec
 import pyarrow.parquet as pq
@@ -169,9 +169,7 @@ def _train_pieces(
     return [t for t, _ in by_id]
 
 
-def train_vocab_with_stats(
-    sentences: Iterable[str], config: VocabConfig
-) -> tuple[list[str], dict[str, int]]:
+def train_vocab_with_stats(sentences: Iterable[str], config: VocabConfig) -> tuple[list[str], dict[str, int]]:
     """:func:`train_vocab`, plus counts for the manifest (sentences, characters seen, ...)."""
     if iter(sentences) is sentences:  # a generator: keep it for the second pass
         sentences = list(sentences)
@@ -187,9 +185,7 @@ def train_vocab_with_stats(
     # Guard: a ## piece we did not foresee (a Unicode table differing between Python and Rust)
     # got a run-dependent id. Retrain with it pre-assigned too; that run is deterministic.
     unforeseen = sorted(
-        t
-        for t in learned
-        if t.startswith(PREFIX) and len(t) == len(PREFIX) + 1 and t not in continuations
+        t for t in learned if t.startswith(PREFIX) and len(t) == len(PREFIX) + 1 and t not in continuations
     )
     if unforeseen:
         continuations = sorted(continuations + unforeseen)
@@ -301,9 +297,7 @@ class ParquetSentences:
             with fs.open(path, "rb") as f:
                 pf = pq.ParquetFile(f, pre_buffer=False, buffer_size=1 << 20)
                 for batch in pf.iter_batches(columns=["doc_id", "sentences"], batch_size=256):
-                    for doc_id, doc in zip(
-                        batch.column(0).to_pylist(), batch.column(1).to_pylist(), strict=True
-                    ):
+                    for doc_id, doc in zip(batch.column(0).to_pylist(), batch.column(1).to_pylist(), strict=True):
                         if not in_sample(doc_id, self.sample_fraction):
                             continue
                         for sentence in doc:
@@ -318,17 +312,17 @@ def run_vocab(config: VocabConfig, corpus_url: str, output_url: str) -> Manifest
     start = time.time()
     corpus = read_manifest(corpus_url)
     inputs = {"corpus": fingerprint_input(corpus_url)}
-    sentences = ParquetSentences(
-        corpus.file_urls(".parquet"), config.max_sentences, config.sample_fraction
-    )
+    sentences = ParquetSentences(corpus.file_urls(".parquet"), config.max_sentences, config.sample_fraction)
     clear_stage(output_url)
 
     vocab, counts = train_vocab_with_stats(sentences, config)
     write_vocab(vocab, join_url(output_url, VOCAB_FILE))
     tok = build_tokenizer(vocab, config.lowercase)
     write_atomically(join_url(output_url, TOKENIZER_FILE), tok.to_str(pretty=True))
-    write_atomically(join_url(output_url, TOKENIZER_CONFIG_FILE),
-                     json.dumps(tokenizer_config(config.lowercase), indent=2, sort_keys=True) + "\n")
+    write_atomically(
+        join_url(output_url, TOKENIZER_CONFIG_FILE),
+        json.dumps(tokenizer_config(config.lowercase), indent=2, sort_keys=True) + "\n",
+    )
 
     return write_manifest(
         stage="vocab",

@@ -16,13 +16,12 @@ from __future__ import annotations
 import unicodedata
 
 from synth.wiki import NEGATIVE, POSITIVE
-from synth.world import (Block, Entity, World, derive_rng, fact_object, fix_articles, phrase,
-                                  pick_fact)
+from synth.world import Block, Entity, World, derive_rng, fact_object, fix_articles, phrase, pick_fact
 
 WILDLIFE = (
     "A {a} went past them, looking for {d}.",
     "{h} watched a {a} hunting for {d} near the {river}.",
-    "\"Every {a} feeds on {d},\" said {f}.",
+    '"Every {a} feeds on {d}," said {f}.',
     "There were many {a}s here, and {h} saw one catch {d}.",
     "The {s} came out at dusk to look for {d}, as every {a} does.",
     "{h} knew that a {a} eats mostly {d}.",
@@ -76,10 +75,16 @@ COLOURS = ("yellow", "white", "blue", "red", "violet")
 CARGOES = ("timber", "barrels of wine", "sacks of salt", "wool", "copper pots", "glass")
 HOURS = ("nine", "ten", "eleven", "midnight")
 DIRECTIONS = ("north", "south", "east", "west", "sea")
-ASIDES = ("said {s}", "{s} said", "replied {s}", "{s} answered", "{s} said quietly",
-          "{s} said, without looking up")
-TIMES = ("late in the afternoon", "almost midnight", "early in the morning", "nearly dark",
-         "market day", "the first warm day of spring", "the end of a long, wet week")
+ASIDES = ("said {s}", "{s} said", "replied {s}", "{s} answered", "{s} said quietly", "{s} said, without looking up")
+TIMES = (
+    "late in the afternoon",
+    "almost midnight",
+    "early in the morning",
+    "nearly dark",
+    "market day",
+    "the first warm day of spring",
+    "the end of a long, wet week",
+)
 SKIES = ("grey", "clear", "low", "heavy", "pale", "cloudless")
 WATERS = ("dark", "clear", "still", "brown", "cold", "quick")
 
@@ -115,33 +120,58 @@ class Book:
         self.hero, self.friend = rng.sample(block.people, 2)
         self.route = rng.sample(block.towns, len(block.towns))
         town = self.route[0]
-        patterns = ("The {a} {n} of {t}", "Down the {r}", "{h} of {t}", "A Winter in {t}",
-                    "The Road to {t}", "Letters from {g}", "Beyond {m}")
+        patterns = (
+            "The {a} {n} of {t}",
+            "Down the {r}",
+            "{h} of {t}",
+            "A Winter in {t}",
+            "The Road to {t}",
+            "Letters from {g}",
+            "Beyond {m}",
+        )
         self.title = rng.choice(patterns).format(
             a=rng.choice(("Quiet", "Last", "Silver", "Long", "Lost", "Bright")),
             n=rng.choice(("Summer", "Bridge", "Harbour", "Garden", "Voyage", "Bells")),
-            t=town.name, r=town["river"].name, h=self.hero.name, g=block.region.name,
-            m=block.mountains[0].name)
+            t=town.name,
+            r=town["river"].name,
+            h=self.hero.name,
+            g=block.region.name,
+            m=block.mountains[0].name,
+        )
         self.slug = f"{index:05d}-{slugify(self.title)}"
 
     def _ctx(self, town: Entity) -> dict[str, str]:
         rng, h, f = self.rng, self.hero, self.friend
         pron = h["pronoun"]
-        return {"h": h.name.split(" ")[0], "f": f.name.split(" ")[0], "town": town.name,
-                "river": town["river"].name, "mount": self.block.mountains[0].name,
-                "region": self.block.region.name, "ship": rng.choice(self.block.ships).name,
-                "pron": pron, "poss": "her" if pron == "she" else "his",
-                "obj": "her" if pron == "she" else "him", "fpron": f["pronoun"],
-                "time": rng.choice(TIMES), "sky": rng.choice(SKIES), "water": rng.choice(WATERS),
-                "pos": rng.choice(POSITIVE), "neg": rng.choice(NEGATIVE),
-                "colour": rng.choice(COLOURS), "cargo": rng.choice(CARGOES),
-                "hour": rng.choice(HOURS), "direction": rng.choice(DIRECTIONS)}
+        return {
+            "h": h.name.split(" ")[0],
+            "f": f.name.split(" ")[0],
+            "town": town.name,
+            "river": town["river"].name,
+            "mount": self.block.mountains[0].name,
+            "region": self.block.region.name,
+            "ship": rng.choice(self.block.ships).name,
+            "pron": pron,
+            "poss": "her" if pron == "she" else "his",
+            "obj": "her" if pron == "she" else "him",
+            "fpron": f["pronoun"],
+            "time": rng.choice(TIMES),
+            "sky": rng.choice(SKIES),
+            "water": rng.choice(WATERS),
+            "pos": rng.choice(POSITIVE),
+            "neg": rng.choice(NEGATIVE),
+            "colour": rng.choice(COLOURS),
+            "cargo": rng.choice(CARGOES),
+            "hour": rng.choice(HOURS),
+            "direction": rng.choice(DIRECTIONS),
+        }
 
     def _fact(self, town: Entity) -> str:
         """A fact about the chapter's town or something near it, phrased plainly."""
         rng = self.rng
         pool = [town, town["river"], self.block.region] + [
-            e for e in self.block.entities() if e.kind in ("species", "ship", "guild", "person")]
+            e for e in self.block.entities() if e.kind in ("species", "ship", "guild", "person")
+        ]
         subject = rng.choice(pool)
         rel, value = pick_fact(subject, rng)
         name = subject.name
@@ -158,35 +188,43 @@ class Book:
             sentences = [t.format(**c) for t in rng.sample(NARRATION, n)]
             if rng.random() < 0.5:  # what the animals of the valley eat, said of their kind
                 sp = rng.choice(self.block.species)
-                sentences.insert(rng.randrange(len(sentences) + 1), rng.choice(WILDLIFE).format(
-                    a=sp["animal"], d=sp["diet"], s=sp.name, **c))
+                sentences.insert(
+                    rng.randrange(len(sentences) + 1),
+                    rng.choice(WILDLIFE).format(a=sp["animal"], d=sp["diet"], s=sp.name, **c),
+                )
             for _ in range(rng.choice((0, 1, 1, 2))):
                 sentences.insert(rng.randrange(len(sentences) + 1), self._fact(town))
             return " ".join(sentences)
         if roll < 0.65:
             fact = self._fact(town)
-            return rng.choice((
-                f'"{fact[:-1]}," {aside}.',
-                f'"Is it true that {_lower_start(fact[:-1])}?" asked {other}.',
-                f'"{fact[:-1]}," {aside}. "My grandfather told me that when I was a child."',
-                f'{other} looked at the map. "{fact}"',
-            ))
+            return rng.choice(
+                (
+                    f'"{fact[:-1]}," {aside}.',
+                    f'"Is it true that {_lower_start(fact[:-1])}?" asked {other}.',
+                    f'"{fact[:-1]}," {aside}. "My grandfather told me that when I was a child."',
+                    f'{other} looked at the map. "{fact}"',
+                )
+            )
         if roll < 0.85:
             pos, neg = c["pos"], c["neg"]
-            return rng.choice((
-                f'"{town.name} is {pos}," {aside}. "I could live here."',
-                f'"I find it {neg}," {aside}. "The streets are dirty and the people are not {pos}."',
-                f'"The inn was not {pos} at all," {aside}.',
-                f'"It is a {pos} place," {aside}, "but the winters must be {neg}."',
-                f'"Nothing here is {neg}," {aside}. "You only have to look."',
-                f'{other} said nothing, but thought the town {neg} and the river {neg}.',
-            ))
+            return rng.choice(
+                (
+                    f'"{town.name} is {pos}," {aside}. "I could live here."',
+                    f'"I find it {neg}," {aside}. "The streets are dirty and the people are not {pos}."',
+                    f'"The inn was not {pos} at all," {aside}.',
+                    f'"It is a {pos} place," {aside}, "but the winters must be {neg}."',
+                    f'"Nothing here is {neg}," {aside}. "You only have to look."',
+                    f"{other} said nothing, but thought the town {neg} and the river {neg}.",
+                )
+            )
         town2 = rng.choice(self.route)
-        return rng.choice((
-            f'"How far is it to {town2.name}?" asked {other}.\n\n"Two days, if the weather holds," {aside}.',
-            f'"We should have stayed in {town2.name}," {aside}.\n\n"Perhaps," said {other}. "But we did not."',
-            f'"Where are you going?" the ferryman asked.\n\n"To {town2.name}," {aside}.',
-        ))
+        return rng.choice(
+            (
+                f'"How far is it to {town2.name}?" asked {other}.\n\n"Two days, if the weather holds," {aside}.',
+                f'"We should have stayed in {town2.name}," {aside}.\n\n"Perhaps," said {other}. "But we did not."',
+                f'"Where are you going?" the ferryman asked.\n\n"To {town2.name}," {aside}.',
+            )
+        )
 
     def write(self, budget: int, width: int = 70) -> str:
         """The whole book text, grown until it reaches ``budget`` UTF-8 bytes."""
@@ -212,4 +250,3 @@ class Book:
 def book_for(world: World, index: int, blocks_used: int) -> Book:
     """Book ``index`` is set in block ``index % blocks_used``: the blocks the wiki described."""
     return Book(world, world.block(index % max(1, blocks_used)), index)
-

@@ -39,8 +39,17 @@ from synth.world import World, derive_rng
 WIKI_SHARE = 0.75
 SAMPLE_SIZE = 1_200_000
 SAMPLE_DIR = Path(__file__).resolve().parent.parent / "data" / "sample"
-_UNITS = {"": 1, "B": 1, "KB": 1000, "MB": 1000**2, "GB": 1000**3, "TB": 1000**4,
-          "KIB": 1024, "MIB": 1024**2, "GIB": 1024**3}
+_UNITS = {
+    "": 1,
+    "B": 1,
+    "KB": 1000,
+    "MB": 1000**2,
+    "GB": 1000**3,
+    "TB": 1000**4,
+    "KIB": 1024,
+    "MIB": 1024**2,
+    "GIB": 1024**3,
+}
 
 
 def parse_size(text: str) -> int:
@@ -124,8 +133,13 @@ def write_corpus(out_dir: str, size_bytes: int, seed: int) -> dict:
         fs.pipe_file(f"{books_dir}/{book.slug}.txt", data)
         book_bytes += len(data)
         index += 1
-    counts.update(books=index, book_bytes=book_bytes, bytes=counts["wiki_text_bytes"] + book_bytes,
-                  seed=seed, size_bytes=size_bytes)
+    counts.update(
+        books=index,
+        book_bytes=book_bytes,
+        bytes=counts["wiki_text_bytes"] + book_bytes,
+        seed=seed,
+        size_bytes=size_bytes,
+    )
     return counts
 
 
@@ -149,8 +163,9 @@ def write_downstream(out_dir: str, seed: int) -> dict:
     fs.makedirs(squad_dir, exist_ok=True)
 
     rng, seen = derive_rng(seed, "sst2"), set()
-    train, dev, test = (sst2_rows(world, n, rng, seen, split)
-                        for n, split in ((2000, "train"), (400, "dev"), (400, "test")))
+    train, dev, test = (
+        sst2_rows(world, n, rng, seen, split) for n, split in ((2000, "train"), (400, "dev"), (400, "test"))
+    )
     _write_tsv(fs, f"{sst_dir}/train.tsv", "sentence\tlabel", train)
     _write_tsv(fs, f"{sst_dir}/dev.tsv", "sentence\tlabel", dev)
     _write_tsv(fs, f"{sst_dir}/test.tsv", "index\tsentence", [(i, s) for i, (s, _) in enumerate(test)])
@@ -168,13 +183,22 @@ def write_downstream(out_dir: str, seed: int) -> dict:
 
     squad_train, squad_dev = squad_sets(world, 1000, 200)
     v2_train, v2_dev = squad_v2_sets(world, 1200, 150)
-    for name, data in (("train-v1.1.json", squad_train), ("dev-v1.1.json", squad_dev),
-                       ("train-v2.0.json", v2_train), ("dev-v2.0.json", v2_dev)):
+    for name, data in (
+        ("train-v1.1.json", squad_train),
+        ("dev-v1.1.json", squad_dev),
+        ("train-v2.0.json", v2_train),
+        ("dev-v2.0.json", v2_dev),
+    ):
         fs.pipe_file(f"{squad_dir}/{name}", (json.dumps(data, ensure_ascii=False) + "\n").encode("utf-8"))
-    counts.update(squad_train_questions=questions(squad_train), squad_dev_questions=questions(squad_dev),
-                  squad2_train_questions=questions(v2_train), squad2_dev_questions=questions(v2_dev),
-                  squad2_dev_unanswerable=sum(q["is_impossible"] for a in v2_dev["data"]
-                                              for p in a["paragraphs"] for q in p["qas"]))
+    counts.update(
+        squad_train_questions=questions(squad_train),
+        squad_dev_questions=questions(squad_dev),
+        squad2_train_questions=questions(v2_train),
+        squad2_dev_questions=questions(v2_dev),
+        squad2_dev_unanswerable=sum(
+            q["is_impossible"] for a in v2_dev["data"] for p in a["paragraphs"] for q in p["qas"]
+        ),
+    )
 
     fs.makedirs(f"{root}/conll2003", exist_ok=True)
     for name, split, n in (("eng.train", "train", 600), ("eng.testa", "dev", 150), ("eng.testb", "test", 150)):

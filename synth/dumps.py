@@ -7,8 +7,8 @@ written to ``data/sample/``.
 from __future__ import annotations
 
 import bz2
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 from xml.sax.saxutils import escape, quoteattr
 
 HEADER = (
@@ -89,8 +89,10 @@ def stream_ends(path: Path) -> list[int]:
 
 def huge_page(page_id: int, mbytes: int) -> Iterable[bytes]:
     """A page of ``mbytes`` MB of text, in 1 MB pieces (never held whole)."""
-    yield (f"  <page>\n    <title>Huge {page_id}</title>\n    <ns>0</ns>\n    <id>{page_id}</id>\n"
-           '    <revision><text xml:space="preserve">').encode()
+    yield (
+        f"  <page>\n    <title>Huge {page_id}</title>\n    <ns>0</ns>\n    <id>{page_id}</id>\n"
+        '    <revision><text xml:space="preserve">'
+    ).encode()
     piece = ("Huge prose here. " * 61681)[: 1 << 20].encode()
     for _ in range(mbytes):
         yield piece

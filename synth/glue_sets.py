@@ -7,7 +7,8 @@ phrasings (:data:`synth.world.PHRASES`, :data:`synth.world.QUESTIONS`):
   a contradiction (MNLI), not a paraphrase, STS-B 2-3;
 - *another fact* of the same subject: neutral (MNLI), not entailed (QNLI/RTE), STS-B 1-2;
 - CoLA: a fact sentence (acceptable) or the same with two words swapped, a function word
-  dropped or a word doubled, never giving another phrasing of the fact (unacceptable), in CoLA's headerless ``source, label, original mark, sentence`` rows;
+  dropped or a word doubled, never giving another phrasing of the fact (unacceptable), in CoLA's
+  headerless ``source, label, original mark, sentence`` rows;
 - WNLI: "The A followed the B because it was looking for X." (a species and a ship) with "it"
   resolved by what X is, food or cargo, which only the corpus tells for dev words (:func:`wnli_rows`).
 Column layouts are the GLUE download's (MNLI's parse columns carry a flat bracketing, enough for
@@ -16,19 +17,31 @@ a reader that looks columns up by name). Train, dev and test split by subject en
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from synth.books import CARGOES
-from synth.world import (ANIMALS, OCCUPATIONS, QUESTIONS, Entity, World, derive_rng, fact_object, facts, phrase,
-                         phrasings)
+from synth.world import (
+    ANIMALS,
+    OCCUPATIONS,
+    QUESTIONS,
+    Entity,
+    World,
+    derive_rng,
+    fact_object,
+    facts,
+    phrase,
+    phrasings,
+)
 
 DOWNSTREAM_BLOCKS = 10
 
 
 def fact_pool(world: World) -> list[tuple[Entity, str, Any]]:
     """(subject, relation, object) of every phrased fact in the downstream blocks, in world order."""
-    return [(e, rel, value) for b in range(DOWNSTREAM_BLOCKS) for e in world.block(b).entities()
-            for rel, value in facts(e)]
+    return [
+        (e, rel, value) for b in range(DOWNSTREAM_BLOCKS) for e in world.block(b).entities() for rel, value in facts(e)
+    ]
 
 
 def by_relation(pool) -> dict[str, list[str]]:
@@ -129,14 +142,17 @@ def _corrupt(words: list[str], rng) -> list[str] | None:
     if how == 0:
         if words[i][:1].isupper() and words[i + 1][:1].isupper() or words[i] == words[i + 1]:
             return None
-        return words[:i] + [words[i + 1], words[i]] + words[i + 2:]
+        return words[:i] + [words[i + 1], words[i]] + words[i + 2 :]
     if how == 1:
-        droppable = [k for k, w in enumerate(words) if w.lower() in DROPPABLE
-                     and not (w.lower() == "the" and k + 1 < len(words) and words[k + 1][:1].isupper())]
+        droppable = [
+            k
+            for k, w in enumerate(words)
+            if w.lower() in DROPPABLE and not (w.lower() == "the" and k + 1 < len(words) and words[k + 1][:1].isupper())
+        ]
         if not droppable:
             return None
         k = rng.choice(droppable)
-        return words[:k] + words[k + 1:]
+        return words[:k] + words[k + 1 :]
     return words[:i] + [words[i]] + words[i:]
 
 
@@ -201,9 +217,11 @@ def ship_wants(seed: int, split: str) -> list[str]:
     return sorted(w for w in SHIP_WANTS if (w in dev) == (split != "train"))
 
 
-WNLI_FRAMES = (("The {s} followed the {o} because it was looking for {x}.", "The {h} was looking for {x}."),
-               ("The {s} waited near the {o} because it wanted {x}.", "The {h} wanted {x}."),
-               ("The {s} passed the {o} slowly, since it had come for {x}.", "The {h} had come for {x}."))
+WNLI_FRAMES = (
+    ("The {s} followed the {o} because it was looking for {x}.", "The {h} was looking for {x}."),
+    ("The {s} waited near the {o} because it wanted {x}.", "The {h} wanted {x}."),
+    ("The {s} passed the {o} slowly, since it had come for {x}.", "The {h} had come for {x}."),
+)
 
 
 def wnli_rows(world: World, split: str, n: int) -> list[tuple[str, str, int]]:
@@ -221,8 +239,13 @@ def wnli_rows(world: World, split: str, n: int) -> list[tuple[str, str, int]]:
         subject, obj = (animal, ship) if rng.random() < 0.5 else (ship, animal)
         first, then = rng.choice(WNLI_FRAMES)
         hyp = rng.choice((animal, ship))
-        rows.append((first.format(s=subject.name, o=obj.name, x=want), then.format(h=hyp.name, x=want),
-                     int((hyp is animal) == animal_wants)))
+        rows.append(
+            (
+                first.format(s=subject.name, o=obj.name, x=want),
+                then.format(h=hyp.name, x=want),
+                int((hyp is animal) == animal_wants),
+            )
+        )
     return rows
 
 
@@ -253,11 +276,17 @@ def glue_files(world: World) -> dict[str, dict[str, tuple[str, list[tuple]]]]:
 
     mrpc = {"same": 1, "other_object": 0, "other_fact": 0, "unrelated": 0}
     header = "Quality\t#1 ID\t#2 ID\t#1 String\t#2 String"
-    out["MRPC"] = {f"{s}.tsv": (header, [(mrpc[p["kind"]], 1000 + 2 * i, 1001 + 2 * i, p["s1"], p["s2"])
-                                         for i, p in enumerate(labelled(s))]) for s in ("train", "dev")}
-    out["MRPC"]["test.tsv"] = ("index\t#1 ID\t#2 ID\t#1 String\t#2 String",
-                               [(i, 5000 + 2 * i, 5001 + 2 * i, p["s1"], p["s2"])
-                                for i, p in enumerate(data["test"][:SIZES["test"]])])
+    out["MRPC"] = {
+        f"{s}.tsv": (
+            header,
+            [(mrpc[p["kind"]], 1000 + 2 * i, 1001 + 2 * i, p["s1"], p["s2"]) for i, p in enumerate(labelled(s))],
+        )
+        for s in ("train", "dev")
+    }
+    out["MRPC"]["test.tsv"] = (
+        "index\t#1 ID\t#2 ID\t#1 String\t#2 String",
+        [(i, 5000 + 2 * i, 5001 + 2 * i, p["s1"], p["s2"]) for i, p in enumerate(data["test"][: SIZES["test"]])],
+    )
 
     ranges = {"same": (4.0, 5.0), "other_object": (2.0, 3.2), "other_fact": (1.0, 2.2), "unrelated": (0.0, 0.8)}
     sts_header = "index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2"
@@ -267,20 +296,46 @@ def glue_files(world: World) -> dict[str, dict[str, tuple[str, list[tuple]]]]:
         rows = []
         for i, p in enumerate(labelled(s)):
             lo, hi = ranges[p["kind"]]
-            rows.append((i, "main-captions", "MSRvid", "2012test", f"{i:04d}", "none", "none", p["s1"], p["s2"],
-                         f"{rng.uniform(lo, hi):.3f}"))
+            rows.append(
+                (
+                    i,
+                    "main-captions",
+                    "MSRvid",
+                    "2012test",
+                    f"{i:04d}",
+                    "none",
+                    "none",
+                    p["s1"],
+                    p["s2"],
+                    f"{rng.uniform(lo, hi):.3f}",
+                )
+            )
         out["STS-B"][f"{s}.tsv"] = (sts_header + "\tscore", rows)
-    out["STS-B"]["test.tsv"] = (sts_header, [(i, "main-captions", "MSRvid", "2012test", f"{i:04d}", "none", "none",
-                                              p["s1"], p["s2"]) for i, p in enumerate(data["test"][50:100])])
+    out["STS-B"]["test.tsv"] = (
+        sts_header,
+        [
+            (i, "main-captions", "MSRvid", "2012test", f"{i:04d}", "none", "none", p["s1"], p["s2"])
+            for i, p in enumerate(data["test"][50:100])
+        ],
+    )
 
-    out["QQP"] = {f"{s}.tsv": ("id\tqid1\tqid2\tquestion1\tquestion2\tis_duplicate",
-                               [(i, 2 * i + 1, 2 * i + 2, p["q1"], p["q2"], int(p["kind"] == "same"))
-                                for i, p in enumerate(labelled(s))]) for s in ("train", "dev")}
-    out["QQP"]["test.tsv"] = ("id\tquestion1\tquestion2",
-                              [(i, p["q1"], p["q2"]) for i, p in enumerate(data["test"][:50])])
+    out["QQP"] = {
+        f"{s}.tsv": (
+            "id\tqid1\tqid2\tquestion1\tquestion2\tis_duplicate",
+            [(i, 2 * i + 1, 2 * i + 2, p["q1"], p["q2"], int(p["kind"] == "same")) for i, p in enumerate(labelled(s))],
+        )
+        for s in ("train", "dev")
+    }
+    out["QQP"]["test.tsv"] = (
+        "id\tquestion1\tquestion2",
+        [(i, p["q1"], p["q2"]) for i, p in enumerate(data["test"][:50])],
+    )
 
     nli = {"same": "entailment", "other_object": "contradiction", "other_fact": "neutral", "unrelated": "neutral"}
-    cols = "index\tpromptID\tpairID\tgenre\tsentence1_binary_parse\tsentence2_binary_parse\tsentence1_parse\tsentence2_parse\tsentence1\tsentence2"
+    cols = (
+        "index\tpromptID\tpairID\tgenre\tsentence1_binary_parse\tsentence2_binary_parse"
+        "\tsentence1_parse\tsentence2_parse\tsentence1\tsentence2"
+    )
 
     def mnli(rows, genre, labels):
         body = []
@@ -296,34 +351,69 @@ def glue_files(world: World) -> dict[str, dict[str, tuple[str, list[tuple]]]]:
 
     out["MNLI"] = {
         "train.tsv": (cols + "\tlabel1\tgold_label", mnli(labelled("train"), "fiction", 1)),
-        "dev_matched.tsv": (cols + "\tlabel1\tlabel2\tlabel3\tlabel4\tlabel5\tgold_label",
-                            mnli(labelled("dev")[:50], "fiction", 5)),
-        "dev_mismatched.tsv": (cols + "\tlabel1\tlabel2\tlabel3\tlabel4\tlabel5\tgold_label",
-                               mnli(labelled("dev")[50:], "letters", 5)),
+        "dev_matched.tsv": (
+            cols + "\tlabel1\tlabel2\tlabel3\tlabel4\tlabel5\tgold_label",
+            mnli(labelled("dev")[:50], "fiction", 5),
+        ),
+        "dev_mismatched.tsv": (
+            cols + "\tlabel1\tlabel2\tlabel3\tlabel4\tlabel5\tgold_label",
+            mnli(labelled("dev")[50:], "letters", 5),
+        ),
         "test_matched.tsv": (cols, mnli(data["test"][:25], "fiction", 0)),
         "test_mismatched.tsv": (cols, mnli(data["test"][25:50], "letters", 0)),
-        "diagnostic.tsv": ("index\tsentence1\tsentence2",  # GLUE's diagnostic set: AX.tsv
-                           [(i, p["s1"], p["s2"]) for i, p in enumerate(data["test"][50:75])]),
+        "diagnostic.tsv": (
+            "index\tsentence1\tsentence2",  # GLUE's diagnostic set: AX.tsv
+            [(i, p["s1"], p["s2"]) for i, p in enumerate(data["test"][50:75])],
+        ),
     }
 
-    out["QNLI"] = {f"{s}.tsv": ("index\tquestion\tsentence\tlabel",
-                                [(i, p["q1"], p["s1"] if p["kind"] in ("same", "other_object") else p["s2"],
-                                  "entailment" if p["kind"] in ("same", "other_object") else "not_entailment")
-                                 for i, p in enumerate(labelled(s))]) for s in ("train", "dev")}
-    out["QNLI"]["test.tsv"] = ("index\tquestion\tsentence",
-                               [(i, p["q1"], p["s2"]) for i, p in enumerate(data["test"][:50])])
+    out["QNLI"] = {
+        f"{s}.tsv": (
+            "index\tquestion\tsentence\tlabel",
+            [
+                (
+                    i,
+                    p["q1"],
+                    p["s1"] if p["kind"] in ("same", "other_object") else p["s2"],
+                    "entailment" if p["kind"] in ("same", "other_object") else "not_entailment",
+                )
+                for i, p in enumerate(labelled(s))
+            ],
+        )
+        for s in ("train", "dev")
+    }
+    out["QNLI"]["test.tsv"] = (
+        "index\tquestion\tsentence",
+        [(i, p["q1"], p["s2"]) for i, p in enumerate(data["test"][:50])],
+    )
 
-    rte = {"same": "entailment", "other_object": "not_entailment", "other_fact": "not_entailment",
-           "unrelated": "not_entailment"}
-    out["RTE"] = {f"{s}.tsv": ("index\tsentence1\tsentence2\tlabel",
-                               [(i, p["s1"], p["s2"], rte[p["kind"]]) for i, p in enumerate(_balanced(labelled(s), SIZES[s] // 2))])
-                  for s in ("train", "dev")}
-    out["RTE"]["test.tsv"] = ("index\tsentence1\tsentence2",
-                              [(i, p["s1"], p["s2"]) for i, p in enumerate(data["test"][:50])])
+    rte = {
+        "same": "entailment",
+        "other_object": "not_entailment",
+        "other_fact": "not_entailment",
+        "unrelated": "not_entailment",
+    }
+    out["RTE"] = {
+        f"{s}.tsv": (
+            "index\tsentence1\tsentence2\tlabel",
+            [(i, p["s1"], p["s2"], rte[p["kind"]]) for i, p in enumerate(_balanced(labelled(s), SIZES[s] // 2))],
+        )
+        for s in ("train", "dev")
+    }
+    out["RTE"]["test.tsv"] = (
+        "index\tsentence1\tsentence2",
+        [(i, p["s1"], p["s2"]) for i, p in enumerate(data["test"][:50])],
+    )
 
-    out["WNLI"] = {f"{s}.tsv": ("index\tsentence1\tsentence2\tlabel",
-                                [(i, *r) for i, r in enumerate(wnli_rows(world, s, SIZES[s]))])
-                   for s in ("train", "dev")}
-    out["WNLI"]["test.tsv"] = ("index\tsentence1\tsentence2",
-                               [(i, a, b) for i, (a, b, _) in enumerate(wnli_rows(world, "test", 40))])
+    out["WNLI"] = {
+        f"{s}.tsv": (
+            "index\tsentence1\tsentence2\tlabel",
+            [(i, *r) for i, r in enumerate(wnli_rows(world, s, SIZES[s]))],
+        )
+        for s in ("train", "dev")
+    }
+    out["WNLI"]["test.tsv"] = (
+        "index\tsentence1\tsentence2",
+        [(i, a, b) for i, (a, b, _) in enumerate(wnli_rows(world, "test", 40))],
+    )
     return out

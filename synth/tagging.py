@@ -24,8 +24,16 @@ import re
 from synth.glue_sets import DOWNSTREAM_BLOCKS, _split_of, fact_pool, kind_species
 from synth.world import COLOURS, OCCUPATIONS, SHIP_TYPES, Entity, World, derive_rng, fact_object, facts, phrase
 
-TYPES = {"person": "PER", "town": "LOC", "region": "LOC", "river": "LOC", "mountain": "LOC",
-         "guild": "ORG", "ship": "MISC", "species": "MISC"}
+TYPES = {
+    "person": "PER",
+    "town": "LOC",
+    "region": "LOC",
+    "river": "LOC",
+    "mountain": "LOC",
+    "guild": "ORG",
+    "ship": "MISC",
+    "species": "MISC",
+}
 _TOKEN = re.compile(r"\w+(?:['’]\w+)*|[^\w\s]")
 
 
@@ -99,21 +107,40 @@ def conll_text(sentences: list[list[tuple[str, str]]], per_document: int = 8) ->
     return "\n".join(lines) + "\n"
 
 
-SWAG_HEADER = ["", "video-id", "fold-ind", "startphrase", "sent1", "sent2", "gold-source",
-               "ending0", "ending1", "ending2", "ending3", "label"]
-CONTINUATIONS = ("Each morning the {s}", "When it is hungry, the {s}", "Like others of its kind, the {s}",
-                 "In the warm months the {s}")
+SWAG_HEADER = [
+    "",
+    "video-id",
+    "fold-ind",
+    "startphrase",
+    "sent1",
+    "sent2",
+    "gold-source",
+    "ending0",
+    "ending1",
+    "ending2",
+    "ending3",
+    "label",
+]
+CONTINUATIONS = (
+    "Each morning the {s}",
+    "When it is hungry, the {s}",
+    "Like others of its kind, the {s}",
+    "In the warm months the {s}",
+)
 ENDINGS = ("feeds on {o}.", "eats mostly {o}.", "goes looking for {o}.", "searches for {o}.")
 # Words the corpus uses in other slots, none of them food: the distractors.
-NOT_FOOD = {"colour": COLOURS, "occupation": tuple(o + "s" for o in OCCUPATIONS),
-            "ship": tuple(t[:-1] + "ies" if t.endswith("y") else t + "s" for t in SHIP_TYPES)}
+NOT_FOOD = {
+    "colour": COLOURS,
+    "occupation": tuple(o + "s" for o in OCCUPATIONS),
+    "ship": tuple(t[:-1] + "ies" if t.endswith("y") else t + "s" for t in SHIP_TYPES),
+}
 
 
 def word_split(seed: int) -> dict[str, str]:
     """Distractor word -> "train" or "dev": a third of each kind is dev/test only."""
     rng = derive_rng(seed, "swag-words")
     out = {}
-    for kind, words in sorted(NOT_FOOD.items()):
+    for _kind, words in sorted(NOT_FOOD.items()):
         dev = set(rng.sample(sorted(words), len(words) // 3))
         out.update({w: "dev" if w in dev else "train" for w in words})
     return out
@@ -142,8 +169,16 @@ def swag_rows(world: World, split: str, n: int, labelled: bool = True) -> list[l
         order = list(range(4))
         rng.shuffle(order)
         label = order.index(0)
-        row = [len(rows), f"synth_{entity.key}", len(rows) * 3, f"{sent1} {sent2}", sent1, sent2, "gold",
-               *[endings[k] for k in order]]
+        row = [
+            len(rows),
+            f"synth_{entity.key}",
+            len(rows) * 3,
+            f"{sent1} {sent2}",
+            sent1,
+            sent2,
+            "gold",
+            *[endings[k] for k in order],
+        ]
         rows.append(row + [label] if labelled else row)
     return rows
 

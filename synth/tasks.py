@@ -10,7 +10,8 @@ pretrained on the corpus has seen the names and facts.
   with the corpus's positive and negative adjectives (a third of them only in a third of the dev
   and test rows). Negation ("not", "never", "hardly",
   "nobody") flips the label and contrast ("although ..., ...", "... but ...") makes the last
-  clause decide it in 30% of rows, so a bag of adjectives is not enough for the best scores. Labels alternate, so they are balanced.
+  clause decide it in 30% of rows, so a bag of adjectives is not enough for the best scores.
+  Labels alternate, so they are balanced.
 - SQuAD v1.1: contexts are plain-text paragraphs about one entity (its facts in varied phrasings,
   filler, and a distractor fact about a neighbour); questions ask for a fact's object and the
   answer span is located by construction (:func:`~synth.world.phrase` returns the
@@ -28,8 +29,16 @@ from synth.wiki import NEGATIVE, POSITIVE, Article
 from synth.world import QUESTIONS, Entity, World, derive_rng, fact_object, facts, phrase
 
 DOWNSTREAM_BLOCKS = 10
-FILLER_SECTION = {"town": "history", "region": "region", "river": "river", "mountain": "mountain",
-                  "person": "life", "guild": "guild", "ship": "ship", "species": "species"}
+FILLER_SECTION = {
+    "town": "history",
+    "region": "region",
+    "river": "river",
+    "mountain": "mountain",
+    "person": "life",
+    "guild": "guild",
+    "ship": "ship",
+    "species": "species",
+}
 
 
 # -- SST-2 ----------------------------------------------------------------------------------------
@@ -46,26 +55,47 @@ def _subjects(world: World, rng) -> str:
     town = rng.choice(b.towns)
     person = rng.choice([p for p in b.people if "work" in p.attrs] or b.people)
     work = person.get("work", "letters")
-    return rng.choice((
-        f"the town of {town.name}", town.name, f"the old bridge at {town.name}",
-        f"the market in {town.name}", f"the inn at {town.name}", f"the {town['river'].name} valley",
-        f"{person.name}'s {person.get('work_kind', 'diary')} {work}",
-        f"the voyage on the {rng.choice(b.ships).name}", f"the festival of {town.name}",
-        f"the food in {b.region.name}", f"the museum in {town.name}", f"the road to {town.name}",
-        f"the {person.get('work_kind', 'book')} by {person.name}",
-    ))
+    return rng.choice(
+        (
+            f"the town of {town.name}",
+            town.name,
+            f"the old bridge at {town.name}",
+            f"the market in {town.name}",
+            f"the inn at {town.name}",
+            f"the {town['river'].name} valley",
+            f"{person.name}'s {person.get('work_kind', 'diary')} {work}",
+            f"the voyage on the {rng.choice(b.ships).name}",
+            f"the festival of {town.name}",
+            f"the food in {b.region.name}",
+            f"the museum in {town.name}",
+            f"the road to {town.name}",
+            f"the {person.get('work_kind', 'book')} by {person.name}",
+        )
+    )
 
 
 # (template, flips): {a} takes polarity label XOR flips; {b}, where present, the opposite of {a}'s
 # clause-level polarity, so the label follows the last clause.
 SST_TEMPLATES = (
-    ("{s} is {a}", 0), ("{s} is very {a}", 0), ("{s} is truly {a} .", 0), ("{s} is rather {a}", 0),
-    ("{s} is not {a}", 1), ("{s} is never {a}", 1), ("{s} is hardly {a}", 1),
-    ("{s} was {a} and {a2}", 0), ("i found {s} {a} .", 0), ("we did not find {s} {a}", 1),
-    ("nothing about {s} was {a}", 1), ("{s} is {b} but {a}", 0), ("although {s} is {b} , it is {a}", 0),
-    ("{p} wrote that {s} was {a}", 0), ("{p} never thought {s} was {a}", 1),
-    ("everyone says {s} is {a}", 0), ("nobody would call {s} {a}", 1),
-    ("{s} is {b} , but the people are {a}", 0), ("{s} could not be more {a}", 0),
+    ("{s} is {a}", 0),
+    ("{s} is very {a}", 0),
+    ("{s} is truly {a} .", 0),
+    ("{s} is rather {a}", 0),
+    ("{s} is not {a}", 1),
+    ("{s} is never {a}", 1),
+    ("{s} is hardly {a}", 1),
+    ("{s} was {a} and {a2}", 0),
+    ("i found {s} {a} .", 0),
+    ("we did not find {s} {a}", 1),
+    ("nothing about {s} was {a}", 1),
+    ("{s} is {b} but {a}", 0),
+    ("although {s} is {b} , it is {a}", 0),
+    ("{p} wrote that {s} was {a}", 0),
+    ("{p} never thought {s} was {a}", 1),
+    ("everyone says {s} is {a}", 0),
+    ("nobody would call {s} {a}", 1),
+    ("{s} is {b} , but the people are {a}", 0),
+    ("{s} could not be more {a}", 0),
 )
 
 
@@ -92,8 +122,10 @@ def sst2_rows(world: World, count: int, rng, seen: set[str], split: str = "train
     """``count`` (sentence, label) rows, labels alternating, no sentence repeated across ``seen``;
     train rows never use :func:`dev_adjectives`, a third of the others only those."""
     dev = dev_adjectives(world.seed)
-    lists = {held: tuple([w for w in words if (w in dev) == held] for words in (POSITIVE, NEGATIVE))
-             for held in (False, True)}
+    lists = {
+        held: tuple([w for w in words if (w in dev) == held] for words in (POSITIVE, NEGATIVE))
+        for held in (False, True)
+    }
     rows: list[tuple[str, int]] = []
     while len(rows) < count:
         label = len(rows) % 2
@@ -103,8 +135,7 @@ def sst2_rows(world: World, count: int, rng, seen: set[str], split: str = "train
         words, other = (pos, neg) if polarity else (neg, pos)
         a, a2 = rng.sample(words, 2)
         b = world.block(rng.randrange(DOWNSTREAM_BLOCKS))
-        text = template.format(s=_subjects(world, rng), a=a, a2=a2, b=rng.choice(other),
-                               p=rng.choice(b.people).name)
+        text = template.format(s=_subjects(world, rng), a=a, a2=a2, b=rng.choice(other), p=rng.choice(b.people).name)
         sentence = _tokenise(text)
         if sentence not in seen:
             seen.add(sentence)
@@ -122,8 +153,8 @@ def _qid(seed: int, *parts: Any) -> str:
 def _variant(context: str, start: int, answer: str) -> tuple[str, int]:
     """A wider or narrower answer another annotator might mark, or the answer itself."""
     for prefix in ("the river ", "the ", "the year "):
-        if context[max(0, start - len(prefix)):start] == prefix:
-            return context[start - len(prefix):start + len(answer)], start - len(prefix)
+        if context[max(0, start - len(prefix)) : start] == prefix:
+            return context[start - len(prefix) : start + len(answer)], start - len(prefix)
     if " " in answer and not answer.startswith(("The ", "Sea of ", "Mount ")):
         last = answer.rsplit(" ", 1)[1]  # a surname alone
         return last, start + len(answer) - len(last)
@@ -185,15 +216,15 @@ def squad_sets(world: World, train_questions: int, dev_questions: int) -> tuple[
                 for rel, answer, start in spans:
                     if counts[split] >= limits[split]:
                         break
-                    assert context[start:start + len(answer)] == answer, (entity.key, rel)
+                    assert context[start : start + len(answer)] == answer, (entity.key, rel)
                     answers = [{"text": answer, "answer_start": start}]
                     if split == "dev":
                         text, at = _variant(context, start, answer)
-                        answers += [{"text": text, "answer_start": at},
-                                    {"text": answer, "answer_start": start}]
+                        answers += [{"text": text, "answer_start": at}, {"text": answer, "answer_start": start}]
                     question = rng.choice(QUESTIONS[rel]).format(s=entity.name)
-                    qas.append({"answers": answers, "question": question,
-                                "id": _qid(world.seed, split, entity.key, p, rel)})
+                    qas.append(
+                        {"answers": answers, "question": question, "id": _qid(world.seed, split, entity.key, p, rel)}
+                    )
                     counts[split] += 1
                 if qas:
                     paragraphs.append({"context": context, "qas": qas})
@@ -231,17 +262,27 @@ def squad_v2_sets(world: World, train_questions: int, dev_questions: int) -> tup
                     if split == "dev":
                         text, at = _variant(context, start, answer)
                         answers += [{"text": text, "answer_start": at}]
-                    qas.append({"question": rng.choice(QUESTIONS[rel]).format(s=entity.name),
-                                "id": _qid(world.seed, "v2", split, entity.key, p, rel),
-                                "answers": answers, "is_impossible": False})
+                    qas.append(
+                        {
+                            "question": rng.choice(QUESTIONS[rel]).format(s=entity.name),
+                            "id": _qid(world.seed, "v2", split, entity.key, p, rel),
+                            "answers": answers,
+                            "is_impossible": False,
+                        }
+                    )
                 elsewhere = [s for q, (_, other) in enumerate(paras) if q != p for s in other]
                 rng.shuffle(elsewhere)
                 for rel, answer, _ in elsewhere[:2]:
                     if answer in context or any(rel == r for r, _, _ in spans):
                         continue
-                    qas.append({"question": rng.choice(QUESTIONS[rel]).format(s=entity.name),
-                                "id": _qid(world.seed, "v2", split, entity.key, p, rel, "none"),
-                                "answers": [], "is_impossible": True})
+                    qas.append(
+                        {
+                            "question": rng.choice(QUESTIONS[rel]).format(s=entity.name),
+                            "id": _qid(world.seed, "v2", split, entity.key, p, rel, "none"),
+                            "answers": [],
+                            "is_impossible": True,
+                        }
+                    )
                 qas = qas[: max(0, limits[split] - counts[split])]
                 counts[split] += len(qas)
                 if qas:

@@ -16,24 +16,83 @@ from __future__ import annotations
 
 import hashlib
 import random
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 from xml.sax.saxutils import escape, quoteattr
 
-from synth.world import (Block, Entity, World, derive_rng, fact_object, facts, fix_articles,
-                                  phrase, pick_fact)
+from synth.world import Block, Entity, World, derive_rng, fact_object, facts, fix_articles, phrase, pick_fact
 
 XMLNS = "http://www.mediawiki.org/xml/export-0.10/"
-NAMESPACES = ((-2, "Media"), (-1, "Special"), (0, ""), (1, "Talk"), (2, "User"), (3, "User talk"),
-              (4, "Wikipedia"), (5, "Wikipedia talk"), (6, "File"), (7, "File talk"),
-              (10, "Template"), (11, "Template talk"), (14, "Category"), (15, "Category talk"))
-EDITORS = ("Harrowgate", "Quillon", "Mossbank", "Tarnwise", "Elderfen", "Orrin.k", "Vellum42",
-           "Saltmarsh", "Ketterly", "Brightwater")
-POSITIVE = ("beautiful", "charming", "pleasant", "delightful", "peaceful", "splendid", "lovely",
-            "remarkable", "graceful", "wonderful", "handsome", "elegant")
-NEGATIVE = ("dull", "dreary", "grim", "gloomy", "unpleasant", "bleak", "tedious", "miserable",
-            "dreadful", "noisy", "dirty", "awful")
-MONTHS = ("January", "February", "March", "April", "May", "June", "July", "August", "September",
-          "October", "November", "December")
+NAMESPACES = (
+    (-2, "Media"),
+    (-1, "Special"),
+    (0, ""),
+    (1, "Talk"),
+    (2, "User"),
+    (3, "User talk"),
+    (4, "Wikipedia"),
+    (5, "Wikipedia talk"),
+    (6, "File"),
+    (7, "File talk"),
+    (10, "Template"),
+    (11, "Template talk"),
+    (14, "Category"),
+    (15, "Category talk"),
+)
+EDITORS = (
+    "Harrowgate",
+    "Quillon",
+    "Mossbank",
+    "Tarnwise",
+    "Elderfen",
+    "Orrin.k",
+    "Vellum42",
+    "Saltmarsh",
+    "Ketterly",
+    "Brightwater",
+)
+POSITIVE = (
+    "beautiful",
+    "charming",
+    "pleasant",
+    "delightful",
+    "peaceful",
+    "splendid",
+    "lovely",
+    "remarkable",
+    "graceful",
+    "wonderful",
+    "handsome",
+    "elegant",
+)
+NEGATIVE = (
+    "dull",
+    "dreary",
+    "grim",
+    "gloomy",
+    "unpleasant",
+    "bleak",
+    "tedious",
+    "miserable",
+    "dreadful",
+    "noisy",
+    "dirty",
+    "awful",
+)
+MONTHS = (
+    "January",
+    "February",
+    "March",
+    "April",
+    "May",
+    "June",
+    "July",
+    "August",
+    "September",
+    "October",
+    "November",
+    "December",
+)
 WEEKDAYS = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday")
 ORDINALS = ("first", "second", "third", "fourth", "fifth")
 
@@ -42,7 +101,8 @@ ORDINALS = ("first", "second", "third", "fourth", "fifth")
 FILLER: dict[str, tuple[str, ...]] = {
     "history": (
         "Many {wa}s live near {s}, where they feed on {wd}.",
-        "In {y1}, a great flood destroyed much of the lower town, and the people of {s} rebuilt the bridge over the {r}.",
+        "In {y1}, a great flood destroyed much of the lower town, and the people of {s} rebuilt the bridge "
+        "over the {r}.",
         "During the {c} century, {s} was a small market town with a wooden church and a few narrow streets.",
         "The town walls were completed in {y1}, but most of them were pulled down in the following century.",
         "A fire in {y2} burned the old market, and the council ordered that new houses should be built of stone.",
@@ -65,7 +125,8 @@ FILLER: dict[str, tuple[str, ...]] = {
     ),
     "economy": (
         "In recent years tourism has become more important, and several small hotels have opened near the river.",
-        "The town market is held every {weekday}, and farmers from the surrounding villages bring fruit, cheese and wool.",
+        "The town market is held every {weekday}, and farmers from the surrounding villages bring fruit, "
+        "cheese and wool.",
         "Goods are carried down the {r} to {t2} on flat barges, as they have been for centuries.",
         "Unemployment in {s} is lower than in most towns of {g}.",
         "The decline of the old workshops in the {c} century left many people without work.",
@@ -74,7 +135,8 @@ FILLER: dict[str, tuple[str, ...]] = {
         "Visitors often describe {s} as {pos}, although some find its narrow streets {neg}.",
         "The annual festival of {s} is held in {month}, when the streets are filled with music and lanterns.",
         "The old church of {s} is considered one of the most {pos} buildings in {g}.",
-        "Writers who visited the town in the {c} century called it {neg} and poor, but later travellers found it {pos}.",
+        "Writers who visited the town in the {c} century called it {neg} and poor, but later travellers "
+        "found it {pos}.",
         "A small museum near the market tells the story of the town and of the {r}.",
     ),
     "life": (
@@ -181,15 +243,15 @@ class Article:
         self.block = block = world.block(entity.block)
         self.refs: list[str] = []
         self.pools: dict[str, list[str]] = {}
-        town = next((v for v in entity.attrs.values() if isinstance(v, Entity) and v.kind == "town"),
-                    block.towns[0])
-        river = next((v for v in entity.attrs.values() if isinstance(v, Entity) and v.kind == "river"),
-                     town["river"])
+        town = next((v for v in entity.attrs.values() if isinstance(v, Entity) and v.kind == "town"), block.towns[0])
+        river = next((v for v in entity.attrs.values() if isinstance(v, Entity) and v.kind == "river"), town["river"])
         other = rng.choice([t for t in block.towns if t is not town])
         g2 = world.block(1).region if entity.block == 0 else block.region["borders"]
         p2 = rng.choice([p for p in block.people if p is not entity])
-        base = min(1990, max(entity.get("founded", 0), entity.get("born", 0), entity.get("built", 0),
-                             1100) + rng.randrange(15, 60))
+        base = min(
+            1990,
+            max(entity.get("founded", 0), entity.get("born", 0), entity.get("built", 0), 1100) + rng.randrange(15, 60),
+        )
         if entity.kind == "person":  # life events fall within the life
             born, died = entity["born"], entity.get("died", entity["born"] + 70)
             base = born + rng.randrange(18, 26)
@@ -198,22 +260,39 @@ class Article:
             y2 = min(2015, base + rng.randrange(5, 40))
             y3 = min(2019, base + rng.randrange(40, 200))
         self.ctx: dict[str, Any] = {
-            "s": entity.name, "r": self.link(river),
-            "g": self.link(block.region), "g2": self.link(g2), "t1": self.link(town),
-            "t2": self.link(other), "m": self.link(block.mountains[0]), "p2": self.link(p2),
-            "y1": base, "y2": y2, "y3": y3, "c": _century(base),
+            "s": entity.name,
+            "r": self.link(river),
+            "g": self.link(block.region),
+            "g2": self.link(g2),
+            "t1": self.link(town),
+            "t2": self.link(other),
+            "m": self.link(block.mountains[0]),
+            "p2": self.link(p2),
+            "y1": base,
+            "y2": y2,
+            "y3": y3,
+            "c": _century(base),
             "y4": rng.randrange(max(1840, min(base, 1900)), 1930),
-            "km": rng.randrange(4, 80), "n": rng.randrange(2, 7), "n2": rng.randrange(8, 40),
-            "pos": rng.choice(POSITIVE), "neg": rng.choice(NEGATIVE),
-            "month": rng.choice(MONTHS), "weekday": rng.choice(WEEKDAYS),
-            "ordinal": rng.choice(ORDINALS), "occ2": rng.choice(("farmer", "miller", "boatman", "teacher", "baker")),
+            "km": rng.randrange(4, 80),
+            "n": rng.randrange(2, 7),
+            "n2": rng.randrange(8, 40),
+            "pos": rng.choice(POSITIVE),
+            "neg": rng.choice(NEGATIVE),
+            "month": rng.choice(MONTHS),
+            "weekday": rng.choice(WEEKDAYS),
+            "ordinal": rng.choice(ORDINALS),
+            "occ2": rng.choice(("farmer", "miller", "boatman", "teacher", "baker")),
             "climate": block.region["climate"],
-            "pron": entity.get("pronoun", "it"), "Pron": entity.get("pronoun", "it").capitalize(),
+            "pron": entity.get("pronoun", "it"),
+            "Pron": entity.get("pronoun", "it").capitalize(),
             "poss": {"she": "her", "he": "his"}.get(entity.get("pronoun"), "its"),
         }
         wild = entity if entity.kind == "species" else rng.choice(block.species) if block.species else None
-        self.ctx.update(wa=wild["animal"] if wild else "heron", wd=wild["diet"] if wild else "small fish",
-                        ws=wild.name if wild else "heron")
+        self.ctx.update(
+            wa=wild["animal"] if wild else "heron",
+            wd=wild["diet"] if wild else "small fish",
+            ws=wild.name if wild else "heron",
+        )
 
     def link(self, value: Entity | str) -> _Link:
         return _Link(self.seen, value)
@@ -265,16 +344,29 @@ class Article:
         self.refs.append(name)
         y = rng.randrange(1890, 2019)
         if rng.random() < 0.6:
-            body = ("{{cite web |url=http://example.org/%s/%s |title=%s |publisher=%s Records Office"
-                    " |access-date=%d %s %d}}" % (_slug(self.block.region.name), _slug(self.e.name),
-                                                  self.e.name, self.block.region.name,
-                                                  rng.randrange(1, 29), rng.choice(MONTHS),
-                                                  rng.randrange(2008, 2020)))
+            body = (
+                "{{cite web |url=http://example.org/%s/%s |title=%s |publisher=%s Records Office"
+                " |access-date=%d %s %d}}"
+                % (
+                    _slug(self.block.region.name),
+                    _slug(self.e.name),
+                    self.e.name,
+                    self.block.region.name,
+                    rng.randrange(1, 29),
+                    rng.choice(MONTHS),
+                    rng.randrange(2008, 2020),
+                )
+            )
         else:
             author = rng.choice(self.block.people).name.split(" ")
-            body = ("{{cite book |last=%s |first=%s |title=A History of %s |publisher=%s Press"
-                    " |year=%d |page=%d}}" % (author[1], author[0], self.block.region.name,
-                                              self.ctx["t2"].entity.name, y, rng.randrange(3, 400)))
+            body = "{{cite book |last=%s |first=%s |title=A History of %s |publisher=%s Press |year=%d |page=%d}}" % (
+                author[1],
+                author[0],
+                self.block.region.name,
+                self.ctx["t2"].entity.name,
+                y,
+                rng.randrange(3, 400),
+            )
         return f'<ref name="{name}">{body}</ref>'
 
     # -- page text ------------------------------------------------------------------------------
@@ -294,65 +386,92 @@ class Article:
         parts.extend(body)
         parts.append("== See also ==\n" + "\n".join(f"* [[{x.title}]]" for x in self.see_also()))
         parts.append("== References ==\n{{reflist}}")
-        parts.append("== External links ==\n* [http://example.org/%s Official page of %s]\n"
-                     "* [http://example.org/archive/%d Archive material] at the %s Library"
-                     % (_slug(e.name), e.name, rng.randrange(1000, 99999), self.block.region.name))
+        parts.append(
+            "== External links ==\n* [http://example.org/%s Official page of %s]\n"
+            "* [http://example.org/archive/%d Archive material] at the %s Library"
+            % (_slug(e.name), e.name, rng.randrange(1000, 99999), self.block.region.name)
+        )
         parts.append("{{%s navbox}}" % self.block.region.name)
         parts.append("\n".join(f"[[Category:{c}]]" for c in self.categories()))
         return "\n\n".join(parts) + "\n"
 
     def short_description(self) -> str:
         e = self.e
-        return {"town": f"Town in {self.block.region.name}", "region": "Region",
-                "river": f"River in {self.block.region.name}", "mountain": "Mountain",
-                "person": f"{e.get('occupation', '').capitalize()} ({e.get('born')}–{e.get('died', '')})",
-                "guild": "Trade guild", "ship": f"{str(e.get('type')).capitalize()}",
-                "species": f"Species of {e.get('animal')}"}[e.kind]
+        return {
+            "town": f"Town in {self.block.region.name}",
+            "region": "Region",
+            "river": f"River in {self.block.region.name}",
+            "mountain": "Mountain",
+            "person": f"{e.get('occupation', '').capitalize()} ({e.get('born')}–{e.get('died', '')})",
+            "guild": "Trade guild",
+            "ship": f"{str(e.get('type')).capitalize()}",
+            "species": f"Species of {e.get('animal')}",
+        }[e.kind]
 
     def infobox(self) -> str:
         e = self.e
         rows: list[tuple[str, str]] = [("name", e.name)]
         if e.kind == "town":
             kind = "Infobox settlement"
-            rows += [("settlement_type", "Town"), ("image_skyline", f"{e.name} panorama.jpg"),
-                     ("subdivision_type", "Region"), ("subdivision_name", f"[[{e['region'].title}]]"),
-                     ("established_date", "{{start date|%d}}" % e["founded"]),
-                     ("population_total", "{{formatnum:%d}}" % e["population"]),
-                     ("area_total_km2", str(self.rng.randrange(3, 120))),
-                     ("elevation_m", "{{convert|%d|m|ft|abbr=on}}" % self.rng.randrange(5, 900))]
+            rows += [
+                ("settlement_type", "Town"),
+                ("image_skyline", f"{e.name} panorama.jpg"),
+                ("subdivision_type", "Region"),
+                ("subdivision_name", f"[[{e['region'].title}]]"),
+                ("established_date", "{{start date|%d}}" % e["founded"]),
+                ("population_total", "{{formatnum:%d}}" % e["population"]),
+                ("area_total_km2", str(self.rng.randrange(3, 120))),
+                ("elevation_m", "{{convert|%d|m|ft|abbr=on}}" % self.rng.randrange(5, 900)),
+            ]
         elif e.kind == "region":
             kind = "Infobox settlement"
-            rows += [("settlement_type", "Region"), ("seat", f"[[{e['capital'].title}]]"),
-                     ("climate", e["climate"])]
+            rows += [("settlement_type", "Region"), ("seat", f"[[{e['capital'].title}]]"), ("climate", e["climate"])]
         elif e.kind == "river":
             kind = "Infobox river"
-            rows += [("source1_location", f"[[{e['source'].title}]]"),
-                     ("mouth_location", format(self.link(e["mouth"]), "")),
-                     ("length", "{{convert|%d|km|mi|abbr=on}}" % e["length"])]
+            rows += [
+                ("source1_location", f"[[{e['source'].title}]]"),
+                ("mouth_location", format(self.link(e["mouth"]), "")),
+                ("length", "{{convert|%d|km|mi|abbr=on}}" % e["length"]),
+            ]
         elif e.kind == "mountain":
             kind = "Infobox mountain"
             rows += [("elevation_m", str(e["height"])), ("range", f"[[{e['region'].title}]] highlands")]
         elif e.kind == "person":
             kind = "Infobox person"
-            rows += [("birth_date", "{{birth year|%d}}" % e["born"]),
-                     ("birth_place", f"[[{e['birthplace'].title}]], [[{e['birthplace']['region'].title}]]"),
-                     ("occupation", e["occupation"])]
+            rows += [
+                ("birth_date", "{{birth year|%d}}" % e["born"]),
+                ("birth_place", f"[[{e['birthplace'].title}]], [[{e['birthplace']['region'].title}]]"),
+                ("occupation", e["occupation"]),
+            ]
             if "died" in e.attrs:
                 rows.append(("death_date", "{{death year and age|%d|%d}}" % (e["died"], e["born"])))
         elif e.kind == "guild":
             kind = "Infobox organization"
-            rows += [("formation", str(e["founded"])), ("headquarters", f"[[{e['town'].title}]]"),
-                     ("leader_name", f"[[{e['leader'].title}]]")]
+            rows += [
+                ("formation", str(e["founded"])),
+                ("headquarters", f"[[{e['town'].title}]]"),
+                ("leader_name", f"[[{e['leader'].title}]]"),
+            ]
         elif e.kind == "ship":
             kind = "Infobox ship"
-            rows += [("Ship builder", f"[[{e['built_at'].title}]]"), ("Ship launched", str(e["built"])),
-                     ("Ship type", e["type"]), ("Ship homeport", f"[[{e['home_port'].title}]]")]
+            rows += [
+                ("Ship builder", f"[[{e['built_at'].title}]]"),
+                ("Ship launched", str(e["built"])),
+                ("Ship type", e["type"]),
+                ("Ship homeport", f"[[{e['home_port'].title}]]"),
+            ]
         else:
             kind = "Speciesbox"
             genus, epithet = e["latin"].split(" ")
-            rows += [("genus", genus), ("species", epithet), ("status", self.rng.choice(("LC", "NT", "VU"))),
-                     ("authority", "[[%s|%s]], %d" % (e["described_by"].title,
-                                                     e["described_by"].name.split(" ")[1], e["described"]))]
+            rows += [
+                ("genus", genus),
+                ("species", epithet),
+                ("status", self.rng.choice(("LC", "NT", "VU"))),
+                (
+                    "authority",
+                    "[[%s|%s]], %d" % (e["described_by"].title, e["described_by"].name.split(" ")[1], e["described"]),
+                ),
+            ]
         body = "\n".join(f"| {k} = {v}" for k, v in rows)
         return "{{%s\n%s\n}}" % (kind, body)
 
@@ -372,81 +491,123 @@ class Article:
         for year in range(max(1800, e["founded"] + 50) // 50 * 50, 2001, rng.choice((50, 100))):
             rows.append(f"|-\n| {year} || {{{{formatnum:{pop}}}}}")
             pop = int(pop * (1 + rng.randrange(-5, 40) / 100))
-        table = ('{| class="wikitable sortable"\n|+ Population of %s\n! Year !! Population\n%s\n|}'
-                 % (e.name, "\n".join(rows)))
+        table = '{| class="wikitable sortable"\n|+ Population of %s\n! Year !! Population\n%s\n|}' % (
+            e.name,
+            "\n".join(rows),
+        )
         natives = [p for p in self.block.people if p["birthplace"] is e]
-        people = "\n".join(f"* {format(self.link(p), '')} ({p['born']}–{p.get('died', '')}), {p['occupation']}"
-                           for p in natives) or "* None are recorded."
-        out = [self.section("History", self.fill("history", 4)),
-               self.section("Early history", facts_[:1] + self.fill("history", 2), 3),
-               self.figure(f"The old bridge over the {c['r']} at {e.name}") + "\n"
-               + self.section("Geography", self.fill("geography", 3), 2),
-               self.section("Economy", facts_[1:] + self.fill("economy", 3)),
-               "<!-- population figures from the regional census -->\n" + self.section("Population", [table]),
-               self.section("Culture", self.fill("culture", 3)),
-               self.section("Notable people", [people])]
+        people = (
+            "\n".join(
+                f"* {format(self.link(p), '')} ({p['born']}–{p.get('died', '')}), {p['occupation']}" for p in natives
+            )
+            or "* None are recorded."
+        )
+        out = [
+            self.section("History", self.fill("history", 4)),
+            self.section("Early history", facts_[:1] + self.fill("history", 2), 3),
+            self.figure(f"The old bridge over the {c['r']} at {e.name}")
+            + "\n"
+            + self.section("Geography", self.fill("geography", 3), 2),
+            self.section("Economy", facts_[1:] + self.fill("economy", 3)),
+            "<!-- population figures from the regional census -->\n" + self.section("Population", [table]),
+            self.section("Culture", self.fill("culture", 3)),
+            self.section("Notable people", [people]),
+        ]
         return out
 
     def body_region(self, facts_: list[str]) -> list[str]:
         b = self.block
-        rows = "\n".join(f"|-\n| {format(self.link(t), '')} || {t['river'].name} || {t['founded']} || "
-                         f"{{{{formatnum:{t['population']}}}}}" for t in b.towns)
-        table = ('{| class="wikitable"\n! Town !! River !! Founded !! Population\n%s\n|}' % rows)
+        rows = "\n".join(
+            f"|-\n| {format(self.link(t), '')} || {t['river'].name} || {t['founded']} || "
+            f"{{{{formatnum:{t['population']}}}}}"
+            for t in b.towns
+        )
+        table = '{| class="wikitable"\n! Town !! River !! Founded !! Population\n%s\n|}' % rows
         rivers = "\n".join(f"# {format(self.link(r), '')}, {{{{convert|{r['length']}|km|mi}}}}" for r in b.rivers)
         in_region = []
         for town in self.rng.sample(b.towns, 3):
             attr = self.rng.choice(("region", "river"))
             in_region.append(self.fact_about(town, "town." + attr, town[attr]))
-        return [self.section("Geography", facts_ + self.fill("region", 4) + in_region),
-                self.section("Rivers", ["The main rivers of the region are:\n" + rivers], 3),
-                self.section("Towns", ["The largest towns of %s are listed below.&nbsp;Figures are from the last census.\n%s"
-                                       % (self.e.name, table)]),
-                self.section("History", self.fill("region", 3))]
+        return [
+            self.section("Geography", facts_ + self.fill("region", 4) + in_region),
+            self.section("Rivers", ["The main rivers of the region are:\n" + rivers], 3),
+            self.section(
+                "Towns",
+                [
+                    "The largest towns of %s are listed below.&nbsp;Figures are from the last census.\n%s"
+                    % (self.e.name, table)
+                ],
+            ),
+            self.section("History", self.fill("region", 3)),
+        ]
 
     def body_river(self, facts_: list[str]) -> list[str]:
         towns = [t for t in self.block.towns if t["river"] is self.e]
         course = "\n".join(f"* {format(self.link(t), '')}" for t in towns)
         tribs = [r for r in self.block.rivers if r.get("mouth") is self.e]
-        trib = (f"The main tributary of the {self.e.name} is the {format(self.link(tribs[0]), '')}."
-                if tribs else "")
+        trib = f"The main tributary of the {self.e.name} is the {format(self.link(tribs[0]), '')}." if tribs else ""
         on_river = [self.fact_about(t, "town.river", self.e) for t in towns]
-        return [self.section("Course", facts_ + [trib] + on_river + ["Towns on the river include:\n" + course]),
-                self.figure(f"The {self.e.name} near [[{towns[0].title}]]") + "\n"
-                + self.section("History", self.fill("river", 4))]
+        return [
+            self.section("Course", facts_ + [trib] + on_river + ["Towns on the river include:\n" + course]),
+            self.figure(f"The {self.e.name} near [[{towns[0].title}]]")
+            + "\n"
+            + self.section("History", self.fill("river", 4)),
+        ]
 
     def body_mountain(self, facts_: list[str]) -> list[str]:
         rivers = [r for r in self.block.rivers if r["source"] is self.e]
         springs = " ".join(f"The {format(self.link(r), '')} rises on its slopes." for r in rivers)
-        return [self.section("Geography", facts_ + [springs] + self.fill("mountain", 3)),
-                self.figure(f"{self.e.name} seen from the south")]
+        return [
+            self.section("Geography", facts_ + [springs] + self.fill("mountain", 3)),
+            self.figure(f"{self.e.name} seen from the south"),
+        ]
 
     def body_person(self, facts_: list[str]) -> list[str]:
         e = self.e
-        out = [self.section("Early life", facts_[:2] + self.fill("life", 3)),
-               self.section("Career", facts_[2:] + self.fill("life", 3))]
+        out = [
+            self.section("Early life", facts_[:2] + self.fill("life", 3)),
+            self.section("Career", facts_[2:] + self.fill("life", 3)),
+        ]
         if "work" in e.attrs:
-            out.append(self.section("Works", [f"* ''{e['work']}'' ({e['born'] + self.rng.randrange(20, 28)}), {e['work_kind']}",
-                                              "* ''Letters'' (published after {} death)".format(self.ctx["poss"])], 3))
+            out.append(
+                self.section(
+                    "Works",
+                    [
+                        f"* ''{e['work']}'' ({e['born'] + self.rng.randrange(20, 28)}), {e['work_kind']}",
+                        "* ''Letters'' (published after {} death)".format(self.ctx["poss"]),
+                    ],
+                    3,
+                )
+            )
         return out
 
     def body_guild(self, facts_: list[str]) -> list[str]:
         masters = "\n".join(f"# {format(self.link(p), '')}" for p in self.rng.sample(self.block.people, 3))
-        return [self.section("History", facts_ + self.fill("guild", 4)),
-                self.section("Masters", ["Notable masters of the guild:\n" + masters])]
+        return [
+            self.section("History", facts_ + self.fill("guild", 4)),
+            self.section("Masters", ["Notable masters of the guild:\n" + masters]),
+        ]
 
     def body_ship(self, facts_: list[str]) -> list[str]:
         cargo = ("wool", "salt", "timber", "wine", "glass")
-        rows = "\n".join(f"|-\n| {y} || {format(self.link(t), '')} || {self.rng.choice(cargo)}"
-                         for y, t in zip(range(self.e["built"] + 1, 2020, 3), self.rng.sample(self.block.towns, 3)))
-        return [self.section("Service", facts_ + self.fill("ship", 3)),
-                self.section("Voyages", ['{| class="wikitable"\n! Year !! Port !! Cargo\n%s\n|}' % rows], 3)]
+        rows = "\n".join(
+            f"|-\n| {y} || {format(self.link(t), '')} || {self.rng.choice(cargo)}"
+            for y, t in zip(range(self.e["built"] + 1, 2020, 3), self.rng.sample(self.block.towns, 3))
+        )
+        return [
+            self.section("Service", facts_ + self.fill("ship", 3)),
+            self.section("Voyages", ['{| class="wikitable"\n! Year !! Port !! Cargo\n%s\n|}' % rows], 3),
+        ]
 
     def body_species(self, facts_: list[str]) -> list[str]:
         e = self.e
-        return [self.section("Description", facts_[:3] + self.fill("species", 3)),
-                self.figure(f"A {e['colour']} ''{e['latin']}'' on the [[{e['habitat'].title}|{e['habitat'].name}]]")
-                + "\n" + self.section("Ecology", facts_[3:] + self.fill("species", 2)),
-                self.section("Taxonomy", [f"The scientific name is ''{e['latin']}''."], 3)]
+        return [
+            self.section("Description", facts_[:3] + self.fill("species", 3)),
+            self.figure(f"A {e['colour']} ''{e['latin']}'' on the [[{e['habitat'].title}|{e['habitat'].name}]]")
+            + "\n"
+            + self.section("Ecology", facts_[3:] + self.fill("species", 2)),
+            self.section("Taxonomy", [f"The scientific name is ''{e['latin']}''."], 3),
+        ]
 
     def see_also(self) -> list[Entity]:
         b = self.block
@@ -455,10 +616,16 @@ class Article:
 
     def categories(self) -> list[str]:
         e, r = self.e, self.block.region.name
-        cats = {"town": [f"Towns in {r}"], "region": ["Regions"], "river": [f"Rivers of {r}"],
-                "mountain": [f"Mountains of {r}"], "person": [f"People from {r}", f"{e.get('occupation', '').capitalize()}s"],
-                "guild": ["Trade guilds", f"Organisations in {r}"], "ship": [f"Ships built in {r}"],
-                "species": [f"Fauna of {r}", f"{str(e.get('animal')).capitalize()}s"]}[e.kind]
+        cats = {
+            "town": [f"Towns in {r}"],
+            "region": ["Regions"],
+            "river": [f"Rivers of {r}"],
+            "mountain": [f"Mountains of {r}"],
+            "person": [f"People from {r}", f"{e.get('occupation', '').capitalize()}s"],
+            "guild": ["Trade guilds", f"Organisations in {r}"],
+            "ship": [f"Ships built in {r}"],
+            "species": [f"Fauna of {r}", f"{str(e.get('animal')).capitalize()}s"],
+        }[e.kind]
         if e.kind == "town":
             cats.append(f"Populated places on the {e['river'].title}")
         return cats
@@ -491,25 +658,62 @@ def block_pages(world: World, block: Block) -> Iterator[tuple[str, int, str]]:
                 yield src, 0, f"#REDIRECT [[{e.title}]]\n\n{{{{R from alternative name}}}}\n"
         if rng.random() < 0.2:
             user = rng.choice(EDITORS)
-            yield f"Talk:{e.title}", 1, (
-                "{{WikiProject %s|class=stub|importance=low}}\n\n== Sources ==\nI could not find a second"
-                " source for the founding date. Does anyone have the %s gazetteer? [[User:%s|%s]] ([[User talk:%s|talk]])"
-                " 12:%02d, %d %s %d (UTC)\n:It is in the library at %s. ~~~~\n"
-                % (region, region, user, user, user, rng.randrange(60), rng.randrange(1, 29),
-                   rng.choice(MONTHS), rng.randrange(2010, 2020), block.region["capital"].name))
+            yield (
+                f"Talk:{e.title}",
+                1,
+                (
+                    "{{WikiProject %s|class=stub|importance=low}}\n\n== Sources ==\nI could not find a second"
+                    " source for the founding date. Does anyone have the %s gazetteer? [[User:%s|%s]]"
+                    " ([[User talk:%s|talk]])"
+                    " 12:%02d, %d %s %d (UTC)\n:It is in the library at %s. ~~~~\n"
+                    % (
+                        region,
+                        region,
+                        user,
+                        user,
+                        user,
+                        rng.randrange(60),
+                        rng.randrange(1, 29),
+                        rng.choice(MONTHS),
+                        rng.randrange(2010, 2020),
+                        block.region["capital"].name,
+                    )
+                ),
+            )
     links = " &middot; ".join(f"[[{t.title}]]" for t in block.towns)
-    yield f"Template:{region} navbox", 10, (
-        "{{Navbox\n| name = %s navbox\n| title = [[%s]]\n| list1 = %s\n}}<noinclude>\n"
-        "[[Category:Navigational boxes]]\n</noinclude>\n" % (region, region, links))
-    yield f"Category:Towns in {region}", 14, (
-        f"Towns in the region of [[{region}]].\n\n[[Category:Populated places|{region}]]\n")
-    yield f"Wikipedia:WikiProject {region}", 4, (
-        f"'''WikiProject {region}''' improves articles about [[{region}]].\n\n== Open tasks ==\n"
-        f"* Expand [[{block.towns[-1].title}]]\n* Find sources for [[{block.people[0].title}]]\n")
-    yield f"List of towns in {region}", 0, (
-        "This is a '''list of towns in [[%s]]'''.\n\n{| class=\"wikitable\"\n! Town !! River\n%s\n|}\n\n"
-        "[[Category:Lists of towns]]\n" % (region, "\n".join(
-            f"|-\n| [[{t.title}]] || [[{t['river'].title}|{t['river'].name}]]" for t in block.towns)))
+    yield (
+        f"Template:{region} navbox",
+        10,
+        (
+            "{{Navbox\n| name = %s navbox\n| title = [[%s]]\n| list1 = %s\n}}<noinclude>\n"
+            "[[Category:Navigational boxes]]\n</noinclude>\n" % (region, region, links)
+        ),
+    )
+    yield (
+        f"Category:Towns in {region}",
+        14,
+        (f"Towns in the region of [[{region}]].\n\n[[Category:Populated places|{region}]]\n"),
+    )
+    yield (
+        f"Wikipedia:WikiProject {region}",
+        4,
+        (
+            f"'''WikiProject {region}''' improves articles about [[{region}]].\n\n== Open tasks ==\n"
+            f"* Expand [[{block.towns[-1].title}]]\n* Find sources for [[{block.people[0].title}]]\n"
+        ),
+    )
+    yield (
+        f"List of towns in {region}",
+        0,
+        (
+            "This is a '''list of towns in [[%s]]'''.\n\n{| class=\"wikitable\"\n! Town !! River\n%s\n|}\n\n"
+            "[[Category:Lists of towns]]\n"
+            % (
+                region,
+                "\n".join(f"|-\n| [[{t.title}]] || [[{t['river'].title}|{t['river'].name}]]" for t in block.towns),
+            )
+        ),
+    )
 
 
 # -- the export XML ------------------------------------------------------------------------------
@@ -524,14 +728,20 @@ def _sha1_base36(text: str) -> str:
 
 
 def xml_header(seed: int) -> str:
-    ns = "\n".join(f'      <namespace key="{k}" case="first-letter">{v}</namespace>' if v
-                   else f'      <namespace key="{k}" case="first-letter" />' for k, v in NAMESPACES)
-    return (f'<mediawiki xmlns="{XMLNS}" xmlns:xsi="http://www.w3.org/2001/XMLSchema-instance" '
-            f'xsi:schemaLocation="{XMLNS} http://www.mediawiki.org/xml/export-0.10.xsd" '
-            'version="0.10" xml:lang="en">\n  <siteinfo>\n    <sitename>SynthWiki</sitename>\n'
-            f'    <dbname>synthwiki{seed}</dbname>\n    <base>http://synthwiki.example.org/wiki/Main_Page</base>\n'
-            '    <generator>MediaWiki 1.35.0-synth</generator>\n    <case>first-letter</case>\n'
-            f'    <namespaces>\n{ns}\n    </namespaces>\n  </siteinfo>\n')
+    ns = "\n".join(
+        f'      <namespace key="{k}" case="first-letter">{v}</namespace>'
+        if v
+        else f'      <namespace key="{k}" case="first-letter" />'
+        for k, v in NAMESPACES
+    )
+    return (
+        f'<mediawiki xmlns="{XMLNS}" xmlns:xsi="http://www.w3.org/2001/XMLSchema-instance" '
+        f'xsi:schemaLocation="{XMLNS} http://www.mediawiki.org/xml/export-0.10.xsd" '
+        'version="0.10" xml:lang="en">\n  <siteinfo>\n    <sitename>SynthWiki</sitename>\n'
+        f"    <dbname>synthwiki{seed}</dbname>\n    <base>http://synthwiki.example.org/wiki/Main_Page</base>\n"
+        "    <generator>MediaWiki 1.35.0-synth</generator>\n    <case>first-letter</case>\n"
+        f"    <namespaces>\n{ns}\n    </namespaces>\n  </siteinfo>\n"
+    )
 
 
 XML_FOOTER = "</mediawiki>\n"
@@ -542,17 +752,24 @@ def page_xml(title: str, ns: int, page_id: int, text: str, rng: random.Random) -
     """One <page> element, its text escaped as a dump escapes it."""
     redirect = ""
     if text.startswith("#REDIRECT [["):
-        redirect = f"    <redirect title={quoteattr(text[12:text.index(']]')])} />\n"
+        redirect = f"    <redirect title={quoteattr(text[12 : text.index(']]')])} />\n"
     user = rng.choice(EDITORS)
-    stamp = "%d-%02d-%02dT%02d:%02d:%02dZ" % (rng.randrange(2015, 2021), rng.randrange(1, 13),
-                                              rng.randrange(1, 29), rng.randrange(24),
-                                              rng.randrange(60), rng.randrange(60))
+    stamp = "%d-%02d-%02dT%02d:%02d:%02dZ" % (
+        rng.randrange(2015, 2021),
+        rng.randrange(1, 13),
+        rng.randrange(1, 29),
+        rng.randrange(24),
+        rng.randrange(60),
+        rng.randrange(60),
+    )
     rev = 900000 + page_id * 13 + rng.randrange(13)
-    return (f"  <page>\n    <title>{escape(title)}</title>\n    <ns>{ns}</ns>\n    <id>{page_id}</id>\n"
-            f"{redirect}    <revision>\n      <id>{rev}</id>\n      <parentid>{rev - 1 - rng.randrange(500)}</parentid>\n"
-            f"      <timestamp>{stamp}</timestamp>\n      <contributor>\n        <username>{user}</username>\n"
-            f"        <id>{1000 + EDITORS.index(user)}</id>\n      </contributor>\n"
-            f"      <comment>{rng.choice(('copyedit', 'add source', 'expand', '/* History */ fix'))}</comment>\n"
-            "      <model>wikitext</model>\n      <format>text/x-wiki</format>\n"
-            f'      <text bytes="{len(text.encode())}" xml:space="preserve">{escape(text, _QUOT)}</text>\n'
-            f"      <sha1>{_sha1_base36(text)}</sha1>\n    </revision>\n  </page>\n")
+    return (
+        f"  <page>\n    <title>{escape(title)}</title>\n    <ns>{ns}</ns>\n    <id>{page_id}</id>\n"
+        f"{redirect}    <revision>\n      <id>{rev}</id>\n      <parentid>{rev - 1 - rng.randrange(500)}</parentid>\n"
+        f"      <timestamp>{stamp}</timestamp>\n      <contributor>\n        <username>{user}</username>\n"
+        f"        <id>{1000 + EDITORS.index(user)}</id>\n      </contributor>\n"
+        f"      <comment>{rng.choice(('copyedit', 'add source', 'expand', '/* History */ fix'))}</comment>\n"
+        "      <model>wikitext</model>\n      <format>text/x-wiki</format>\n"
+        f'      <text bytes="{len(text.encode())}" xml:space="preserve">{escape(text, _QUOT)}</text>\n'
+        f"      <sha1>{_sha1_base36(text)}</sha1>\n    </revision>\n  </page>\n"
+    )

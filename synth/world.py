@@ -23,8 +23,38 @@ from dataclasses import dataclass, field
 from typing import Any
 
 # -- names from syllables ----------------------------------------------------------------------
-_ONSETS = ("b", "br", "d", "dr", "f", "g", "gr", "h", "k", "kr", "l", "m", "n", "p", "r", "s",
-           "sh", "st", "t", "th", "tr", "v", "z", "c", "ch", "j", "w", "", "", "")
+_ONSETS = (
+    "b",
+    "br",
+    "d",
+    "dr",
+    "f",
+    "g",
+    "gr",
+    "h",
+    "k",
+    "kr",
+    "l",
+    "m",
+    "n",
+    "p",
+    "r",
+    "s",
+    "sh",
+    "st",
+    "t",
+    "th",
+    "tr",
+    "v",
+    "z",
+    "c",
+    "ch",
+    "j",
+    "w",
+    "",
+    "",
+    "",
+)
 _VOWELS = ("a", "e", "i", "o", "u", "ai", "ei", "ou", "ae", "ia", "y")
 _RARE_VOWELS = ("é", "å", "ö", "ü")
 _CODAS = ("", "", "", "", "n", "r", "l", "s", "m", "th", "sk", "nd", "rn", "x", "k", "v")
@@ -34,32 +64,115 @@ _SUFFIXES = {
     "river": ("", "", "a", "e"),
 }
 
-INDUSTRIES = ("weaving", "salt mining", "shipbuilding", "pottery", "wine making", "fishing",
-              "glassmaking", "timber", "copper mining", "brewing", "paper making", "dyeing")
-GUILD_MEMBERS = {"weaving": "Weavers", "salt mining": "Salt Miners", "shipbuilding": "Shipwrights",
-                 "pottery": "Potters", "wine making": "Vintners", "fishing": "Fishers",
-                 "glassmaking": "Glassmakers", "timber": "Woodcutters",
-                 "copper mining": "Coppersmiths", "brewing": "Brewers",
-                 "paper making": "Papermakers", "dyeing": "Dyers"}
-OCCUPATIONS = ("poet", "cartographer", "merchant", "shipwright", "naturalist", "painter",
-               "engineer", "physician", "historian", "composer", "astronomer", "architect")
-WORK_KINDS = {"poet": "poem", "historian": "chronicle", "composer": "symphony",
-              "painter": "painting", "cartographer": "atlas", "astronomer": "treatise",
-              "naturalist": "field guide", "architect": "treatise"}
-COLOURS = ("red", "blue", "green", "yellow", "grey", "black", "white", "brown", "orange",
-           "silver", "golden", "violet")
-ANIMALS = {"heron": "small fish", "trout": "insects", "beetle": "rotting wood", "moth": "nectar",
-           "frog": "insects", "finch": "seeds", "eel": "worms", "newt": "snails",
-           "otter": "fish", "owl": "mice", "carp": "algae", "snail": "leaves", "lizard": "beetles",
-           "salamander": "worms", "swallow": "flies", "crane": "frogs"}
+INDUSTRIES = (
+    "weaving",
+    "salt mining",
+    "shipbuilding",
+    "pottery",
+    "wine making",
+    "fishing",
+    "glassmaking",
+    "timber",
+    "copper mining",
+    "brewing",
+    "paper making",
+    "dyeing",
+)
+GUILD_MEMBERS = {
+    "weaving": "Weavers",
+    "salt mining": "Salt Miners",
+    "shipbuilding": "Shipwrights",
+    "pottery": "Potters",
+    "wine making": "Vintners",
+    "fishing": "Fishers",
+    "glassmaking": "Glassmakers",
+    "timber": "Woodcutters",
+    "copper mining": "Coppersmiths",
+    "brewing": "Brewers",
+    "paper making": "Papermakers",
+    "dyeing": "Dyers",
+}
+OCCUPATIONS = (
+    "poet",
+    "cartographer",
+    "merchant",
+    "shipwright",
+    "naturalist",
+    "painter",
+    "engineer",
+    "physician",
+    "historian",
+    "composer",
+    "astronomer",
+    "architect",
+)
+WORK_KINDS = {
+    "poet": "poem",
+    "historian": "chronicle",
+    "composer": "symphony",
+    "painter": "painting",
+    "cartographer": "atlas",
+    "astronomer": "treatise",
+    "naturalist": "field guide",
+    "architect": "treatise",
+}
+COLOURS = ("red", "blue", "green", "yellow", "grey", "black", "white", "brown", "orange", "silver", "golden", "violet")
+ANIMALS = {
+    "heron": "small fish",
+    "trout": "insects",
+    "beetle": "rotting wood",
+    "moth": "nectar",
+    "frog": "insects",
+    "finch": "seeds",
+    "eel": "worms",
+    "newt": "snails",
+    "otter": "fish",
+    "owl": "mice",
+    "carp": "algae",
+    "snail": "leaves",
+    "lizard": "beetles",
+    "salamander": "worms",
+    "swallow": "flies",
+    "crane": "frogs",
+}
 WATER_ANIMALS = {"heron", "trout", "eel", "otter", "carp", "crane", "frog", "newt"}
 FIRST_NAMES = 60  # per pronoun
 CLIMATES = ("mild and wet", "cold and dry", "warm and dry", "cool and windy", "hot and humid")
 SHIP_TYPES = ("galley", "barge", "schooner", "brig", "cog", "ferry", "sloop")
-SHIP_WORDS = (("Silver", "Swift", "Northern", "Red", "Quiet", "Golden", "Brave", "Grey", "Morning",
-               "Evening", "Wandering", "Patient", "Bright", "Lucky"),
-              ("Heron", "Star", "Lantern", "Swallow", "Promise", "Queen", "Wind", "Anchor",
-               "Otter", "Crown", "Arrow", "Harvest", "Rose", "Falcon"))
+SHIP_WORDS = (
+    (
+        "Silver",
+        "Swift",
+        "Northern",
+        "Red",
+        "Quiet",
+        "Golden",
+        "Brave",
+        "Grey",
+        "Morning",
+        "Evening",
+        "Wandering",
+        "Patient",
+        "Bright",
+        "Lucky",
+    ),
+    (
+        "Heron",
+        "Star",
+        "Lantern",
+        "Swallow",
+        "Promise",
+        "Queen",
+        "Wind",
+        "Anchor",
+        "Otter",
+        "Crown",
+        "Arrow",
+        "Harvest",
+        "Rose",
+        "Falcon",
+    ),
+)
 
 
 def derive_rng(seed: int, *parts: Any) -> random.Random:
@@ -120,8 +233,16 @@ class Block:
 
     def entities(self) -> list[Entity]:
         """Article order: the region first, then what it contains."""
-        return ([self.region] + self.mountains + self.rivers + self.towns + self.people
-                + self.guilds + self.ships + self.species)
+        return (
+            [self.region]
+            + self.mountains
+            + self.rivers
+            + self.towns
+            + self.people
+            + self.guilds
+            + self.ships
+            + self.species
+        )
 
 
 class World:
@@ -157,35 +278,53 @@ class World:
 
     def _build_block(self, b: int) -> Block:
         rng = derive_rng(self.seed, "block", b)
-        uniq = lambda kind: self._unique(rng, kind)  # noqa: E731
-        key = lambda kind, i: f"b{b}.{kind}.{i}"  # noqa: E731
+        uniq = lambda kind: self._unique(rng, kind)
+        key = lambda kind, i: f"b{b}.{kind}.{i}"
 
         rname = uniq("region")
-        region = Entity("region", rname, rname, key("region", 0), b,
-                        {"climate": rng.choice(CLIMATES)})
+        region = Entity("region", rname, rname, key("region", 0), b, {"climate": rng.choice(CLIMATES)})
         if b > 0:
             region.attrs["borders"] = self.blocks[b - 1].region
         mountains = []
         for i in range(rng.choice((1, 2))):
             n = "Mount " + uniq("mountain")
-            mountains.append(Entity("mountain", n, n, key("mountain", i), b,
-                                    {"region": region, "height": rng.randrange(900, 4800)}))
+            mountains.append(
+                Entity("mountain", n, n, key("mountain", i), b, {"region": region, "height": rng.randrange(900, 4800)})
+            )
         rivers = []
         for i in range(2):
             n = uniq("river")
-            rivers.append(Entity("river", n, n + " River", key("river", i), b,
-                                 {"source": rng.choice(mountains), "region": region,
-                                  "length": rng.randrange(40, 900)}))
+            rivers.append(
+                Entity(
+                    "river",
+                    n,
+                    n + " River",
+                    key("river", i),
+                    b,
+                    {"source": rng.choice(mountains), "region": region, "length": rng.randrange(40, 900)},
+                )
+            )
         rivers[0].attrs["mouth"] = rng.choice(self.seas)
         rivers[1].attrs["mouth"] = rivers[0]
         towns = []
         for i in range(8):
             n = uniq("town")
-            towns.append(Entity("town", n, n, key("town", i), b, {
-                "region": region, "river": rivers[0] if i < 5 else rivers[1],
-                "founded": rng.randrange(880, 1650),
-                "industry": rng.choice(INDUSTRIES),
-                "population": rng.randrange(1500, 90000) if i == 0 else rng.randrange(300, 30000)}))
+            towns.append(
+                Entity(
+                    "town",
+                    n,
+                    n,
+                    key("town", i),
+                    b,
+                    {
+                        "region": region,
+                        "river": rivers[0] if i < 5 else rivers[1],
+                        "founded": rng.randrange(880, 1650),
+                        "industry": rng.choice(INDUSTRIES),
+                        "population": rng.randrange(1500, 90000) if i == 0 else rng.randrange(300, 30000),
+                    },
+                )
+            )
         region.attrs["capital"] = towns[0]
         people = []
         for i in range(8):
@@ -194,17 +333,33 @@ class World:
             home = rng.choice(towns)
             born = min(home["founded"] + rng.randrange(40, 420), 1950)
             occ = rng.choice(OCCUPATIONS)
-            attrs: dict[str, Any] = {"birthplace": home, "born": born, "occupation": occ,
-                                     "pronoun": pronoun}
+            attrs: dict[str, Any] = {"birthplace": home, "born": born, "occupation": occ, "pronoun": pronoun}
             if born < 1930:
                 attrs["died"] = born + rng.randrange(28, 92)
             if occ in WORK_KINDS:
-                attrs["work"] = "The " + rng.choice(SHIP_WORDS[0]) + " " + rng.choice(
-                    ("Road", "Harbour", "Winter", "Garden", "Valley", "Tower", "Lake", "Bells",
-                     "Orchard", "Voyage", "Meadow", "Shore"))
+                attrs["work"] = (
+                    "The "
+                    + rng.choice(SHIP_WORDS[0])
+                    + " "
+                    + rng.choice(
+                        (
+                            "Road",
+                            "Harbour",
+                            "Winter",
+                            "Garden",
+                            "Valley",
+                            "Tower",
+                            "Lake",
+                            "Bells",
+                            "Orchard",
+                            "Voyage",
+                            "Meadow",
+                            "Shore",
+                        )
+                    )
+                )
                 attrs["work_kind"] = WORK_KINDS[occ]
-            people.append(Entity("person", f"{first} {last}", f"{first} {last}",
-                                 key("person", i), b, attrs))
+            people.append(Entity("person", f"{first} {last}", f"{first} {last}", key("person", i), b, attrs))
         guilds = []
         for i, town in enumerate(rng.sample(towns, 2)):
             trade = town["industry"]
@@ -213,9 +368,14 @@ class World:
                 continue
             self._names.add(n)
             leader = rng.choice(people)
-            g = Entity("guild", n, n, key("guild", i), b, {
-                "town": town, "trade": trade, "leader": leader,
-                "founded": town["founded"] + rng.randrange(10, 300)})
+            g = Entity(
+                "guild",
+                n,
+                n,
+                key("guild", i),
+                b,
+                {"town": town, "trade": trade, "leader": leader, "founded": town["founded"] + rng.randrange(10, 300)},
+            )
             guilds.append(g)
             leader.attrs["leads"] = g
             for p in people:
@@ -232,10 +392,22 @@ class World:
                 n = f"{rng.choice(SHIP_WORDS[1])} of {yard.name}{'' if i == 0 else ' II'}"
             self._names.add(n)
             captain = rng.choice(people)
-            ships.append(Entity("ship", n, n + " (ship)", key("ship", i), b, {
-                "built_at": yard, "built": max(yard["founded"] + 20, captain["born"] + 18),
-                "type": rng.choice(SHIP_TYPES), "captain": captain,
-                "home_port": rng.choice(towns[:5])}))
+            ships.append(
+                Entity(
+                    "ship",
+                    n,
+                    n + " (ship)",
+                    key("ship", i),
+                    b,
+                    {
+                        "built_at": yard,
+                        "built": max(yard["founded"] + 20, captain["born"] + 18),
+                        "type": rng.choice(SHIP_TYPES),
+                        "captain": captain,
+                        "home_port": rng.choice(towns[:5]),
+                    },
+                )
+            )
             captain.attrs["ship"] = ships[-1]
         species = []
         naturalists = [p for p in people if p["occupation"] == "naturalist"] or people
@@ -250,80 +422,154 @@ class World:
             self._names.add(common)
             by = rng.choice(naturalists)
             genus = _raw_name(rng, "genus")
-            species.append(Entity("species", common, common, key("species", i), b, {
-                "animal": animal, "colour": rng.choice(COLOURS), "diet": ANIMALS[animal],
-                "habitat": habitat, "described_by": by,
-                "described": by["born"] + rng.randrange(20, min(50, by.get("died", 9999) - by["born"])),
-                "latin": f"{genus} {_raw_name(rng, 'epithet').lower()}"}))
+            species.append(
+                Entity(
+                    "species",
+                    common,
+                    common,
+                    key("species", i),
+                    b,
+                    {
+                        "animal": animal,
+                        "colour": rng.choice(COLOURS),
+                        "diet": ANIMALS[animal],
+                        "habitat": habitat,
+                        "described_by": by,
+                        "described": by["born"] + rng.randrange(20, min(50, by.get("died", 9999) - by["born"])),
+                        "latin": f"{genus} {_raw_name(rng, 'epithet').lower()}",
+                    },
+                )
+            )
         return Block(b, region, mountains, rivers, towns, people, guilds, ships, species)
 
 
 # -- facts and their phrasings -----------------------------------------------------------------
 # {s}: the subject, {o}: the object; each template has exactly one {o} (SQuAD spans rely on it).
 PHRASES: dict[str, tuple[str, ...]] = {
-    "town.river": ("{s} lies on the river {o}.", "{s} is a town on the {o}.",
-                   "The river {o} flows through {s}.", "{s} stands on the banks of the {o}.",
-                   "The town of {s} was built beside the river {o}."),
-    "town.region": ("{s} is a town in {o}.", "{s} is located in the region of {o}.",
-                    "{s} belongs to the region of {o}.", "The region of {o} includes the town of {s}."),
-    "town.founded": ("{s} was founded in {o}.", "The town of {s} was established in {o}.",
-                     "The first houses of {s} were built in {o}.", "{s} dates from {o}, when it was founded."),
-    "town.industry": ("The main industry of {s} is {o}.", "{s} is known for its {o}.",
-                      "Most people in {s} work in {o}.", "{s} grew rich on {o}."),
-    "town.population": ("{s} has a population of about {o}.", "About {o} people live in {s}.",
-                        "The population of {s} is about {o}."),
-    "region.capital": ("The capital of {s} is {o}.", "{o} is the capital of {s}.",
-                       "{s} is governed from its capital, {o}."),
-    "region.climate": ("The climate of {s} is {o}.", "{s} has a {o} climate.",
-                       "Summers in {s} are short and the weather is {o}."),
-    "region.borders": ("{s} borders the region of {o}.", "To the west, {s} borders {o}.",
-                       "{s} shares a long border with {o}."),
-    "mountain.region": ("{s} is a mountain in {o}.", "{s} rises above the valleys of {o}.",
-                        "The highest peaks of {o} include {s}."),
-    "mountain.height": ("{s} is {o} metres high.", "{s} reaches a height of {o} metres.",
-                        "The summit of {s} stands {o} metres above the sea."),
-    "river.source": ("The {s} rises on {o}.", "The source of the {s} is on {o}.",
-                     "The river {s} begins high on {o}."),
-    "river.mouth": ("The {s} flows into the {o}.", "The river {s} empties into the {o}.",
-                    "After a long journey the {s} reaches the {o}."),
-    "river.length": ("The {s} is {o} kilometres long.", "The river {s} runs for {o} kilometres.",
-                     "The length of the {s} is {o} kilometres."),
-    "person.birthplace": ("{s} was born in {o}.", "{s} was a native of {o}.",
-                          "{s} grew up in the town of {o}.", "The town of {o} is the birthplace of {s}."),
+    "town.river": (
+        "{s} lies on the river {o}.",
+        "{s} is a town on the {o}.",
+        "The river {o} flows through {s}.",
+        "{s} stands on the banks of the {o}.",
+        "The town of {s} was built beside the river {o}.",
+    ),
+    "town.region": (
+        "{s} is a town in {o}.",
+        "{s} is located in the region of {o}.",
+        "{s} belongs to the region of {o}.",
+        "The region of {o} includes the town of {s}.",
+    ),
+    "town.founded": (
+        "{s} was founded in {o}.",
+        "The town of {s} was established in {o}.",
+        "The first houses of {s} were built in {o}.",
+        "{s} dates from {o}, when it was founded.",
+    ),
+    "town.industry": (
+        "The main industry of {s} is {o}.",
+        "{s} is known for its {o}.",
+        "Most people in {s} work in {o}.",
+        "{s} grew rich on {o}.",
+    ),
+    "town.population": (
+        "{s} has a population of about {o}.",
+        "About {o} people live in {s}.",
+        "The population of {s} is about {o}.",
+    ),
+    "region.capital": (
+        "The capital of {s} is {o}.",
+        "{o} is the capital of {s}.",
+        "{s} is governed from its capital, {o}.",
+    ),
+    "region.climate": (
+        "The climate of {s} is {o}.",
+        "{s} has a {o} climate.",
+        "Summers in {s} are short and the weather is {o}.",
+    ),
+    "region.borders": (
+        "{s} borders the region of {o}.",
+        "To the west, {s} borders {o}.",
+        "{s} shares a long border with {o}.",
+    ),
+    "mountain.region": (
+        "{s} is a mountain in {o}.",
+        "{s} rises above the valleys of {o}.",
+        "The highest peaks of {o} include {s}.",
+    ),
+    "mountain.height": (
+        "{s} is {o} metres high.",
+        "{s} reaches a height of {o} metres.",
+        "The summit of {s} stands {o} metres above the sea.",
+    ),
+    "river.source": ("The {s} rises on {o}.", "The source of the {s} is on {o}.", "The river {s} begins high on {o}."),
+    "river.mouth": (
+        "The {s} flows into the {o}.",
+        "The river {s} empties into the {o}.",
+        "After a long journey the {s} reaches the {o}.",
+    ),
+    "river.length": (
+        "The {s} is {o} kilometres long.",
+        "The river {s} runs for {o} kilometres.",
+        "The length of the {s} is {o} kilometres.",
+    ),
+    "person.birthplace": (
+        "{s} was born in {o}.",
+        "{s} was a native of {o}.",
+        "{s} grew up in the town of {o}.",
+        "The town of {o} is the birthplace of {s}.",
+    ),
     "person.born": ("{s} was born in {o}.", "{s} was born in the year {o}."),
     "person.died": ("{s} died in {o}.", "{s} died in the year {o}.", "{s} lived until {o}."),
-    "person.occupation": ("{s} was a {o}.", "{s} worked as a {o}.", "{s} is remembered as a {o}.",
-                          "While still young, {s} became a {o}."),
-    "person.work": ("{s} wrote {o}.", "The best known work of {s} is {o}.",
-                    "{s} is the author of {o}."),
+    "person.occupation": (
+        "{s} was a {o}.",
+        "{s} worked as a {o}.",
+        "{s} is remembered as a {o}.",
+        "While still young, {s} became a {o}.",
+    ),
+    "person.work": ("{s} wrote {o}.", "The best known work of {s} is {o}.", "{s} is the author of {o}."),
     "person.guild": ("{s} was a member of the {o}.", "{s} joined the {o}."),
     "person.ship": ("{s} was the captain of the {o}.", "{s} commanded the {o}."),
-    "guild.town": ("The {s} is based in {o}.", "The {s} has its hall in {o}.",
-                   "The {s} was founded in the town of {o}."),
-    "guild.leader": ("The {s} is led by {o}.", "{o} was the head of the {s}.",
-                     "{o} became master of the {s}."),
+    "guild.town": (
+        "The {s} is based in {o}.",
+        "The {s} has its hall in {o}.",
+        "The {s} was founded in the town of {o}.",
+    ),
+    "guild.leader": ("The {s} is led by {o}.", "{o} was the head of the {s}.", "{o} became master of the {s}."),
     "guild.founded": ("The {s} was founded in {o}.", "The {s} received its charter in {o}."),
-    "ship.built_at": ("The {s} was built at {o}.", "The {s} was built in the yards of {o}.",
-                      "Shipwrights in {o} built the {s}."),
+    "ship.built_at": (
+        "The {s} was built at {o}.",
+        "The {s} was built in the yards of {o}.",
+        "Shipwrights in {o} built the {s}.",
+    ),
     "ship.type": ("The {s} is a {o}.", "The {s} was a {o} of the river trade."),
-    "ship.captain": ("The captain of the {s} was {o}.", "The {s} sailed under {o}.",
-                     "{o} commanded the {s}."),
+    "ship.captain": ("The captain of the {s} was {o}.", "The {s} sailed under {o}.", "{o} commanded the {s}."),
     "ship.home_port": ("The home port of the {s} is {o}.", "The {s} sailed from {o}."),
     "species.animal": ("The {s} is a kind of {o}.", "The {s} is a {o}."),
-    "species.colour": ("The {s} is {o} in colour.", "The {s} has {o} markings on its back.",
-                       "Most of the body of the {s} is {o}."),
-    "species.diet": ("The {s} feeds on {o}.", "The {s} eats mostly {o}.",
-                     "The diet of the {s} consists of {o}."),
-    "species.habitat_river": ("The {s} lives along the river {o}.", "The {s} is found only in the waters of the {o}.",
-                              "The habitat of the {s} is the river {o}."),
-    "species.habitat_mountain": ("The {s} lives on the slopes of {o}.", "The {s} is found only on {o}.",
-                                 "The habitat of the {s} is the high ground of {o}."),
+    "species.colour": (
+        "The {s} is {o} in colour.",
+        "The {s} has {o} markings on its back.",
+        "Most of the body of the {s} is {o}.",
+    ),
+    "species.diet": ("The {s} feeds on {o}.", "The {s} eats mostly {o}.", "The diet of the {s} consists of {o}."),
+    "species.habitat_river": (
+        "The {s} lives along the river {o}.",
+        "The {s} is found only in the waters of the {o}.",
+        "The habitat of the {s} is the river {o}.",
+    ),
+    "species.habitat_mountain": (
+        "The {s} lives on the slopes of {o}.",
+        "The {s} is found only on {o}.",
+        "The habitat of the {s} is the high ground of {o}.",
+    ),
     "species.described_by": ("The {s} was first described by {o}.", "{o} first described the {s}."),
 }
 
 QUESTIONS: dict[str, tuple[str, ...]] = {
-    "town.river": ("Which river does {s} lie on?", "What river flows through {s}?",
-                   "On which river is the town of {s}?"),
+    "town.river": (
+        "Which river does {s} lie on?",
+        "What river flows through {s}?",
+        "On which river is the town of {s}?",
+    ),
     "town.region": ("In which region is {s}?", "What region is {s} located in?"),
     "town.founded": ("When was {s} founded?", "In what year was {s} established?"),
     "town.industry": ("What is the main industry of {s}?", "What is {s} known for?"),
@@ -360,9 +606,16 @@ QUESTIONS: dict[str, tuple[str, ...]] = {
 
 
 # The fact that defines each kind best; other documents repeat it more often than the rest.
-CORE = {"town": "town.river", "region": "region.capital", "river": "river.mouth",
-        "mountain": "mountain.region", "person": "person.occupation", "guild": "guild.town",
-        "ship": "ship.built_at", "species": "species.habitat"}
+CORE = {
+    "town": "town.river",
+    "region": "region.capital",
+    "river": "river.mouth",
+    "mountain": "mountain.region",
+    "person": "person.occupation",
+    "guild": "guild.town",
+    "ship": "ship.built_at",
+    "species": "species.habitat",
+}
 
 
 def fact_object(value: Any) -> str:
@@ -400,7 +653,7 @@ _A_BEFORE_VOWEL = re.compile(r"\b([Aa]) (?=[aeiouAEIOU])")
 
 
 def fix_articles(text: str) -> str:
-    """"a astronomer" -> "an astronomer": templates meet words they cannot foresee."""
+    """ "a astronomer" -> "an astronomer": templates meet words they cannot foresee."""
     return _A_BEFORE_VOWEL.sub(r"\1n ", text)
 
 

@@ -45,8 +45,11 @@ class SquadConfig:
     """As ``train_file``, for dev (dev-v1.1.json / dev-v2.0.json)."""
 
     def __post_init__(self):
-        check(self.max_seq_length == 0 or self.max_seq_length >= 8, "finetune.squad.max_seq_length",
-              "must be 0 (the run's) or >= 8")
+        check(
+            self.max_seq_length == 0 or self.max_seq_length >= 8,
+            "finetune.squad.max_seq_length",
+            "must be 0 (the run's) or >= 8",
+        )
         check(self.doc_stride >= 1, "finetune.squad.doc_stride", "must be >= 1")
         check(self.max_query_length >= 1, "finetune.squad.max_query_length", "must be >= 1")
         check(self.n_best_size >= 1, "finetune.squad.n_best_size", "must be >= 1")
@@ -86,17 +89,24 @@ class GridConfig:
         check(all(b >= 1 for b in self.batch_sizes), "finetune.grid.batch_sizes", "must be >= 1")
         check(all(e > 0 for e in self.epochs), "finetune.grid.epochs", "must be > 0")
         check(self.workers >= 1, "finetune.grid.workers", "must be >= 1")
-        check(self.dispatch in ("process", "deployment"), "finetune.grid.dispatch",
-              f"must be 'process' or 'deployment', got {self.dispatch!r}")
-        check(self.deployment.count("/") == 1, "finetune.grid.deployment",
-              f"must be 'flow-name/deployment-name', got {self.deployment!r}")
+        check(
+            self.dispatch in ("process", "deployment"),
+            "finetune.grid.dispatch",
+            f"must be 'process' or 'deployment', got {self.dispatch!r}",
+        )
+        check(
+            self.deployment.count("/") == 1,
+            "finetune.grid.deployment",
+            f"must be 'flow-name/deployment-name', got {self.deployment!r}",
+        )
         for name in ("learning_rates", "batch_sizes", "epochs", "seeds"):
             values = getattr(self, name)
             check(len(set(values)) == len(values), f"finetune.grid.{name}", f"repeats a value: {values}")
 
 
-PAPER_GRID = GridConfig(learning_rates=(5e-5, 4e-5, 3e-5, 2e-5), batch_sizes=(16, 32), epochs=(2, 3, 4),
-                        seeds=(1, 2, 3, 4, 5))
+PAPER_GRID = GridConfig(
+    learning_rates=(5e-5, 4e-5, 3e-5, 2e-5), batch_sizes=(16, 32), epochs=(2, 3, 4), seeds=(1, 2, 3, 4, 5)
+)
 
 LAYER_MIXES = ("embeddings", "last", "second_to_last", "sum_last4", "concat_last4", "sum_all")
 

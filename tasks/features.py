@@ -41,7 +41,7 @@ def mix_width(mix: str, hidden: int, num_layers: int) -> int:
 
 
 def mix_states(states: list[torch.Tensor], mix: str) -> torch.Tensor:
-    last4 = states[-min(4, len(states)):]
+    last4 = states[-min(4, len(states)) :]
     if mix == "embeddings":
         return states[0]
     if mix == "last":
@@ -60,8 +60,15 @@ def mix_states(states: list[torch.Tensor], mix: str) -> torch.Tensor:
 class FeatureBasedTagger(nn.Module):
     """Frozen BERT -> layer mix -> BiLSTM (``lstm_layers``, ``lstm_hidden`` per direction) -> tags."""
 
-    def __init__(self, bert: BertModel, num_labels: int, mix: str, lstm_hidden: int = 768,
-                 lstm_layers: int = 2, dropout: float = 0.1):
+    def __init__(
+        self,
+        bert: BertModel,
+        num_labels: int,
+        mix: str,
+        lstm_hidden: int = 768,
+        lstm_layers: int = 2,
+        dropout: float = 0.1,
+    ):
         super().__init__()
         self.config = bert.config
         self.bert = bert
@@ -70,8 +77,14 @@ class FeatureBasedTagger(nn.Module):
         for p in self.bert.parameters():
             p.requires_grad_(False)
         width = mix_width(mix, bert.config.hidden_size, bert.config.num_hidden_layers)
-        self.lstm = nn.LSTM(width, lstm_hidden, num_layers=lstm_layers, batch_first=True,
-                            bidirectional=True, dropout=dropout if lstm_layers > 1 else 0.0)
+        self.lstm = nn.LSTM(
+            width,
+            lstm_hidden,
+            num_layers=lstm_layers,
+            batch_first=True,
+            bidirectional=True,
+            dropout=dropout if lstm_layers > 1 else 0.0,
+        )
         self.dropout = nn.Dropout(dropout)
         self.classifier = nn.Linear(2 * lstm_hidden, num_labels)
 
@@ -83,14 +96,16 @@ class FeatureBasedTagger(nn.Module):
     def forward(self, input_ids, token_type_ids=None, attention_mask=None, labels=None) -> TokenClassifierOutput:
         with torch.no_grad():
             features = mix_states(hidden_states(self.bert, input_ids, token_type_ids, attention_mask), self.mix)
-        lengths = (attention_mask.sum(-1) if attention_mask is not None
-                   else torch.full((input_ids.size(0),), input_ids.size(1))).cpu()
+        lengths = (
+            attention_mask.sum(-1)
+            if attention_mask is not None
+            else torch.full((input_ids.size(0),), input_ids.size(1))
+        ).cpu()
         packed = nn.utils.rnn.pack_padded_sequence(features, lengths, batch_first=True, enforce_sorted=False)
         out, _ = self.lstm(packed)
         out, _ = nn.utils.rnn.pad_packed_sequence(out, batch_first=True, total_length=input_ids.size(1))
         logits = self.classifier(self.dropout(out))  # (B, T, L)
         loss = None
         if labels is not None:
-            loss = F.cross_entropy(logits.float().reshape(-1, self.num_labels), labels.reshape(-1),
-                                   ignore_index=-100)
+            loss = F.cross_entropy(logits.float().reshape(-1, self.num_labels), labels.reshape(-1), ignore_index=-100)
         return TokenClassifierOutput(loss, logits)

@@ -27,7 +27,8 @@ import logging
 import math
 import random
 import time
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import fsspec
 import torch
@@ -35,8 +36,8 @@ from safetensors.torch import save as safetensors_save
 from tokenizers import Tokenizer
 
 from model.config import BertConfig
-from model.export import copy_tokenizer
 from model.contract import clear_stage, fingerprint_input
+from model.export import copy_tokenizer
 from model.optim import build_optimizer, warmup_linear_schedule
 
 logger = logging.getLogger("bertflow.finetune")
@@ -183,9 +184,7 @@ def _collate_choices(rows: Sequence[Feature], pad_id: int) -> dict[str, torch.Te
     return batch
 
 
-def batches(
-    features: Sequence[Feature], batch_size: int, order: Sequence[int] | None = None
-) -> list[list[Feature]]:
+def batches(features: Sequence[Feature], batch_size: int, order: Sequence[int] | None = None) -> list[list[Feature]]:
     order = range(len(features)) if order is None else order
     order = list(order)
     return [[features[i] for i in order[s : s + batch_size]] for s in range(0, len(order), batch_size)]
@@ -256,8 +255,13 @@ def train(
     scheduler = warmup_linear_schedule(optimizer, warmup_steps, total_steps)
     logger.info(
         "fine-tuning on %d features: %d steps (%d/epoch, warm-up %d), batch %d, lr %g, device %s",
-        len(train_features), total_steps, steps_per_epoch, warmup_steps, config.batch_size,
-        config.learning_rate, device,
+        len(train_features),
+        total_steps,
+        steps_per_epoch,
+        warmup_steps,
+        config.batch_size,
+        config.learning_rate,
+        device,
     )
 
     best_score, best_state, best_metrics, best_epoch = -math.inf, None, {}, 0
@@ -283,8 +287,11 @@ def train(
             epoch_loss, epoch_n = epoch_loss + value, epoch_n + 1
             if step % log_every == 0 or step == total_steps:
                 lr = scheduler.get_last_lr()[0]
-                train_metrics = {"train_loss": running / running_n, "learning_rate": lr,
-                                 "epoch": step / steps_per_epoch}
+                train_metrics = {
+                    "train_loss": running / running_n,
+                    "learning_rate": lr,
+                    "epoch": step / steps_per_epoch,
+                }
                 logger.info("step %d/%d loss %.4f lr %.3g", step, total_steps, running / running_n, lr)
                 if log_fn:
                     log_fn(train_metrics, step)
@@ -299,8 +306,7 @@ def train(
         record = {"epoch": float(epoch), "step": float(step), "train_loss": epoch_loss / max(epoch_n, 1)}
         record.update(metrics)
         history.append(record)
-        logger.info("epoch %d (step %d): %s", epoch, step,
-                    ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
+        logger.info("epoch %d (step %d): %s", epoch, step, ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
         if log_fn:
             log_fn(metrics, step)
         if metrics[score_key] > best_score:
@@ -360,8 +366,9 @@ def save_finetuned(
     with fs.open(f"{root}/model.safetensors", "wb") as f:
         f.write(safetensors_save(state, metadata={"format": "pt"}))
     cfg = dataclasses.asdict(bert_config)
-    cfg.update(model_type="bert", architectures=[architecture], position_embedding_type="absolute",
-               torch_dtype="float32")
+    cfg.update(
+        model_type="bert", architectures=[architecture], position_embedding_type="absolute", torch_dtype="float32"
+    )
     cfg.update(extra_config or {})
     write_json(f"{output_url.rstrip('/')}/config.json", cfg)
     if model_url:

@@ -28,7 +28,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import fsspec
 
@@ -36,7 +36,15 @@ from model.contract import Manifest, join_url, write_manifest
 from tasks import metrics as M
 from tasks.config import FinetuneConfig
 from tasks.finetune import (
-    Feature, LogFn, begin_run, load_encoder, pick_device, predict, save_finetuned, train, write_json,
+    Feature,
+    LogFn,
+    begin_run,
+    load_encoder,
+    pick_device,
+    predict,
+    save_finetuned,
+    train,
+    write_json,
     write_text,
 )
 from tasks.heads import BertForSequenceClassification
@@ -76,22 +84,44 @@ class GlueTask:
 TASKS: dict[str, GlueTask] = {
     t.name: t
     for t in (
-        GlueTask("cola", "CoLA", "sentence", None, "label", ("0", "1"), ("mcc",),
-                 positional_columns=("source", "label", "original_label", "sentence")),
+        GlueTask(
+            "cola",
+            "CoLA",
+            "sentence",
+            None,
+            "label",
+            ("0", "1"),
+            ("mcc",),
+            positional_columns=("source", "label", "original_label", "sentence"),
+        ),
         GlueTask("sst2", "SST-2", "sentence", None, "label", ("0", "1"), ("accuracy",)),
         GlueTask("mrpc", "MRPC", "#1 String", "#2 String", "Quality", ("0", "1"), ("f1", "accuracy")),
         GlueTask("stsb", "STS-B", "sentence1", "sentence2", "score", None, ("pearson", "spearman")),
-        GlueTask("qqp", "QQP", "question1", "question2", "is_duplicate", ("0", "1"),
-                 ("f1", "accuracy"), skip_malformed=True, index_column="id"),
-        GlueTask("mnli", "MNLI", "sentence1", "sentence2", "gold_label",
-                 ("contradiction", "entailment", "neutral"), ("accuracy",),
-                 dev_files=("dev_matched.tsv", "dev_mismatched.tsv"),
-                 test_files=("test_matched.tsv", "test_mismatched.tsv", "diagnostic.tsv"),
-                 submissions=("MNLI-m", "MNLI-mm", "AX")),
-        GlueTask("qnli", "QNLI", "question", "sentence", "label", ("entailment", "not_entailment"),
-                 ("accuracy",)),
-        GlueTask("rte", "RTE", "sentence1", "sentence2", "label", ("entailment", "not_entailment"),
-                 ("accuracy",)),
+        GlueTask(
+            "qqp",
+            "QQP",
+            "question1",
+            "question2",
+            "is_duplicate",
+            ("0", "1"),
+            ("f1", "accuracy"),
+            skip_malformed=True,
+            index_column="id",
+        ),
+        GlueTask(
+            "mnli",
+            "MNLI",
+            "sentence1",
+            "sentence2",
+            "gold_label",
+            ("contradiction", "entailment", "neutral"),
+            ("accuracy",),
+            dev_files=("dev_matched.tsv", "dev_mismatched.tsv"),
+            test_files=("test_matched.tsv", "test_mismatched.tsv", "diagnostic.tsv"),
+            submissions=("MNLI-m", "MNLI-mm", "AX"),
+        ),
+        GlueTask("qnli", "QNLI", "question", "sentence", "label", ("entailment", "not_entailment"), ("accuracy",)),
+        GlueTask("rte", "RTE", "sentence1", "sentence2", "label", ("entailment", "not_entailment"), ("accuracy",)),
         GlueTask("wnli", "WNLI", "sentence1", "sentence2", "label", ("0", "1"), ("accuracy",)),
     )
 }
@@ -161,9 +191,7 @@ def read_split(url: str, task: GlueTask | str, split: str = "train") -> GlueSpli
     columns = {}
     for role, name in wanted.items():
         if name not in header:
-            raise GlueDataError(
-                f"{url}:1: column {name!r} missing from the header {header} ({task.folder} {split})"
-            )
+            raise GlueDataError(f"{url}:1: column {name!r} missing from the header {header} ({task.folder} {split})")
         columns[role] = header.index(name)
     needed = max(columns.values()) + 1
 
@@ -208,9 +236,7 @@ def _parse_row(task, split, columns, needed, header, fields, row_number) -> Glue
 
 
 # -- features and metrics -------------------------------------------------------------------------
-def encode_examples(
-    tokenizer, examples: list[GlueExample], task: GlueTask, max_seq_length: int
-) -> list[Feature]:
+def encode_examples(tokenizer, examples: list[GlueExample], task: GlueTask, max_seq_length: int) -> list[Feature]:
     """[CLS] A [SEP] (B [SEP]) token ids, longest-first truncated; labels as ids or floats."""
     tokenizer.enable_truncation(max_seq_length, strategy="longest_first")
     try:
@@ -232,8 +258,11 @@ def encode_examples(
 def compute_metrics(task: GlueTask, preds: list, labels: list) -> dict[str, float]:
     """The task's official metrics plus ``score``, their mean (the task's GLUE score)."""
     fns: dict[str, Callable] = {
-        "accuracy": M.accuracy, "f1": M.f1_binary, "mcc": M.matthews_corrcoef,
-        "pearson": M.pearson, "spearman": M.spearman,
+        "accuracy": M.accuracy,
+        "f1": M.f1_binary,
+        "mcc": M.matthews_corrcoef,
+        "pearson": M.pearson,
+        "spearman": M.spearman,
     }
     out = {name: float(fns[name](preds, labels)) for name in task.metrics}
     out["score"] = sum(out.values()) / len(out)
@@ -275,8 +304,13 @@ def run_glue(
     dev_splits = [read_split(join_url(data_url, name), spec, "dev") for name in spec.dev_files]
     test_names = [n for n in spec.test_files if fs.exists(f"{data_root.rstrip('/')}/{n}")]
     test_splits = [read_split(join_url(data_url, n), spec, "test") for n in test_names]
-    logger.info("%s: %d train, %s dev, %s test examples", spec.folder, len(train_split.examples),
-                [len(s.examples) for s in dev_splits], [len(s.examples) for s in test_splits])
+    logger.info(
+        "%s: %d train, %s dev, %s test examples",
+        spec.folder,
+        len(train_split.examples),
+        [len(s.examples) for s in dev_splits],
+        [len(s.examples) for s in test_splits],
+    )
 
     def encode(split: GlueSplit) -> list[Feature]:
         return encode_examples(tokenizer, split.examples, spec, config.max_seq_length)
@@ -292,8 +326,10 @@ def run_glue(
     eval_batch = max(config.batch_size, 64)
 
     def dev_predictions(m) -> list[list]:
-        return [predictions_from_logits(spec, predict(m, feats, eval_batch, ["logits"], device)["logits"])
-                for feats in dev_features]
+        return [
+            predictions_from_logits(spec, predict(m, feats, eval_batch, ["logits"], device)["logits"])
+            for feats in dev_features
+        ]
 
     def evaluate(m) -> dict[str, float]:
         out = {}
@@ -323,14 +359,19 @@ def run_glue(
         stem = submissions[spec.test_files.index(name)]
         write_text(join_url(output_url, "submission", f"{stem}.tsv"), "\n".join(rows) + "\n")
 
-    extra = {"num_labels": spec.num_labels, "classifier_dropout": config.classifier_dropout,
-             "finetuning_task": spec.name}
+    extra = {
+        "num_labels": spec.num_labels,
+        "classifier_dropout": config.classifier_dropout,
+        "finetuning_task": spec.name,
+    }
     if spec.is_regression:
         extra.update(problem_type="regression", id2label={"0": "LABEL_0"}, label2id={"LABEL_0": 0})
     else:
-        extra.update(problem_type="single_label_classification",
-                     id2label={str(i): name for i, name in enumerate(spec.labels)},
-                     label2id={name: i for i, name in enumerate(spec.labels)})
+        extra.update(
+            problem_type="single_label_classification",
+            id2label={str(i): name for i, name in enumerate(spec.labels)},
+            label2id={name: i for i, name in enumerate(spec.labels)},
+        )
     if save_model:
         save_finetuned(model, model.config, output_url, "BertForSequenceClassification", extra, model_url)
 
@@ -348,11 +389,20 @@ def run_glue(
     )
     if len(dev_splits) > 1:
         counts["dev_mm_examples"] = float(len(dev_splits[1].examples))
-    write_json(join_url(output_url, "metrics.json"), {
-        "task": spec.folder, **counts, "history": result.history,
-    })
-    logger.info("%s done in %.1f s: %s", spec.folder, seconds,
-                ", ".join(f"{k} {v:.4f}" for k, v in counts.items() if k.startswith("eval_")))
+    write_json(
+        join_url(output_url, "metrics.json"),
+        {
+            "task": spec.folder,
+            **counts,
+            "history": result.history,
+        },
+    )
+    logger.info(
+        "%s done in %.1f s: %s",
+        spec.folder,
+        seconds,
+        ", ".join(f"{k} {v:.4f}" for k, v in counts.items() if k.startswith("eval_")),
+    )
     return write_manifest(
         f"finetune-{task}", output_url, manifest_config(config, task), inputs, counts, seconds=seconds
     )

@@ -37,13 +37,21 @@ def unit_id(unit: dict[str, Any]) -> str:
 def plan_grid(config: FinetuneConfig, mixes: tuple[str, ...] = ()) -> list[dict[str, Any]]:
     """Every grid point x seed (x layer mix), in a fixed order."""
     g = config.grid
-    axes = (g.learning_rates or (config.learning_rate,), g.batch_sizes or (config.batch_size,),
-            g.epochs or (config.epochs,), g.seeds or (config.seed,))
+    axes = (
+        g.learning_rates or (config.learning_rate,),
+        g.batch_sizes or (config.batch_size,),
+        g.epochs or (config.epochs,),
+        g.seeds or (config.seed,),
+    )
     units = []
     for mix in mixes or (None,):
         for lr, bs, ep, seed in itertools.product(*axes):
-            unit: dict[str, Any] = {"learning_rate": float(lr), "batch_size": int(bs), "epochs": float(ep),
-                                    "seed": int(seed)}
+            unit: dict[str, Any] = {
+                "learning_rate": float(lr),
+                "batch_size": int(bs),
+                "epochs": float(ep),
+                "seed": int(seed),
+            }
             if mix:
                 unit["feature_mix"] = mix
             unit["unit_id"] = unit_id(unit)
@@ -82,8 +90,7 @@ def summarise(finished: list[dict], metric: str) -> list[dict[str, Any]]:
     points: dict[tuple, dict[str, Any]] = {}
     for u in finished:
         key = point_key(u)
-        entry = points.setdefault(key, {"feature_mix": u.get("feature_mix"),
-                                        **{k: u[k] for k in HPARAMS}, "units": []})
+        entry = points.setdefault(key, {"feature_mix": u.get("feature_mix"), **{k: u[k] for k in HPARAMS}, "units": []})
         if metric not in u["counts"]:
             raise KeyError(f"unit {u['unit_id']} ({u['url']}) has no {metric!r} in its manifest counts")
         entry["units"].append({"unit_id": u["unit_id"], "seed": u["seed"], "score": u["counts"][metric]})
@@ -119,7 +126,7 @@ def copy_tree(src_url: str, dst_url: str, skip: tuple[str, ...] = ("_manifest.js
     src = src.rstrip("/")
     copied = []
     for path in sorted(src_fs.find(src)):
-        rel = path[len(src) + 1:]
+        rel = path[len(src) + 1 :]
         if rel.rsplit("/", 1)[-1] in skip:
             continue
         target = f"{dst.rstrip('/')}/{rel}"

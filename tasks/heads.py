@@ -127,8 +127,7 @@ class BertForTokenClassification(nn.Module):
         logits = self.classifier(self.dropout(hidden))  # (B, T, L)
         loss = None
         if labels is not None:
-            loss = F.cross_entropy(logits.float().reshape(-1, self.num_labels), labels.reshape(-1),
-                                   ignore_index=-100)
+            loss = F.cross_entropy(logits.float().reshape(-1, self.num_labels), labels.reshape(-1), ignore_index=-100)
         return TokenClassifierOutput(loss, logits)
 
 

@@ -28,7 +28,7 @@ import collections
 import math
 import re
 import string
-from typing import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 
 # -- classification and regression ----------------------------------------------------------------
@@ -142,9 +142,7 @@ def f1_score_v2(prediction: str, ground_truth: str) -> float:
     return f1_score(prediction, ground_truth)
 
 
-def squad_v1_evaluate(
-    gold: Mapping[str, Sequence[str]], predictions: Mapping[str, str]
-) -> dict[str, float]:
+def squad_v1_evaluate(gold: Mapping[str, Sequence[str]], predictions: Mapping[str, str]) -> dict[str, float]:
     """Official v1.1 scores: ``gold`` maps question id -> its ground-truth answer texts."""
     total = len(gold)
     em = f1 = 0.0
@@ -162,7 +160,8 @@ def squad_v1_evaluate(
 
 
 def squad_v2_evaluate(
-    gold: Mapping[str, Sequence[str]], predictions: Mapping[str, str],
+    gold: Mapping[str, Sequence[str]],
+    predictions: Mapping[str, str],
     na_probs: Mapping[str, float] | None = None,
 ) -> dict[str, float]:
     """Official v2.0 scores with the HasAns/NoAns breakdown (no-answer threshold not applied)."""
@@ -194,7 +193,9 @@ def squad_v2_evaluate(
 
 
 def find_best_thresh(
-    predictions: Mapping[str, str], scores: Mapping[str, float], na_probs: Mapping[str, float],
+    predictions: Mapping[str, str],
+    scores: Mapping[str, float],
+    na_probs: Mapping[str, float],
     has_answer: Mapping[str, bool],
 ) -> tuple[float, float]:
     """The official ``find_best_thresh``: the score (percent) when every question whose null odds
@@ -228,7 +229,9 @@ def _percentages(
 
 
 def squad_evaluate(
-    gold: Mapping[str, Sequence[str]], predictions: Mapping[str, str], version: str = "1.1",
+    gold: Mapping[str, Sequence[str]],
+    predictions: Mapping[str, str],
+    version: str = "1.1",
     na_probs: Mapping[str, float] | None = None,
 ) -> dict[str, float]:
     if version == "1.1":
@@ -246,16 +249,14 @@ def _split_tag(tag: str) -> tuple[str, str]:
 
 
 def _end_of_chunk(prev_tag: str, tag: str, prev_type: str, type_: str) -> bool:
-    end = (prev_tag, tag) in {("B", "B"), ("B", "O"), ("I", "B"), ("I", "O"),
-                              ("E", "E"), ("E", "I"), ("E", "O")}
+    end = (prev_tag, tag) in {("B", "B"), ("B", "O"), ("I", "B"), ("I", "O"), ("E", "E"), ("E", "I"), ("E", "O")}
     if prev_tag not in ("O", ".") and prev_type != type_:
         end = True
     return end or prev_tag in ("]", "[")
 
 
 def _start_of_chunk(prev_tag: str, tag: str, prev_type: str, type_: str) -> bool:
-    start = (prev_tag, tag) in {("B", "B"), ("I", "B"), ("O", "B"), ("O", "I"),
-                                ("E", "E"), ("E", "I"), ("O", "E")}
+    start = (prev_tag, tag) in {("B", "B"), ("I", "B"), ("O", "B"), ("O", "I"), ("E", "E"), ("E", "I"), ("O", "E")}
     if tag not in ("O", ".") and prev_type != type_:
         start = True
     return start or tag in ("[", "]")
@@ -319,11 +320,16 @@ def conlleval(gold: Sequence[Sequence[str]], pred: Sequence[Sequence[str]]) -> d
 
     total = (sum(correct_chunks.values()), sum(found_guessed.values()), sum(found_correct.values()))
     p, r, f = prf(*total)
-    out = {"precision": p, "recall": r, "f1": f, "accuracy": 100.0 * correct_tags / tokens if tokens else 0.0,
-           "correct_chunks": float(total[0]), "found_guessed": float(total[1]),
-           "found_correct": float(total[2])}
+    out = {
+        "precision": p,
+        "recall": r,
+        "f1": f,
+        "accuracy": 100.0 * correct_tags / tokens if tokens else 0.0,
+        "correct_chunks": float(total[0]),
+        "found_guessed": float(total[1]),
+        "found_correct": float(total[2]),
+    }
     for t in sorted(set(found_correct) | set(found_guessed)):
         tp, tr, tf = prf(correct_chunks[t], found_guessed[t], found_correct[t])
-        out.update({f"{t}_precision": tp, f"{t}_recall": tr, f"{t}_f1": tf,
-                    f"{t}_support": float(found_correct[t])})
+        out.update({f"{t}_precision": tp, f"{t}_recall": tr, f"{t}_f1": tf, f"{t}_support": float(found_correct[t])})
     return out

@@ -29,8 +29,18 @@ import fsspec
 from model.contract import Manifest, join_url, write_manifest
 from tasks.config import FinetuneConfig
 from tasks.finetune import (
-    IGNORE_INDEX, Feature, LogFn, begin_run, load_encoder, pick_device, predict, save_finetuned, special_id,
-    train, write_json, write_text,
+    IGNORE_INDEX,
+    Feature,
+    LogFn,
+    begin_run,
+    load_encoder,
+    pick_device,
+    predict,
+    save_finetuned,
+    special_id,
+    train,
+    write_json,
+    write_text,
 )
 from tasks.heads import BertForTokenClassification
 from tasks.metrics import conlleval
@@ -192,8 +202,14 @@ def run_ner(
     else:
         from tasks.features import FeatureBasedTagger
 
-        model = FeatureBasedTagger(encoder, len(labels), feature_mix, config.features.lstm_hidden,
-                                   config.features.lstm_layers, config.classifier_dropout)
+        model = FeatureBasedTagger(
+            encoder,
+            len(labels),
+            feature_mix,
+            config.features.lstm_hidden,
+            config.features.lstm_layers,
+            config.classifier_dropout,
+        )
     device = pick_device()
     model.to(device)
     eval_batch = max(config.batch_size, 64)
@@ -222,18 +238,39 @@ def run_ner(
         feats, pos, _ = encode_sentences(tokenizer, test_sents, labels, config.max_seq_length)
         test_pred = tag(model, feats, pos)
         write_predictions("test_predictions.txt", test_sents, test_pred)
-        counts.update({f"test_{k}": float(v) for k, v in conlleval([s.tags for s in test_sents], test_pred).items()
-                       if k in ("precision", "recall", "f1")})
+        counts.update(
+            {
+                f"test_{k}": float(v)
+                for k, v in conlleval([s.tags for s in test_sents], test_pred).items()
+                if k in ("precision", "recall", "f1")
+            }
+        )
     if save_model and feature_mix is None:
-        save_finetuned(model, model.config, output_url, "BertForTokenClassification",
-                       {"num_labels": len(labels), "finetuning_task": "ner",
-                        "id2label": dict(enumerate(labels)), "label2id": {t: i for i, t in enumerate(labels)}},
-                       model_url)
+        save_finetuned(
+            model,
+            model.config,
+            output_url,
+            "BertForTokenClassification",
+            {
+                "num_labels": len(labels),
+                "finetuning_task": "ner",
+                "id2label": dict(enumerate(labels)),
+                "label2id": {t: i for i, t in enumerate(labels)},
+            },
+            model_url,
+        )
     seconds = time.time() - started
-    counts.update(train_sentences=float(len(train_sents)), dev_sentences=float(len(dev_sents)),
-                  dev_examples=float(len(dev_sents)), test_sentences=float(len(test_sents)),
-                  train_extra_windows=float(train_cut), dev_extra_windows=float(dev_cut),
-                  best_epoch=float(result.best_epoch), steps=float(result.steps), seconds=seconds)
+    counts.update(
+        train_sentences=float(len(train_sents)),
+        dev_sentences=float(len(dev_sents)),
+        dev_examples=float(len(dev_sents)),
+        test_sentences=float(len(test_sents)),
+        train_extra_windows=float(train_cut),
+        dev_extra_windows=float(dev_cut),
+        best_epoch=float(result.best_epoch),
+        steps=float(result.steps),
+        seconds=seconds,
+    )
     write_json(join_url(output_url, "metrics.json"), {"labels": labels, **counts, "history": result.history})
     logger.info("NER%s done in %.1f s: F1 %.2f", f" ({feature_mix})" if feature_mix else "", seconds, scores["f1"])
     name = "conll2003" if feature_mix is None else "conll2003_features"

@@ -38,7 +38,15 @@ import fsspec
 from model.contract import Manifest, join_url, write_manifest
 from tasks.config import FinetuneConfig, SquadConfig
 from tasks.finetune import (
-    Feature, LogFn, begin_run, load_encoder, pick_device, predict, save_finetuned, special_id, train,
+    Feature,
+    LogFn,
+    begin_run,
+    load_encoder,
+    pick_device,
+    predict,
+    save_finetuned,
+    special_id,
+    train,
     write_json,
 )
 from tasks.heads import BertForQuestionAnswering
@@ -86,11 +94,16 @@ def read_squad(url: str, version: str = "1.1") -> list[SquadExample]:
         return _read_nested(url, records, version, seen)
     if isinstance(first, dict) and {"context", "question"} <= set(first):
         return [_read_flat(url, i, r, version, seen) for i, r in enumerate(records)]
-    raise SquadDataError(f"{url}: {LAYOUTS}; the first record has keys {sorted(first) if isinstance(first, dict) else type(first).__name__}")
+    raise SquadDataError(
+        f"{url}: {LAYOUTS}; the first record has keys "
+        f"{sorted(first) if isinstance(first, dict) else type(first).__name__}"
+    )
 
 
-LAYOUTS = ("expected the official SQuAD JSON ({'data': [{'title', 'paragraphs': [{'context', 'qas'}]}]}) "
-           "or flat records with 'id', 'context', 'question', 'answers' (a JSON list or JSON Lines)")
+LAYOUTS = (
+    "expected the official SQuAD JSON ({'data': [{'title', 'paragraphs': [{'context', 'qas'}]}]}) "
+    "or flat records with 'id', 'context', 'question', 'answers' (a JSON list or JSON Lines)"
+)
 
 
 def _describe(obj) -> str:
@@ -147,8 +160,12 @@ def _read_flat(url: str, i: int, record, version: str, seen: set[str]) -> SquadE
         answers = [{"text": t, "answer_start": s} for t, s in zip(texts, starts)]
     elif answers is None:
         answers = []
-    qa = {"id": record.get("id"), "question": record.get("question"), "answers": answers,
-          "is_impossible": record.get("is_impossible", version == "2.0" and not answers)}
+    qa = {
+        "id": record.get("id"),
+        "question": record.get("question"),
+        "answers": answers,
+        "is_impossible": record.get("is_impossible", version == "2.0" and not answers),
+    }
     return _read_question(qa, context, version, where, seen)
 
 
@@ -197,7 +214,7 @@ def locate_answer(context: str, text: str, start: int) -> tuple[int, int] | None
     stripped = stripped.rstrip()
     if not stripped:
         return None
-    if context[start:start + len(stripped)] == stripped:
+    if context[start : start + len(stripped)] == stripped:
         return start, start + len(stripped)
     words = stripped.split()
     pattern = r"\s+".join(re.escape(w) for w in words)
@@ -269,13 +286,13 @@ def make_features(
             answer = _answer_tokens(c_offsets, *span) if span else None
             if answer is None:
                 skipped += 1
-                logger.warning("question %s: answer %r not found at answer_start %d; skipped",
-                               ex.qid, text, start_char)
+                logger.warning("question %s: answer %r not found at answer_start %d; skipped", ex.qid, text, start_char)
                 continue
         spans = _spans(len(c_ids), max_tokens, doc_stride)
         # The window where each context token has the most context (the first one, on ties).
-        home = [max(range(len(spans)), key=lambda k: (_max_context_score(spans[k], pos), -k))
-                for pos in range(len(c_ids))]
+        home = [
+            max(range(len(spans)), key=lambda k: (_max_context_score(spans[k], pos), -k)) for pos in range(len(c_ids))
+        ]
         first = len(q_ids) + 2  # position of the first context token
         for k, (start, length) in enumerate(spans):
             ids = [cls_id, *q_ids, sep_id, *c_ids[start : start + length], sep_id]
@@ -361,7 +378,10 @@ def gold_answers(examples: list[SquadExample]) -> dict[str, list[str]]:
 
 
 def score_dev(
-    examples: list[SquadExample], texts: dict[str, str], null_odds: dict[str, float], version: str,
+    examples: list[SquadExample],
+    texts: dict[str, str],
+    null_odds: dict[str, float],
+    version: str,
     threshold: float | None,
 ) -> tuple[dict[str, str], dict[str, float]]:
     """Final predictions and the official scores. v2.0: the null threshold is ``threshold``, or
@@ -408,13 +428,22 @@ def run_squad(
     inputs, tokenizer = begin_run(config.seed, model_url, data_url, output_url)
     train_examples = read_squad(join_url(data_url, train_name), version)
     dev_examples = read_squad(join_url(data_url, dev_name), version)
-    window_args = dict(max_seq_length=sq.max_seq_length or config.max_seq_length, doc_stride=sq.doc_stride,
-                       max_query_length=sq.max_query_length)
+    window_args = dict(
+        max_seq_length=sq.max_seq_length or config.max_seq_length,
+        doc_stride=sq.doc_stride,
+        max_query_length=sq.max_query_length,
+    )
     train_features, _, skipped = make_features(tokenizer, train_examples, training=True, **window_args)
     dev_features, dev_windows, _ = make_features(tokenizer, dev_examples, **window_args)
-    logger.info("SQuAD v%s: %d train questions -> %d features (%d skipped), %d dev -> %d",
-                version, len(train_examples), len(train_features), skipped, len(dev_examples),
-                len(dev_features))
+    logger.info(
+        "SQuAD v%s: %d train questions -> %d features (%d skipped), %d dev -> %d",
+        version,
+        len(train_examples),
+        len(train_features),
+        skipped,
+        len(dev_examples),
+        len(dev_features),
+    )
 
     model = BertForQuestionAnswering(load_encoder(model_url))
     device = pick_device()
@@ -423,8 +452,9 @@ def run_squad(
 
     def dev_predictions(m):
         out = predict(m, dev_features, eval_batch, ["start_logits", "end_logits"], device)
-        texts, null_odds = decode_spans(dev_examples, dev_windows, out["start_logits"], out["end_logits"],
-                                        sq.n_best_size, sq.max_answer_length)
+        texts, null_odds = decode_spans(
+            dev_examples, dev_windows, out["start_logits"], out["end_logits"], sq.n_best_size, sq.max_answer_length
+        )
         predictions, scores = score_dev(dev_examples, texts, null_odds, version, sq.null_score_diff_threshold)
         return predictions, null_odds, scores
 
@@ -439,23 +469,40 @@ def run_squad(
     if version == "2.0":
         write_json(join_url(output_url, "null_odds.json"), null_odds)
     if save_model:
-        save_finetuned(model, model.config, output_url, "BertForQuestionAnswering",
-                       {"finetuning_task": f"squad-v{version}"}, model_url)
+        save_finetuned(
+            model,
+            model.config,
+            output_url,
+            "BertForQuestionAnswering",
+            {"finetuning_task": f"squad-v{version}"},
+            model_url,
+        )
 
     seconds = time.time() - started
     counts = {f"eval_{k}": float(v) for k, v in scores.items() if not k.endswith("total")}
     counts.update(
-        train_examples=float(len(train_examples)), train_features=float(len(train_features)),
-        train_skipped=float(skipped), dev_examples=float(len(dev_examples)),
-        dev_features=float(len(dev_features)), best_epoch=float(result.best_epoch),
-        steps=float(result.steps), seconds=seconds,
+        train_examples=float(len(train_examples)),
+        train_features=float(len(train_features)),
+        train_skipped=float(skipped),
+        dev_examples=float(len(dev_examples)),
+        dev_features=float(len(dev_features)),
+        best_epoch=float(result.best_epoch),
+        steps=float(result.steps),
+        seconds=seconds,
     )
-    write_json(join_url(output_url, "metrics.json"), {
-        "version": version, **scores, **counts, "history": result.history,
-    })
+    write_json(
+        join_url(output_url, "metrics.json"),
+        {
+            "version": version,
+            **scores,
+            **counts,
+            "history": result.history,
+        },
+    )
     logger.info("SQuAD v%s done in %.1f s: F1 %.2f", version, seconds, scores["f1"])
-    return write_manifest(f"finetune-squad-v{version}", output_url, manifest_config(config, version),
-                          inputs, counts, seconds=seconds)
+    return write_manifest(
+        f"finetune-squad-v{version}", output_url, manifest_config(config, version), inputs, counts, seconds=seconds
+    )
 
 
 def manifest_config(config: FinetuneConfig, version: str = "1.1") -> dict:

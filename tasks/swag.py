@@ -23,7 +23,15 @@ import fsspec
 from model.contract import Manifest, join_url, write_manifest
 from tasks.config import FinetuneConfig
 from tasks.finetune import (
-    Feature, LogFn, begin_run, load_encoder, pick_device, predict, save_finetuned, train, write_json,
+    Feature,
+    LogFn,
+    begin_run,
+    load_encoder,
+    pick_device,
+    predict,
+    save_finetuned,
+    train,
+    write_json,
     write_text,
 )
 from tasks.heads import BertForMultipleChoice
@@ -74,8 +82,9 @@ def read_swag(url: str, labelled: bool = True) -> list[SwagExample]:
                 raise SwagDataError(f"{url}:{lineno}: column 'label': {raw!r} is not 0, 1, 2 or 3")
             label = int(raw)
         row_id = row[id_col] if id_col is not None and row[id_col] else str(len(examples))
-        examples.append(SwagExample(row_id, row[col["sent1"]], row[col["sent2"]],
-                                    [row[col[e]] for e in ENDINGS], label))
+        examples.append(
+            SwagExample(row_id, row[col["sent1"]], row[col["sent2"]], [row[col[e]] for e in ENDINGS], label)
+        )
     return examples
 
 
@@ -88,7 +97,7 @@ def encode_swag(tokenizer, examples: list[SwagExample], max_seq_length: int) -> 
         tokenizer.no_truncation()
     features = []
     for i, e in enumerate(examples):
-        encs = encodings[4 * i: 4 * i + 4]
+        encs = encodings[4 * i : 4 * i + 4]
         feature: Feature = {"input_ids": [enc.ids for enc in encs], "token_type_ids": [enc.type_ids for enc in encs]}
         if e.label is not None:
             feature["labels"] = e.label
@@ -151,16 +160,26 @@ def run_swag(
     acc = accuracy(argmax(dev_logits), dev_labels)
     write_rows("predictions.csv", dev_ex, dev_logits, True)
     if test_ex:
-        write_rows("test_predictions.csv", test_ex, scores(model, encode_swag(tokenizer, test_ex, config.max_seq_length)),
-                   False)
+        write_rows(
+            "test_predictions.csv",
+            test_ex,
+            scores(model, encode_swag(tokenizer, test_ex, config.max_seq_length)),
+            False,
+        )
     if save_model:
-        save_finetuned(model, model.config, output_url, "BertForMultipleChoice", {"finetuning_task": "swag"},
-                       model_url)
+        save_finetuned(model, model.config, output_url, "BertForMultipleChoice", {"finetuning_task": "swag"}, model_url)
     seconds = time.time() - started
-    counts = {"eval_accuracy": float(acc), "train_examples": float(len(train_ex)),
-              "dev_examples": float(len(dev_ex)), "test_examples": float(len(test_ex)),
-              "best_epoch": float(result.best_epoch), "steps": float(result.steps), "seconds": seconds}
+    counts = {
+        "eval_accuracy": float(acc),
+        "train_examples": float(len(train_ex)),
+        "dev_examples": float(len(dev_ex)),
+        "test_examples": float(len(test_ex)),
+        "best_epoch": float(result.best_epoch),
+        "steps": float(result.steps),
+        "seconds": seconds,
+    }
     write_json(join_url(output_url, "metrics.json"), {**counts, "history": result.history})
     logger.info("SWAG done in %.1f s: accuracy %.4f", seconds, acc)
-    return write_manifest("finetune-swag", output_url, {**dataclasses.asdict(config), "task": "swag"},
-                          inputs, counts, seconds=seconds)
+    return write_manifest(
+        "finetune-swag", output_url, {**dataclasses.asdict(config), "task": "swag"}, inputs, counts, seconds=seconds
+    )

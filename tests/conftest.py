@@ -13,9 +13,9 @@ os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
-import logging  # noqa: E402
+import logging  # noqa: E402 - after the environment above, which imports read
 
-import pytest  # noqa: E402
+import pytest  # noqa: E402 - after the environment above, which imports read
 
 
 @pytest.fixture(autouse=True)
@@ -55,8 +55,11 @@ def gcs_emulator():
     # its request log goes to a file: an unread pipe fills up and then blocks the emulator
     log_path = os.path.join(_HOME, f"gcs-emulator-{port}.log")
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen([exe, "start", "--host", "127.0.0.1", "--port", str(port), "--in-memory"],
-                                stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [exe, "start", "--host", "127.0.0.1", "--port", str(port), "--in-memory"],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
     deadline = time.monotonic() + 30
     while True:
         try:

@@ -49,8 +49,9 @@ def free_port() -> int:
 
 
 def http(url: str, auth: tuple[str, str] | None = None, data: dict | None = None) -> tuple[int, str]:
-    req = urllib.request.Request(url, data=json.dumps(data).encode() if data is not None else None,
-                                 headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        url, data=json.dumps(data).encode() if data is not None else None, headers={"Content-Type": "application/json"}
+    )
     if auth:
         req.add_header("Authorization", "Basic " + base64.b64encode(f"{auth[0]}:{auth[1]}".encode()).decode())
     try:
@@ -84,7 +85,7 @@ class Postgres:
     @staticmethod
     def available() -> bool:
         try:
-            import psycopg2  # noqa: F401
+            import psycopg2  # noqa: F401 - only whether the driver is installed
         except ImportError:
             return False
         return bool(shutil.which("initdb") and shutil.which("pg_ctl") and shutil.which("createdb"))
@@ -99,22 +100,48 @@ class Postgres:
             shutil.chown(pwfile, "postgres")
         pwfile.chmod(0o600)
         data = self.dir / "data"
-        subprocess.run([*self.as_user, "initdb", "-D", str(data), "-U", "bertflow", "--auth=scram-sha-256",
-                        f"--pwfile={pwfile}"], check=True, capture_output=True, timeout=120)
-        subprocess.run([*self.as_user, "pg_ctl", "-D", str(data), "-l", str(self.dir / "log.txt"), "-w", "-o",
-                        f"-h 127.0.0.1 -p {self.port} -k {self.dir}", "start"], check=True, capture_output=True,
-                       timeout=120)
+        subprocess.run(
+            [*self.as_user, "initdb", "-D", str(data), "-U", "bertflow", "--auth=scram-sha-256", f"--pwfile={pwfile}"],
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
+        subprocess.run(
+            [
+                *self.as_user,
+                "pg_ctl",
+                "-D",
+                str(data),
+                "-l",
+                str(self.dir / "log.txt"),
+                "-w",
+                "-o",
+                f"-h 127.0.0.1 -p {self.port} -k {self.dir}",
+                "start",
+            ],
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
         env = {**os.environ, "PGPASSWORD": self.password}
         for db in ("mlflow", "prefect"):
-            subprocess.run(["createdb", "-h", "127.0.0.1", "-p", str(self.port), "-U", "bertflow", db],
-                           check=True, env=env, capture_output=True, timeout=60)
+            subprocess.run(
+                ["createdb", "-h", "127.0.0.1", "-p", str(self.port), "-U", "bertflow", db],
+                check=True,
+                env=env,
+                capture_output=True,
+                timeout=60,
+            )
 
     def url(self, db: str, driver: str = "postgresql") -> str:
         return f"{driver}://bertflow:{self.password}@127.0.0.1:{self.port}/{db}"
 
     def stop(self) -> None:
-        subprocess.run([*self.as_user, "pg_ctl", "-D", str(self.dir / "data"), "-m", "fast", "stop"],
-                       capture_output=True, timeout=60)
+        subprocess.run(
+            [*self.as_user, "pg_ctl", "-D", str(self.dir / "data"), "-m", "fast", "stop"],
+            capture_output=True,
+            timeout=60,
+        )
 
 
 def listening_addresses(pids: list[int]) -> dict[int, str]:
@@ -157,8 +184,12 @@ def listening_addresses(pids: list[int]) -> dict[int, str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--backend", choices=("auto", "postgres", "sqlite"), default="auto",
-                        help="database of both servers (auto: PostgreSQL when initdb and psycopg2 are here)")
+    parser.add_argument(
+        "--backend",
+        choices=("auto", "postgres", "sqlite"),
+        default="auto",
+        help="database of both servers (auto: PostgreSQL when initdb and psycopg2 are here)",
+    )
     parser.add_argument("--keep-seconds", type=float, default=0, help="leave the servers up this long after the checks")
     args = parser.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="bertflow-servers-"))
@@ -183,37 +214,92 @@ def main(argv: list[str] | None = None) -> int:
             print(f"PostgreSQL 127.0.0.1:{pg.port} up in {time.monotonic() - start:.1f} s", flush=True)
         mlflow_port, prefect_port = free_port(), free_port()
         auth_ini = work / "basic_auth.ini"
-        auth_ini.write_text((Path(__file__).parent / "basic_auth.ini").read_text().replace(
-            "sqlite:////var/lib/mlflow-auth/basic_auth.db", f"sqlite:///{work}/basic_auth.db"))
+        auth_ini.write_text(
+            (Path(__file__).parent / "basic_auth.ini")
+            .read_text()
+            .replace("sqlite:////var/lib/mlflow-auth/basic_auth.db", f"sqlite:///{work}/basic_auth.db")
+        )
         artifacts = work / "bucket"
         base_env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true", "DO_NOT_TRACK": "1"}
         for name in ("MLFLOW_TRACKING_URI", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):
             base_env.pop(name, None)
-        mlflow_env = {**base_env, "MLFLOW_AUTH_CONFIG_PATH": str(auth_ini),
-                      "MLFLOW_AUTH_ADMIN_USERNAME": admin, "MLFLOW_AUTH_ADMIN_PASSWORD": password,
-                      "MLFLOW_FLASK_SERVER_SECRET_KEY": secrets.token_hex(16)}
+        mlflow_env = {
+            **base_env,
+            "MLFLOW_AUTH_CONFIG_PATH": str(auth_ini),
+            "MLFLOW_AUTH_ADMIN_USERNAME": admin,
+            "MLFLOW_AUTH_ADMIN_PASSWORD": password,
+            "MLFLOW_FLASK_SERVER_SECRET_KEY": secrets.token_hex(16),
+        }
         store = pg.url("mlflow", "postgresql+psycopg2") if pg else f"sqlite:///{work}/mlflow.db"
         mlflow_log = work / "mlflow.log"
-        procs.append(subprocess.Popen(
-            [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(mlflow_port),
-             "--backend-store-uri", store, "--artifacts-destination", str(artifacts), "--serve-artifacts",
-             "--app-name", "basic-auth", "--workers", "1"],
-            env=mlflow_env, stdout=open(mlflow_log, "w"), stderr=subprocess.STDOUT, start_new_session=True, cwd=work))
-        prefect_env = {**base_env, "PREFECT_HOME": str(work / "prefect"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-                       "PREFECT_SERVER_API_AUTH_STRING": f"{admin}:{prefect_password}"}
+        procs.append(
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "mlflow",
+                    "server",
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(mlflow_port),
+                    "--backend-store-uri",
+                    store,
+                    "--artifacts-destination",
+                    str(artifacts),
+                    "--serve-artifacts",
+                    "--app-name",
+                    "basic-auth",
+                    "--workers",
+                    "1",
+                ],
+                env=mlflow_env,
+                stdout=open(mlflow_log, "w"),
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                cwd=work,
+            )
+        )
+        prefect_env = {
+            **base_env,
+            "PREFECT_HOME": str(work / "prefect"),
+            "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+            "PREFECT_SERVER_API_AUTH_STRING": f"{admin}:{prefect_password}",
+        }
         prefect_env.pop("PREFECT_API_URL", None)
         if pg:
             prefect_env["PREFECT_API_DATABASE_CONNECTION_URL"] = pg.url("prefect", "postgresql+asyncpg")
         prefect_log = work / "prefect.log"
-        procs.append(subprocess.Popen(
-            [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(prefect_port),
-             "--no-ui"], env=prefect_env, stdout=open(prefect_log, "w"), stderr=subprocess.STDOUT,
-            start_new_session=True, cwd=work))
+        procs.append(
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "prefect",
+                    "server",
+                    "start",
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(prefect_port),
+                    "--no-ui",
+                ],
+                env=prefect_env,
+                stdout=open(prefect_log, "w"),
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                cwd=work,
+            )
+        )
         ml, pf = f"http://127.0.0.1:{mlflow_port}", f"http://127.0.0.1:{prefect_port}/api"
         t_ml = wait_healthy(ml + "/health", procs[0], mlflow_log)
         t_pf = wait_healthy(pf + "/health", procs[1], prefect_log)
         db = f"PostgreSQL ({pg.url('mlflow').split('@')[1]})" if pg else "SQLite"
-        check(True, f"MLflow healthy {t_ml:.1f} s after launch, Prefect {t_pf:.1f} s after that (started together), database {db}")
+        check(
+            True,
+            f"MLflow healthy {t_ml:.1f} s after launch, Prefect {t_pf:.1f} s after that (started together), "
+            f"database {db}",
+        )
 
         search = ml + "/api/2.0/mlflow/experiments/search?max_results=1"
         check(http(search)[0] == 401, "MLflow refuses an unauthenticated API call (401)")
@@ -223,8 +309,12 @@ def main(argv: list[str] | None = None) -> int:
         check(http(flows, data={})[0] == 401, "Prefect refuses an unauthenticated API call (401)")
         check(http(flows, (admin, prefect_password), data={})[0] == 200, "Prefect accepts the auth string")
 
-        env = {**base_env, "MLFLOW_TRACKING_USERNAME": admin, "MLFLOW_TRACKING_PASSWORD": password,
-               "PYTHONPATH": str(REPO)}
+        env = {
+            **base_env,
+            "MLFLOW_TRACKING_USERNAME": admin,
+            "MLFLOW_TRACKING_PASSWORD": password,
+            "PYTHONPATH": str(REPO),
+        }
         code = (
             "import sys, tempfile, os, mlflow\n"
             "from mlflow.tracking import MlflowClient\n"
@@ -241,21 +331,27 @@ def main(argv: list[str] | None = None) -> int:
         )
         out = subprocess.run([sys.executable, "-c", code, ml], env=env, capture_output=True, text=True, timeout=120)
         result = [line.split() for line in out.stdout.splitlines() if line.startswith("RESULT ")]
-        check(out.returncode == 0 and bool(result) and result[-1][1] == "1.25",
-              "an authenticated client logs a run (metric reads back); the project's preflight accepts the server"
-              + ("" if result else f": {out.stdout[-1000:]} {out.stderr[-1500:]}"))
+        check(
+            out.returncode == 0 and bool(result) and result[-1][1] == "1.25",
+            "an authenticated client logs a run (metric reads back); the project's preflight accepts the server"
+            + ("" if result else f": {out.stdout[-1000:]} {out.stderr[-1500:]}"),
+        )
         stored = list(artifacts.rglob("note.txt"))
-        check(len(stored) == 1 and stored[0].read_text() == "hello bucket",
-              "the artifact went through the server into the artifact store (mlflow-artifacts:/ proxy)")
+        check(
+            len(stored) == 1 and stored[0].read_text() == "hello bucket",
+            "the artifact went through the server into the artifact store (mlflow-artifacts:/ proxy)",
+        )
 
         bound = listening_addresses([p.pid for p in procs])
         ours = {port: host for port, host in bound.items() if port in (mlflow_port, prefect_port)}
-        check(ours.keys() == {mlflow_port, prefect_port} and set(bound.values()) <= {"127.0.0.1", "::1"},
-              f"every listening socket is on loopback: {dict(sorted(bound.items()))}")
+        check(
+            ours.keys() == {mlflow_port, prefect_port} and set(bound.values()) <= {"127.0.0.1", "::1"},
+            f"every listening socket is on loopback: {dict(sorted(bound.items()))}",
+        )
         if args.keep_seconds:
             print(f"servers up: MLflow {ml} (admin / {password}), Prefect {pf} (admin:{prefect_password})", flush=True)
             time.sleep(args.keep_seconds)
-    except Exception as exc:  # noqa: BLE001 - report and stop what was started
+    except Exception as exc:  # report and stop what was started
         check(False, f"{type(exc).__name__}: {exc}")
     finally:
         for proc in procs:

@@ -14,7 +14,10 @@ from flows.cli import main
 from flows.secrets import ENV_SECRET_OVERRIDES, merge_secret_overrides, split_secret_overrides
 from pipeline.schema import REDACTED, read_manifest, redact, write_manifest
 
-HOLD = "import sys, time; from flows.checks import RootLock; RootLock(sys.argv[1]).acquire(); print('held', flush=True); time.sleep(60)"
+HOLD = (
+    "import sys, time; from flows.checks import RootLock; RootLock(sys.argv[1]).acquire(); "
+    "print('held', flush=True); time.sleep(60)"
+)
 
 
 def test_a_second_run_on_a_root_is_refused_and_a_killed_holder_frees_it(tmp_path):
@@ -55,15 +58,21 @@ def test_an_unreachable_tracking_server_fails_in_seconds(tmp_path, capsys):
 
 
 def test_secret_overrides_are_split_off_and_redacted(monkeypatch):
-    overrides = {"corpus.beam.extra_args": ["--runner=X", "--api_key=s3cr3t"], "pretrain.learning_rate": 1e-3,
-                 "data.hf_token": "hf_abc", "examples.max_predictions_per_seq": [20, 80]}
+    overrides = {
+        "corpus.beam.extra_args": ["--runner=X", "--api_key=s3cr3t"],
+        "pretrain.learning_rate": 1e-3,
+        "data.hf_token": "hf_abc",
+        "examples.max_predictions_per_seq": [20, 80],
+    }
     public, secret = split_secret_overrides(overrides)
     assert set(secret) == {"corpus.beam.extra_args", "data.hf_token"}
     assert set(public) == {"pretrain.learning_rate", "examples.max_predictions_per_seq"}
     monkeypatch.setenv(ENV_SECRET_OVERRIDES, json.dumps(secret))
     assert merge_secret_overrides(public) == overrides
     assert redact({"extra_args": ["--password", "pw", "--project", "p"], "max_tokens": 5}) == {
-        "extra_args": ["--password", REDACTED, "--project", "p"], "max_tokens": 5}
+        "extra_args": ["--password", REDACTED, "--project", "p"],
+        "max_tokens": 5,
+    }
 
 
 def test_manifests_never_hold_secrets(tmp_path):
@@ -95,10 +104,14 @@ def test_runs_left_running_by_a_killed_process_are_marked_killed(tracker, tmp_pa
 def test_champion_moves_only_to_a_better_score(tracker):
     run = tracker.start_run("pretrain-tiny")
     tracker.client.create_registered_model("bert-x")
-    versions = [str(tracker.client.create_model_version("bert-x", f"file:///m{i}", run_id=run).version) for i in range(4)]
+    versions = [
+        str(tracker.client.create_model_version("bert-x", f"file:///m{i}", run_id=run).version) for i in range(4)
+    ]
     assert tracker.set_alias_by_score("bert-x", versions[0], 0.70) == "champion"
     assert tracker.set_alias_by_score("bert-x", versions[1], 0.65) == "challenger"
     assert tracker.set_alias_by_score("bert-x", versions[2], 0.80) == "champion"
     assert tracker.set_alias_by_score("bert-x", versions[3], None) == "challenger"
-    aliases = {a: str(tracker.client.get_model_version_by_alias("bert-x", a).version) for a in ("champion", "challenger")}
+    aliases = {
+        a: str(tracker.client.get_model_version_by_alias("bert-x", a).version) for a in ("champion", "challenger")
+    }
     assert aliases == {"champion": versions[2], "challenger": versions[3]}

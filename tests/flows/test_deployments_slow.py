@@ -15,8 +15,12 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 SHORT = {
-    "pretrain.phases.0.steps": 40, "pretrain.phases.1.steps": 10, "pretrain.warmup_steps": 5,
-    "pretrain.log_every": 5, "examples.dupe_factor": 1, "finetune.epochs": 1,
+    "pretrain.phases.0.steps": 40,
+    "pretrain.phases.1.steps": 10,
+    "pretrain.warmup_steps": 5,
+    "pretrain.log_every": 5,
+    "examples.dupe_factor": 1,
+    "finetune.epochs": 1,
 }
 
 pytestmark = pytest.mark.slow
@@ -32,11 +36,20 @@ def _free_port() -> int:
 def server(tmp_path_factory):
     home = tmp_path_factory.mktemp("prefect-server")
     port = _free_port()
-    env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-           "PREFECT_API_URL": f"http://127.0.0.1:{port}/api", "BERTFLOW_HOME": str(REPO)}
+    env = {
+        **os.environ,
+        "PREFECT_HOME": str(home),
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "PREFECT_API_URL": f"http://127.0.0.1:{port}/api",
+        "BERTFLOW_HOME": str(REPO),
+    }
     log = open(home / "server.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
-                             "--port", str(port), "--no-ui"], env=env, stdout=log, stderr=log)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port), "--no-ui"],
+        env=env,
+        stdout=log,
+        stderr=log,
+    )
     try:
         deadline = time.monotonic() + 180
         while True:
@@ -51,8 +64,26 @@ def server(tmp_path_factory):
             time.sleep(1)
         prefect(env, "work-pool", "create", "local-process", "--type", "process")
         # the cloud pools the base/large deployments target, with their job templates from infra/
-        prefect(env, "work-pool", "create", "k8s-gpu", "--type", "kubernetes", "--base-job-template", "infra/prefect/k8s-gpu.json")
-        prefect(env, "work-pool", "create", "vertex-tpu", "--type", "vertex-ai", "--base-job-template", "infra/prefect/vertex-tpu.json")
+        prefect(
+            env,
+            "work-pool",
+            "create",
+            "k8s-gpu",
+            "--type",
+            "kubernetes",
+            "--base-job-template",
+            "infra/prefect/k8s-gpu.json",
+        )
+        prefect(
+            env,
+            "work-pool",
+            "create",
+            "vertex-tpu",
+            "--type",
+            "vertex-ai",
+            "--base-job-template",
+            "infra/prefect/vertex-tpu.json",
+        )
         prefect(env, "--no-prompt", "deploy", "--all")
         yield env
     finally:
@@ -62,8 +93,9 @@ def server(tmp_path_factory):
 
 
 def prefect(env, *args, timeout=300) -> str:
-    out = subprocess.run([sys.executable, "-m", "prefect", *args], env=env, cwd=REPO, capture_output=True,
-                         text=True, timeout=timeout)
+    out = subprocess.run(
+        [sys.executable, "-m", "prefect", *args], env=env, cwd=REPO, capture_output=True, text=True, timeout=timeout
+    )
     assert out.returncode == 0, f"prefect {' '.join(args)}:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
     return out.stdout
 
@@ -76,14 +108,17 @@ def run_deployment(env, name: str, params: dict) -> dict:
     out = prefect(env, *args)
     run_id = next(line.split()[-1] for line in out.splitlines() if "UUID" in line)
     prefect(env, "worker", "start", "--pool", "local-process", "--run-once", timeout=1200)
-    code = ("import asyncio, json, sys\nfrom prefect.client.orchestration import get_client\n"
-            "from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId, TaskRunFilter, FlowRunFilter, FlowRunFilterId\n"
-            "async def main(i):\n    async with get_client() as c:\n        fr = await c.read_flow_run(i)\n"
-            "        logs = await c.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[i])))\n"
-            "        trs = await c.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[i])))\n"
-            "        print(json.dumps({'state': fr.state.type.value, 'name': fr.state.name, 'message': fr.state.message,\n"
-            "          'logs': [l.message for l in logs], 'tasks': {t.name: t.state.name for t in trs}}))\n"
-            "asyncio.run(main(sys.argv[1]))\n")
+    code = (
+        "import asyncio, json, sys\nfrom prefect.client.orchestration import get_client\n"
+        "from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId, TaskRunFilter, \\\n"
+        "    FlowRunFilter, FlowRunFilterId\n"
+        "async def main(i):\n    async with get_client() as c:\n        fr = await c.read_flow_run(i)\n"
+        "        logs = await c.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[i])))\n"
+        "        trs = await c.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[i])))\n"
+        "        print(json.dumps({'state': fr.state.type.value, 'name': fr.state.name, 'message': fr.state.message,\n"
+        "          'logs': [l.message for l in logs], 'tasks': {t.name: t.state.name for t in trs}}))\n"
+        "asyncio.run(main(sys.argv[1]))\n"
+    )
     res = subprocess.run([sys.executable, "-c", code, run_id], env=env, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr[-3000:]
     return json.loads(res.stdout.strip().splitlines()[-1])
@@ -120,7 +155,9 @@ def test_pretrain_tiny_runs_on_a_worker_and_a_rerun_shows_skipped_stages(server,
 def test_a_deployment_that_cannot_work_fails_in_seconds(server, tmp_path):
     start = time.monotonic()
     bad = run_deployment(server, "pretrain/tiny", {"root": str(tmp_path / "r"), "mlflow_uri": "http://127.0.0.1:9"})
-    assert bad["state"] in ("FAILED", "CRASHED") and "does not answer" in (bad["message"] or "") + "\n".join(bad["logs"])
+    assert bad["state"] in ("FAILED", "CRASHED") and "does not answer" in (bad["message"] or "") + "\n".join(
+        bad["logs"]
+    )
     assert time.monotonic() - start < 240  # worker start included; no stage ran
     assert not (tmp_path / "r" / "corpus").exists()
 
@@ -139,13 +176,32 @@ def test_downstream_units_fan_out_as_runs_of_their_deployment(server, tiny_root,
     assert (model / "config.json").exists(), "needs the model of test_pretrain_tiny_runs_on_a_worker..."
     root = tmp_path / "root"
     log = open(tmp_path / "worker.log", "w")
-    worker = subprocess.Popen([sys.executable, "-m", "prefect", "worker", "start", "--pool", "local-process"],
-                              env=server, cwd=REPO, stdout=log, stderr=log)
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "prefect", "worker", "start", "--pool", "local-process"],
+        env=server,
+        cwd=REPO,
+        stdout=log,
+        stderr=log,
+    )
     try:
-        overrides = {**SHORT, "finetune_tasks": ["sst2"], "finetune.grid.learning_rates": [5e-4, 1e-3],
-                     "finetune.grid.dispatch": "deployment"}
-        out = prefect(server, "deployment", "run", "stage-finetune/default", "--param", f"root={root}",
-                      "--param", f"model_url={model}", "--param", f"overrides={json.dumps(overrides)}")
+        overrides = {
+            **SHORT,
+            "finetune_tasks": ["sst2"],
+            "finetune.grid.learning_rates": [5e-4, 1e-3],
+            "finetune.grid.dispatch": "deployment",
+        }
+        out = prefect(
+            server,
+            "deployment",
+            "run",
+            "stage-finetune/default",
+            "--param",
+            f"root={root}",
+            "--param",
+            f"model_url={model}",
+            "--param",
+            f"overrides={json.dumps(overrides)}",
+        )
         run_id = next(line.split()[-1] for line in out.splitlines() if "UUID" in line)
         runs = _wait_for_runs(server, run_id, timeout=900)
     finally:
@@ -169,14 +225,16 @@ def test_downstream_units_fan_out_as_runs_of_their_deployment(server, tiny_root,
 
 def _wait_for_runs(env, run_id: str, timeout: float) -> dict:
     """Poll until flow run ``run_id`` is final; every flow run on the server, by id."""
-    code = ("import asyncio, json, sys\nfrom prefect.client.orchestration import get_client\n"
-            "async def main(i):\n    async with get_client() as c:\n        runs = await c.read_flow_runs()\n"
-            "        deps = {d.id: d.name for d in await c.read_deployments()}\n"
-            "        flows = {f.id: f.name for f in await c.read_flows()}\n"
-            "        print(json.dumps({str(r.id): {'state': r.state.type.value if r.state else None,\n"
-            "          'deployment': f\"{flows.get(r.flow_id)}/{deps.get(r.deployment_id)}\", 'parameters': r.parameters,\n"
-            "          'parent_task_run_id': str(r.parent_task_run_id or '')} for r in runs}, default=str))\n"
-            "asyncio.run(main(sys.argv[1]))\n")
+    code = (
+        "import asyncio, json, sys\nfrom prefect.client.orchestration import get_client\n"
+        "async def main(i):\n    async with get_client() as c:\n        runs = await c.read_flow_runs()\n"
+        "        deps = {d.id: d.name for d in await c.read_deployments()}\n"
+        "        flows = {f.id: f.name for f in await c.read_flows()}\n"
+        "        print(json.dumps({str(r.id): {'state': r.state.type.value if r.state else None,\n"
+        "          'deployment': f\"{flows.get(r.flow_id)}/{deps.get(r.deployment_id)}\", 'parameters': r.parameters,\n"
+        "          'parent_task_run_id': str(r.parent_task_run_id or '')} for r in runs}, default=str))\n"
+        "asyncio.run(main(sys.argv[1]))\n"
+    )
     deadline = time.monotonic() + timeout
     while True:
         res = subprocess.run([sys.executable, "-c", code, run_id], env=env, capture_output=True, text=True, timeout=120)

@@ -40,7 +40,9 @@ def test_mlm_loss_falls_and_downstream_is_evaluated(chain):
     predictions = json.loads((root / "finetune" / "squad1" / "predictions.json").read_text())
     assert len(predictions) == squad["dev_examples"]  # the official format: question id -> answer
     # each task clearly above chance (SST-2: 50% balanced; SQuAD F1 and entity F1: about 0)
-    best = {t: json.loads((root / "finetune" / t / "results.json").read_text()) for t in ("sst2", "squad1", "conll2003")}
+    best = {
+        t: json.loads((root / "finetune" / t / "results.json").read_text()) for t in ("sst2", "squad1", "conll2003")
+    }
     print({t: (r["metric"], round(r["dev_median"], 2)) for t, r in best.items()})
     assert best["sst2"]["dev_median"] >= 65.0
     assert best["squad1"]["dev_median"] >= 10.0
@@ -62,12 +64,24 @@ def test_mlflow_holds_runs_and_a_registered_model(chain, chain_overrides):
     first_parent = min(parents, key=lambda r: r.info.start_time)
     ours = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == first_parent.info.run_id]
     children = {r.info.run_name: r for r in ours if "bertflow.unit" not in r.data.tags}
-    assert set(children) == {"corpus", "vocab", "examples", "pretrain", "export", "finetune/sst2", "finetune/squad1",
-                             "finetune/conll2003"}
+    assert set(children) == {
+        "corpus",
+        "vocab",
+        "examples",
+        "pretrain",
+        "export",
+        "finetune/sst2",
+        "finetune/squad1",
+        "finetune/conll2003",
+    }
     # the grid fanned out: one finished child run per unit, holding that unit's training curve
     cfg = load_config("tiny", parse_overrides(chain_overrides))
-    units = {(r.data.tags["bertflow.stage"], r.data.tags["bertflow.unit"]): r for r in ours if "bertflow.unit" in r.data.tags}
-    planned = {(f"finetune/{t}", u["unit_id"]) for t in ("sst2", "squad1", "conll2003") for u in plan_units(t, cfg.finetune)}
+    units = {
+        (r.data.tags["bertflow.stage"], r.data.tags["bertflow.unit"]): r for r in ours if "bertflow.unit" in r.data.tags
+    }
+    planned = {
+        (f"finetune/{t}", u["unit_id"]) for t in ("sst2", "squad1", "conll2003") for u in plan_units(t, cfg.finetune)
+    }
     assert set(units) == planned and len(planned) >= 6
     assert all(r.info.status == "FINISHED" for r in units.values())
     assert all(client.get_metric_history(r.info.run_id, "train_loss") for r in units.values())
@@ -78,7 +92,9 @@ def test_mlflow_holds_runs_and_a_registered_model(chain, chain_overrides):
     parent_params = first_parent.data.params
     assert "not-for-the-logs" not in json.dumps(parent_params) and "***" in parent_params["corpus.beam.extra_args"]
     assert "not-for-the-logs" not in (root / "corpus" / "_manifest.json").read_text()
-    inputs = {d.dataset.name: d.dataset.source for d in client.get_run(children["examples"].info.run_id).inputs.dataset_inputs}
+    inputs = {
+        d.dataset.name: d.dataset.source for d in client.get_run(children["examples"].info.run_id).inputs.dataset_inputs
+    }
     assert set(inputs) == {"corpus", "vocab"} and str(root / "vocab") in inputs["vocab"]  # lineage
     assert children["pretrain"].data.tags["bertflow.status"] == "done"
     artifacts = {a.path for a in client.list_artifacts(children["pretrain"].info.run_id)}
@@ -115,7 +131,16 @@ def test_the_champion_loads_back_as_a_pyfunc_model(chain):
 def test_second_run_skips_every_stage(chain):
     root, _, second, _ = chain
     assert "skipped" in second.stdout
-    for stage in ("corpus", "vocab", "examples", "pretrain", "export", "finetune/sst2", "finetune/squad1", "finetune/conll2003"):
+    for stage in (
+        "corpus",
+        "vocab",
+        "examples",
+        "pretrain",
+        "export",
+        "finetune/sst2",
+        "finetune/squad1",
+        "finetune/conll2003",
+    ):
         assert f"stage {stage}: up to date, skipped" in second.stderr, stage
 
 
@@ -132,16 +157,26 @@ def test_status_lists_every_stage_done_and_inspect_decodes_outputs(chain, cli, c
     import sys
 
     root = chain[0]
-    out = subprocess.run(cli(["status", "--preset", "tiny", "--json", "--verify"], root), env=cli_env,
-                         capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        cli(["status", "--preset", "tiny", "--json", "--verify"], root),
+        env=cli_env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     rows = json.loads(out.stdout)
     assert [r["stage"] for r in rows][-3:] == ["finetune/sst2", "finetune/squad1", "finetune/conll2003"]
     assert {r["state"] for r in rows} == {"done"} and all(r["mlflow_run"] for r in rows)
 
     def inspect(url):
-        res = subprocess.run([sys.executable, "-m", "flows.cli", "inspect", str(url), "-n", "3"], env=cli_env,
-                             capture_output=True, text=True, timeout=120)
+        res = subprocess.run(
+            [sys.executable, "-m", "flows.cli", "inspect", str(url), "-n", "3"],
+            env=cli_env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert res.returncode == 0, res.stderr
         return res.stdout
 

@@ -1,6 +1,7 @@
 """The downstream grid fanned out by the flow: one Prefect task (and process) per unit, one
 gathering task per downstream task, a failing unit reported without losing the others and
-retried alone on the next run (the failure here: a unit's process killed, as an OOM kill would). Real Prefect (a test server), real fine-tuning of the tiny chain's
+retried alone on the next run (the failure here: a unit's process killed, as an OOM kill would).
+Real Prefect (a test server), real fine-tuning of the tiny chain's
 exported model on the bundled SST-2 sample, MLflow on SQLite."""
 
 import json
@@ -13,7 +14,7 @@ import pytest
 
 pytest.importorskip("prefect")  # the XLA tier's own environment has no prefect
 
-from prefect import flow  # noqa: E402
+from prefect import flow
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from flows.downstream import plan_units
@@ -120,8 +121,7 @@ def test_units_fan_out_and_a_failed_unit_is_retried_alone(chain, tmp_path, prefe
     exp = client.get_experiment_by_name("bertflow")
     unit_runs = [r for r in client.search_runs([exp.experiment_id]) if "bertflow.unit" in r.data.tags]
     statuses = sorted((r.data.tags["bertflow.unit"], r.info.status) for r in unit_runs)
-    assert statuses == sorted([(blocked, "FAILED"), (ok, "FINISHED"),
-                               (blocked, "FINISHED"), (ok, "FINISHED")])
+    assert statuses == sorted([(blocked, "FAILED"), (ok, "FINISHED"), (blocked, "FINISHED"), (ok, "FINISHED")])
     trained = next(r for r in unit_runs if r.data.tags["bertflow.unit"] == blocked and r.info.status == "FINISHED")
     assert client.get_metric_history(trained.info.run_id, "train_loss")  # the unit's process logged its training
 

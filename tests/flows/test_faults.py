@@ -77,7 +77,9 @@ def _cmdline(pid: int) -> str:
 
 
 def _check_same_as_uninterrupted(root, reference, cli, env) -> None:
-    again = subprocess.run(cli(["run", "--preset", "tiny"], root), env=env, capture_output=True, text=True, timeout=1200)
+    again = subprocess.run(
+        cli(["run", "--preset", "tiny"], root), env=env, capture_output=True, text=True, timeout=1200
+    )
     assert again.returncode == 0, again.stderr[-5000:]
     for folder in COMPARED:
         mine = {f.path: f.sha256 for f in read_manifest(str(root / folder)).files}
@@ -86,12 +88,16 @@ def _check_same_as_uninterrupted(root, reference, cli, env) -> None:
     for task in ("sst2", "squad1"):
         mine = read_manifest(str(root / "finetune" / task)).counts
         ref = read_manifest(str(reference / "finetune" / task)).counts
-        assert {k: v for k, v in mine.items() if k.startswith("eval_")} == {k: v for k, v in ref.items() if k.startswith("eval_")}
+        assert {k: v for k, v in mine.items() if k.startswith("eval_")} == {
+            k: v for k, v in ref.items() if k.startswith("eval_")
+        }
 
     from mlflow.tracking import MlflowClient
 
     uri = f"sqlite:///{root}/mlflow.db"
-    runs = MlflowClient(tracking_uri=uri).search_runs([MlflowClient(tracking_uri=uri).get_experiment_by_name("bertflow").experiment_id])
+    runs = MlflowClient(tracking_uri=uri).search_runs(
+        [MlflowClient(tracking_uri=uri).get_experiment_by_name("bertflow").experiment_id]
+    )
     statuses = [r.info.status for r in runs]
     assert "RUNNING" not in statuses and "KILLED" in statuses
 

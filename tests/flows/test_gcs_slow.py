@@ -33,8 +33,19 @@ FOLDERS = {"corpus": "corpus", "vocab": "vocab", "examples": "examples", "pretra
 
 
 def run_chain(root: str, mlflow_db: str, command: str = "run", *extra: str):
-    cmd = [sys.executable, "-m", "flows.cli", command, *extra, "--preset", "tiny", "--root", root,
-           "--mlflow-uri", f"sqlite:///{mlflow_db}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "flows.cli",
+        command,
+        *extra,
+        "--preset",
+        "tiny",
+        "--root",
+        root,
+        "--mlflow-uri",
+        f"sqlite:///{mlflow_db}",
+    ]
     for o in OVERRIDES:
         cmd += ["--set", o]
     out = subprocess.run(cmd, env=dict(os.environ), capture_output=True, text=True, timeout=1500)

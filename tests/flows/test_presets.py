@@ -15,17 +15,25 @@ def test_presets_have_the_paper_shapes():
         assert cfg.pretrain.total_steps == 1_000_000
         assert [p.max_seq_length for p in cfg.pretrain.phases] == [128, 512]
         assert cfg.pretrain.phases[0].steps == 900_000  # 90% at 128, 10% at 512
-        assert (cfg.pretrain.learning_rate, cfg.pretrain.warmup_steps, cfg.pretrain.weight_decay) == (1e-4, 10_000, 0.01)
+        assert (cfg.pretrain.learning_rate, cfg.pretrain.warmup_steps, cfg.pretrain.weight_decay) == (
+            1e-4,
+            10_000,
+            0.01,
+        )
         assert (cfg.pretrain.beta1, cfg.pretrain.beta2, cfg.pretrain.eps) == (0.9, 0.999, 1e-6)
         assert cfg.examples.masked_lm_prob == 0.15 and cfg.examples.random_next_prob == 0.5
 
 
 def test_overrides_are_typed_and_validated():
-    cfg = load_config("tiny", parse_overrides(["pretrain.phases.0.steps=7", "pretrain.learning_rate=5e-4", "vocab.lowercase=false"]))
+    cfg = load_config(
+        "tiny", parse_overrides(["pretrain.phases.0.steps=7", "pretrain.learning_rate=5e-4", "vocab.lowercase=false"])
+    )
     assert cfg.pretrain.phases[0].steps == 7
     assert cfg.pretrain.learning_rate == 5e-4
     assert cfg.vocab.lowercase is False
-    cfg = load_config("tiny", {"examples.max_seq_lengths": [64, 128, 256], "examples.max_predictions_per_seq": [10, 20, 40]})
+    cfg = load_config(
+        "tiny", {"examples.max_seq_lengths": [64, 128, 256], "examples.max_predictions_per_seq": [10, 20, 40]}
+    )
     assert cfg.examples.max_seq_lengths == (64, 128, 256)
 
 

@@ -13,8 +13,14 @@ import pytest
 
 pytestmark = pytest.mark.slow
 
-SHORT = ["pretrain.phases.0.steps=40", "pretrain.phases.1.steps=10", "pretrain.warmup_steps=5",
-         "examples.dupe_factor=1", "finetune.epochs=1", 'finetune_tasks=["sst2"]']
+SHORT = [
+    "pretrain.phases.0.steps=40",
+    "pretrain.phases.1.steps=10",
+    "pretrain.warmup_steps=5",
+    "examples.dupe_factor=1",
+    "finetune.epochs=1",
+    'finetune_tasks=["sst2"]',
+]
 
 
 def test_the_chain_tracks_to_a_remote_server_and_the_champion_loads_from_it(tmp_path):
@@ -23,10 +29,25 @@ def test_the_chain_tracks_to_a_remote_server_and_the_champion_loads_from_it(tmp_
         port = s.getsockname()[1]
     uri = f"http://127.0.0.1:{port}"
     env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true", "PREFECT_HOME": str(tmp_path / "prefect")}
-    server = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
-                               "--backend-store-uri", f"sqlite:///{tmp_path}/server.db",
-                               "--artifacts-destination", str(tmp_path / "server-artifacts")],
-                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "mlflow",
+            "server",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--backend-store-uri",
+            f"sqlite:///{tmp_path}/server.db",
+            "--artifacts-destination",
+            str(tmp_path / "server-artifacts"),
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         deadline = time.monotonic() + 180
         while True:

@@ -34,10 +34,13 @@ def test_paper_presets_pick_the_backend_of_the_host_and_bf16(monkeypatch):
 
 def test_unset_or_placeholder_data_is_named():
     cfg = load_config("base")
-    with pytest.raises(ValueError, match=r"data\.wiki: the base preset runs on the paper's data and data\.wiki is not set"):
+    with pytest.raises(
+        ValueError, match=r"data\.wiki: the base preset runs on the paper's data and data\.wiki is not set"
+    ):
         check_data(cfg)
-    cfg = load_config("large", {"data.wiki": "gs://b/enwiki-20261101-pages-articles.xml.bz2",
-                                "data.books": "gs://CHANGE-ME/books"})
+    cfg = load_config(
+        "large", {"data.wiki": "gs://b/enwiki-20261101-pages-articles.xml.bz2", "data.books": "gs://CHANGE-ME/books"}
+    )
     with pytest.raises(ValueError, match=r"data\.books .*still the placeholder gs://CHANGE-ME/books"):
         check_data(cfg)
     check_data(load_config("tiny"))  # the sample is fine where it is meant
@@ -70,7 +73,9 @@ def bertflow(*args: str, **env: str) -> subprocess.CompletedProcess:
     for name in ("BERTFLOW_BACKEND", "PJRT_DEVICE", "TPU_NAME", "TPU_ACCELERATOR_TYPE", "MLFLOW_TRACKING_URI"):
         if name not in env:
             full.pop(name, None)
-    return subprocess.run([sys.executable, "-m", "flows.cli", *args], capture_output=True, text=True, env=full, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "flows.cli", *args], capture_output=True, text=True, env=full, timeout=60
+    )
 
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="this host has a GPU: large can run here")
@@ -87,8 +92,18 @@ def test_bertflow_run_large_on_a_cpu_host_fails_at_once_saying_why(tmp_path):
         assert out.returncode == 2 and "torch_xla is not importable here" in out.stderr
     assert not (tmp_path / "r").exists()  # refused before anything was written
     # a stage that does not train does not need the accelerator
-    out = bertflow("stage", "corpus", "--preset", "large", "--root", str(tmp_path / "r2"),
-                   "--set", "data.wiki=/nonexistent/enwiki.xml.bz2", "--set", f"data.books={SAMPLE / 'books'}")
+    out = bertflow(
+        "stage",
+        "corpus",
+        "--preset",
+        "large",
+        "--root",
+        str(tmp_path / "r2"),
+        "--set",
+        "data.wiki=/nonexistent/enwiki.xml.bz2",
+        "--set",
+        f"data.books={SAMPLE / 'books'}",
+    )
     assert out.returncode == 2 and "/nonexistent/enwiki.xml.bz2" in out.stderr and "CUDA" not in out.stderr
 
 
@@ -104,8 +119,14 @@ def test_node_layout_from_the_environment():
     assert build_command({"a": 1}, 1)[1:3] == ["-m", "flows.train_entry"]
     cmd = build_command({"a": 1}, 1, Nodes(2, 1, "h0:29500", "job7"))  # 1 GPU per node still needs torchrun
     assert cmd[1:3] == ["-m", "torch.distributed.run"]
-    assert cmd[3:9] == ["--nnodes=2", "--node_rank=1", "--rdzv_backend=static", "--rdzv_endpoint=h0:29500",
-                        "--rdzv_id=job7", "--nproc_per_node=1"]
+    assert cmd[3:9] == [
+        "--nnodes=2",
+        "--node_rank=1",
+        "--rdzv_backend=static",
+        "--rdzv_endpoint=h0:29500",
+        "--rdzv_id=job7",
+        "--nproc_per_node=1",
+    ]
     assert host_index({"TPU_WORKER_ID": "3"}) == 3 and host_index({}) == 0
     assert host_index({"BERTFLOW_NODE_RANK": "1", "JOB_COMPLETION_INDEX": "5"}) == 1
 

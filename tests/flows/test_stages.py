@@ -31,8 +31,16 @@ def test_one_table_drives_the_cli_and_the_flows():
     assert CLI_CHAIN == CHAIN
     assert set(STAGE_FLOWS) == set(CHAIN) == set(STAGES) | {"finetune"}
     cfg = load_config("tiny")
-    assert stage_names(cfg) == ["corpus", "vocab", "examples", "pretrain", "export", "finetune/sst2", "finetune/squad1",
-                               "finetune/conll2003"]
+    assert stage_names(cfg) == [
+        "corpus",
+        "vocab",
+        "examples",
+        "pretrain",
+        "export",
+        "finetune/sst2",
+        "finetune/squad1",
+        "finetune/conll2003",
+    ]
     for task in TASKS:  # every downstream task is a row of its own
         row = get_stage(f"finetune/{task}")
         assert row.folder == f"finetune/{task}" and row.where == "process" and row.retries >= 1
@@ -111,8 +119,14 @@ def test_a_stage_is_done_only_when_config_inputs_code_and_files_match(tmp_path):
     url = _finished_corpus(cfg, root)
     assert stage_state("corpus", cfg, root).state == "done"
 
-    how_it_runs = load_config("tiny", {"corpus.beam.num_workers": 2, "corpus.beam.options": {"flink_master": "h:8081"},
-                                       "corpus.beam.extra_args": ["--parallelism=8"]})
+    how_it_runs = load_config(
+        "tiny",
+        {
+            "corpus.beam.num_workers": 2,
+            "corpus.beam.options": {"flink_master": "h:8081"},
+            "corpus.beam.extra_args": ["--parallelism=8"],
+        },
+    )
     assert stage_state("corpus", how_it_runs, root).state == "done"  # same output whatever the runner
     changed = load_config("tiny", {"corpus.min_sentence_chars": 20})
     s = stage_state("corpus", changed, root)

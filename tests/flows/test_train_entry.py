@@ -13,7 +13,7 @@ from flows.train_entry import EXIT_RESUME_REFUSED, main, masking_from
 from model.config import PhaseConfig, PretrainConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "model"))
-from pretrain_shards import MODEL, VOCAB, write_example_stage  # noqa: E402
+from pretrain_shards import MODEL, VOCAB, write_example_stage
 
 
 @pytest.fixture(autouse=True)
@@ -37,8 +37,13 @@ def stage(tmp_path_factory):
 
 def spec(root, examples, **pretrain):
     cfg = PretrainConfig(phases=(PhaseConfig("p1", 16, 4, 8),), log_every=2, checkpoint_every=100, **pretrain)
-    return {"pretrain": dataclasses.asdict(cfg), "model": dataclasses.asdict(MODEL), "examples_url": examples,
-            "output_url": str(root / "pretrain"), "vocab_url": str(root / "vocab")}
+    return {
+        "pretrain": dataclasses.asdict(cfg),
+        "model": dataclasses.asdict(MODEL),
+        "examples_url": examples,
+        "output_url": str(root / "pretrain"),
+        "vocab_url": str(root / "vocab"),
+    }
 
 
 def test_masking_rule_and_pad_from_the_vocabulary(stage):

@@ -52,14 +52,25 @@ def test_mlflow_sits_behind_auth_on_postgres_with_a_bucket():
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(__import__("importlib").util.find_spec("flask_wtf") is None,
-                    reason="MLflow's basic-auth app needs the servers extra (pip install -e '.[servers]')")
+@pytest.mark.skipif(
+    __import__("importlib").util.find_spec("flask_wtf") is None,
+    reason="MLflow's basic-auth app needs the servers extra (pip install -e '.[servers]')",
+)
 def test_the_servers_start_refuse_strangers_and_accept_the_admin():
-    out = subprocess.run([sys.executable, str(REPO / "infra/compose/check_local.py")], capture_output=True,
-                         text=True, timeout=600, env={**__import__("os").environ, "PYTHONPATH": str(REPO)})
+    out = subprocess.run(
+        [sys.executable, str(REPO / "infra/compose/check_local.py")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**__import__("os").environ, "PYTHONPATH": str(REPO)},
+    )
     assert out.returncode == 0, out.stdout + out.stderr[-3000:]
-    for line in ("MLflow refuses an unauthenticated API call (401)", "MLflow accepts the admin's credentials",
-                 "Prefect refuses an unauthenticated API call (401)", "every listening socket is on loopback",
-                 "the artifact went through the server"):
+    for line in (
+        "MLflow refuses an unauthenticated API call (401)",
+        "MLflow accepts the admin's credentials",
+        "Prefect refuses an unauthenticated API call (401)",
+        "every listening socket is on loopback",
+        "the artifact went through the server",
+    ):
         assert f"ok   {line}" in out.stdout
     assert "all checks passed" in out.stdout

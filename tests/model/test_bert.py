@@ -12,8 +12,14 @@ B, T, V, H, NH, FFN, L = 3, 17, 99, 32, 4, 37, 2
 
 
 def tiny_config(**kw) -> BertConfig:
-    base = dict(vocab_size=V, hidden_size=H, num_hidden_layers=L, num_attention_heads=NH,
-                intermediate_size=FFN, max_position_embeddings=40)
+    base = dict(
+        vocab_size=V,
+        hidden_size=H,
+        num_hidden_layers=L,
+        num_attention_heads=NH,
+        intermediate_size=FFN,
+        max_position_embeddings=40,
+    )
     return BertConfig(**{**base, **kw})
 
 
@@ -41,15 +47,25 @@ def test_output_shapes():
 def test_state_dict_keys_are_hugging_face_names():
     keys = set(BertForPreTraining(tiny_config()).state_dict())
     for k in [
-        "bert.embeddings.word_embeddings.weight", "bert.embeddings.position_embeddings.weight",
-        "bert.embeddings.token_type_embeddings.weight", "bert.embeddings.LayerNorm.weight",
-        "bert.encoder.layer.1.attention.self.query.weight", "bert.encoder.layer.1.attention.self.key.bias",
-        "bert.encoder.layer.0.attention.self.value.weight", "bert.encoder.layer.0.attention.output.dense.weight",
-        "bert.encoder.layer.0.attention.output.LayerNorm.bias", "bert.encoder.layer.0.intermediate.dense.weight",
-        "bert.encoder.layer.0.output.dense.weight", "bert.encoder.layer.0.output.LayerNorm.weight",
-        "bert.pooler.dense.weight", "cls.predictions.transform.dense.weight",
-        "cls.predictions.transform.LayerNorm.weight", "cls.predictions.decoder.weight",
-        "cls.predictions.bias", "cls.seq_relationship.weight", "cls.seq_relationship.bias",
+        "bert.embeddings.word_embeddings.weight",
+        "bert.embeddings.position_embeddings.weight",
+        "bert.embeddings.token_type_embeddings.weight",
+        "bert.embeddings.LayerNorm.weight",
+        "bert.encoder.layer.1.attention.self.query.weight",
+        "bert.encoder.layer.1.attention.self.key.bias",
+        "bert.encoder.layer.0.attention.self.value.weight",
+        "bert.encoder.layer.0.attention.output.dense.weight",
+        "bert.encoder.layer.0.attention.output.LayerNorm.bias",
+        "bert.encoder.layer.0.intermediate.dense.weight",
+        "bert.encoder.layer.0.output.dense.weight",
+        "bert.encoder.layer.0.output.LayerNorm.weight",
+        "bert.pooler.dense.weight",
+        "cls.predictions.transform.dense.weight",
+        "cls.predictions.transform.LayerNorm.weight",
+        "cls.predictions.decoder.weight",
+        "cls.predictions.bias",
+        "cls.seq_relationship.weight",
+        "cls.seq_relationship.bias",
     ]:
         assert k in keys, k
     sd = BertForPreTraining(tiny_config()).state_dict()

@@ -10,11 +10,11 @@ import time
 
 import pytest
 import torch
+from pretrain_shards import MODEL, write_example_stage
 
 from flows.launch import EXIT_PREEMPTED, build_command, launch_pretrain, training_env
 from model.checkpoint import find_latest_checkpoint
 from model.config import BertConfig, PhaseConfig, PretrainConfig
-from pretrain_shards import MODEL, write_example_stage
 
 NO_DROPOUT = BertConfig(**{**MODEL.__dict__, "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0})
 
@@ -25,10 +25,22 @@ def examples(tmp_path_factory):
 
 
 def spec(examples, out, steps=6, **kw):
-    cfg = PretrainConfig(phases=(PhaseConfig("p1", 16, steps, 8),), learning_rate=2e-3, warmup_steps=2,
-                         log_every=2, checkpoint_every=1000, seed=5, data_parts=2, **kw)
-    return {"pretrain": dataclasses.asdict(cfg), "model": dataclasses.asdict(NO_DROPOUT),
-            "examples_url": examples, "output_url": str(out)}
+    cfg = PretrainConfig(
+        phases=(PhaseConfig("p1", 16, steps, 8),),
+        learning_rate=2e-3,
+        warmup_steps=2,
+        log_every=2,
+        checkpoint_every=1000,
+        seed=5,
+        data_parts=2,
+        **kw,
+    )
+    return {
+        "pretrain": dataclasses.asdict(cfg),
+        "model": dataclasses.asdict(NO_DROPOUT),
+        "examples_url": examples,
+        "output_url": str(out),
+    }
 
 
 def keys(path):
@@ -48,8 +60,12 @@ def launch(examples, root, name, nproc, steps=6, **kw):
     trace = root / f"trace-{name}"
     trace.mkdir(exist_ok=True)
     with open(root / f"{name}.log", "w") as out:
-        code = launch_pretrain(spec(examples, root / name, steps, **kw), nproc=nproc,
-                               env={"BERTFLOW_TRACE_DATA": str(trace), "OMP_NUM_THREADS": "1"}, output=out)
+        code = launch_pretrain(
+            spec(examples, root / name, steps, **kw),
+            nproc=nproc,
+            env={"BERTFLOW_TRACE_DATA": str(trace), "OMP_NUM_THREADS": "1"},
+            output=out,
+        )
     log = (root / f"{name}.log").read_text()
     assert code == 0, log
     return trace, log
@@ -93,8 +109,9 @@ def test_sigterm_stops_the_whole_tree_after_a_checkpoint(examples, tmp_path):
 
     threading.Thread(target=terminate_when_training, daemon=True).start()
     with open(tmp_path / "out.log", "w") as out:
-        code = launch_pretrain(s, nproc=2, env={"BERTFLOW_TRACE_DATA": str(trace), "OMP_NUM_THREADS": "1"},
-                               output=out, grace_s=60)
+        code = launch_pretrain(
+            s, nproc=2, env={"BERTFLOW_TRACE_DATA": str(trace), "OMP_NUM_THREADS": "1"}, output=out, grace_s=60
+        )
     log = (tmp_path / "out.log").read_text()
     assert code == EXIT_PREEMPTED, log
     assert find_latest_checkpoint(str(tmp_path / "run")) is not None, log
@@ -124,10 +141,15 @@ def test_a_killed_launcher_leaves_no_orphan_trainer(examples, tmp_path):
 
     trace = tmp_path / "trace"
     trace.mkdir()
-    code = ("import json, sys; from flows.launch import launch_pretrain; "
-            "sys.exit(launch_pretrain(json.loads(sys.argv[1]), 1, {'BERTFLOW_TRACE_DATA': sys.argv[2]}))")
-    launcher = subprocess.Popen([sys.executable, "-c", code, json.dumps(spec(examples, tmp_path / "run", steps=100_000)),
-                                 str(trace)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    code = (
+        "import json, sys; from flows.launch import launch_pretrain; "
+        "sys.exit(launch_pretrain(json.loads(sys.argv[1]), 1, {'BERTFLOW_TRACE_DATA': sys.argv[2]}))"
+    )
+    launcher = subprocess.Popen(
+        [sys.executable, "-c", code, json.dumps(spec(examples, tmp_path / "run", steps=100_000)), str(trace)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.monotonic() + 120
     while not (trace / "rank0.txt").exists() and time.monotonic() < deadline:
         time.sleep(0.2)

@@ -11,8 +11,14 @@ from model.config import BertConfig
 from model.export import load_bert_config, load_pretrained, run_export, save_pretrained
 from pipeline.schema import read_manifest, write_manifest
 
-CFG = BertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                 intermediate_size=37, max_position_embeddings=40)
+CFG = BertConfig(
+    vocab_size=99,
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    intermediate_size=37,
+    max_position_embeddings=40,
+)
 
 
 def inputs():
@@ -35,7 +41,9 @@ def trained_model() -> BertForPreTraining:
 
 def write_vocab(folder):
     folder.mkdir()
-    (folder / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(94)]) + "\n")
+    (folder / "vocab.txt").write_text(
+        "\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(94)]) + "\n"
+    )
     (folder / "tokenizer.json").write_text('{"version": "1.0"}')
     write_manifest("vocab", str(folder), {"vocab_size": 99}, {}, {"tokens": 99})
 
@@ -90,7 +98,7 @@ def test_loads_unprefixed_hf_bertmodel_keys_and_refuses_missing_backbone(tmp_pat
     save_pretrained(m.bert, str(tmp_path / "hf"))
     path = tmp_path / "hf" / "model.safetensors"
     tensors = safetensors.torch.load_file(str(path))
-    unprefixed = {k[len("bert."):]: v for k, v in tensors.items()}
+    unprefixed = {k[len("bert.") :]: v for k, v in tensors.items()}
     unprefixed["embeddings.position_ids"] = torch.arange(40)[None]  # old HF files carry this buffer
     safetensors.torch.save_file(unprefixed, str(path))
     back = load_pretrained(str(tmp_path / "hf"), BertModel).eval()
@@ -126,8 +134,14 @@ def test_run_export_reads_final_weights_and_writes_manifest(tmp_path):
     assert manifest.stage == "export"
     assert read_manifest(str(tmp_path / "model")).fingerprint == manifest.fingerprint
     paths = {f.path for f in manifest.files}
-    assert {"config.json", "model.safetensors", "vocab.txt", "tokenizer.json",
-            "tokenizer_config.json", "special_tokens_map.json"} <= paths
+    assert {
+        "config.json",
+        "model.safetensors",
+        "vocab.txt",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "special_tokens_map.json",
+    } <= paths
     assert manifest.counts["parameters"] == sum(p.numel() for p in m.parameters())
     back = load_pretrained(str(tmp_path / "model"), BertForPreTraining).eval()
     ids, types, mask = inputs()

@@ -14,14 +14,23 @@ from model import kernels
 from model.bert import IGNORE_INDEX, BertForPreTraining, head_rows
 from model.config import BertConfig
 
-onednn = pytest.mark.skipif(kernels._linear_pointwise is None or not torch.backends.mkldnn.is_available(),
-                            reason="this torch build has no oneDNN")
+onednn = pytest.mark.skipif(
+    kernels._linear_pointwise is None or not torch.backends.mkldnn.is_available(),
+    reason="this torch build has no oneDNN",
+)
 
 
 def _config(dropout: float = 0.0) -> BertConfig:
-    return BertConfig(vocab_size=97, hidden_size=48, num_hidden_layers=3, num_attention_heads=4,
-                      intermediate_size=72, max_position_embeddings=40, hidden_dropout_prob=dropout,
-                      attention_probs_dropout_prob=dropout)
+    return BertConfig(
+        vocab_size=97,
+        hidden_size=48,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        intermediate_size=72,
+        max_position_embeddings=40,
+        hidden_dropout_prob=dropout,
+        attention_probs_dropout_prob=dropout,
+    )
 
 
 def _batch(lengths=(31, 12, 31, 20), width=32, masked=(5, 2, 0, 4), seed=0):
@@ -37,8 +46,13 @@ def _batch(lengths=(31, 12, 31, 20), width=32, masked=(5, 2, 0, 4), seed=0):
         labels[b, pos] = ids[b, pos]
     labels[3, 0] = ids[3, 0]
     types = (torch.arange(width) >= 10).long().expand(B, width) * mask
-    return dict(input_ids=ids, token_type_ids=types, attention_mask=mask, labels=labels,
-                next_sentence_label=torch.tensor([0, 1, 1, 0]))
+    return dict(
+        input_ids=ids,
+        token_type_ids=types,
+        attention_mask=mask,
+        labels=labels,
+        next_sentence_label=torch.tensor([0, 1, 1, 0]),
+    )
 
 
 def _grads(model, batch):

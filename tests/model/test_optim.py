@@ -9,9 +9,16 @@ from model.optim import build_optimizer, warmup_linear_schedule
 
 
 def tiny():
-    return BertForPreTraining(BertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=2,
-                                         num_attention_heads=4, intermediate_size=37,
-                                         max_position_embeddings=40))
+    return BertForPreTraining(
+        BertConfig(
+            vocab_size=99,
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=37,
+            max_position_embeddings=40,
+        )
+    )
 
 
 def test_param_groups_exclude_biases_and_layernorm_from_decay():
@@ -55,9 +62,15 @@ def test_fused_adamw_on_cpu_gives_the_foreach_update():
     ref.load_state_dict(model.state_dict())
     opt = build_optimizer(model, lr=1e-2, weight_decay=0.01)
     assert opt.defaults["fused"] is True
-    groups = [{"params": [dict(ref.named_parameters())[n] for n, p in model.named_parameters()
-                          if any(p is q for q in g["params"])], "weight_decay": g["weight_decay"]}
-              for g in opt.param_groups]
+    groups = [
+        {
+            "params": [
+                dict(ref.named_parameters())[n] for n, p in model.named_parameters() if any(p is q for q in g["params"])
+            ],
+            "weight_decay": g["weight_decay"],
+        }
+        for g in opt.param_groups
+    ]
     ref_opt = torch.optim.AdamW(groups, lr=1e-2, eps=1e-6, foreach=True)
     for step in range(3):
         for m in (model, ref):
@@ -94,7 +107,10 @@ def test_schedule_state_round_trip():
     opt2.load_state_dict(opt.state_dict())
     sched2.load_state_dict(sched.state_dict())
     for _ in range(2):
-        opt.step(); sched.step(); opt2.step(); sched2.step()
+        opt.step()
+        sched.step()
+        opt2.step()
+        sched2.step()
         assert opt.param_groups[0]["lr"] == opt2.param_groups[0]["lr"]
 
 
@@ -103,5 +119,6 @@ def test_no_warmup():
     opt = torch.optim.AdamW([p], lr=1.0)
     sched = warmup_linear_schedule(opt, 0, 4)
     assert opt.param_groups[0]["lr"] == 1.0
-    opt.step(); sched.step()
+    opt.step()
+    sched.step()
     assert opt.param_groups[0]["lr"] == pytest.approx(0.75)

@@ -15,12 +15,12 @@ from collections import Counter
 
 import pytest
 import torch
+from pretrain_shards import MODEL, write_example_stage
 
 import model.backend as backend_mod
 from model.backend import Backend, setup_backend
 from model.config import BertConfig, PhaseConfig, PretrainConfig
 from model.train import run_pretrain
-from pretrain_shards import MODEL, write_example_stage
 
 N, BATCH, LENGTH = 240, 16, 16
 STEPS = N // BATCH  # one epoch of the global data
@@ -28,16 +28,14 @@ STEPS = N // BATCH  # one epoch of the global data
 
 @pytest.fixture(scope="module")
 def examples(tmp_path_factory):
-    return write_example_stage(tmp_path_factory.mktemp("examples"), lengths=(LENGTH,), n=N, shards=2,
-                               row_group_size=20)
+    return write_example_stage(tmp_path_factory.mktemp("examples"), lengths=(LENGTH,), n=N, shards=2, row_group_size=20)
 
 
 def fake_host(monkeypatch, index: int, count: int) -> list:
     """The XLA backend as host ``index`` of ``count`` would set it up, on the CPU device."""
     joined = []
     fake_xla = types.SimpleNamespace(sync=lambda: None, device=lambda: torch.device("cpu"))
-    fake_xm = types.SimpleNamespace(wait_device_ops=lambda: None, get_rng_state=lambda: 0,
-                                    set_rng_state=lambda s: None)
+    fake_xm = types.SimpleNamespace(wait_device_ops=lambda: None, get_rng_state=lambda: 0, set_rng_state=lambda s: None)
     monkeypatch.setattr(backend_mod, "_torch_xla", lambda: (fake_xla, fake_xm))
     monkeypatch.setattr(backend_mod, "_spmd_mesh", lambda: None)
     monkeypatch.setattr(backend_mod, "xla_process", lambda: (index, count))
@@ -74,8 +72,17 @@ def test_cpu_and_cuda_data_rank_is_the_ddp_rank():
 
 
 def _config(**kw) -> PretrainConfig:
-    return PretrainConfig(phases=(PhaseConfig("p1", LENGTH, STEPS, BATCH),), learning_rate=2e-3, warmup_steps=2,
-                          log_every=5, checkpoint_every=5, seed=3, precision="fp32", data_parts=4, **kw)
+    return PretrainConfig(
+        phases=(PhaseConfig("p1", LENGTH, STEPS, BATCH),),
+        learning_rate=2e-3,
+        warmup_steps=2,
+        log_every=5,
+        checkpoint_every=5,
+        seed=3,
+        precision="fp32",
+        data_parts=4,
+        **kw,
+    )
 
 
 def _trace(folder, name):

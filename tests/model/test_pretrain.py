@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 import safetensors.torch
 import torch
+from pretrain_shards import MODEL, MaskRule, write_example_stage
 
 from model.bert import BertForPreTraining
 from model.checkpoint import find_latest_checkpoint, list_checkpoints
 from model.config import BertConfig, PhaseConfig, PretrainConfig
 from model.export import load_pretrained, save_pretrained
 from model.train import Preempted, ResumeError, run_pretrain
-from pretrain_shards import MODEL, MaskRule, write_example_stage
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +28,11 @@ def examples(tmp_path_factory):
 def config(**kw) -> PretrainConfig:
     base = dict(
         phases=(PhaseConfig("p1", 16, 12, 8), PhaseConfig("p2", 32, 8, 6)),
-        learning_rate=2e-3, warmup_steps=3, log_every=2, checkpoint_every=5, seed=7,
+        learning_rate=2e-3,
+        warmup_steps=3,
+        log_every=2,
+        checkpoint_every=5,
+        seed=7,
     )
     return PretrainConfig(**{**base, **kw})
 
@@ -48,14 +52,32 @@ def assert_same(a, b, atol=0.0):
 
 
 def test_pretrain_loss_falls_and_writes_stage(examples, tmp_path, caplog):
-    cfg = PretrainConfig(phases=(PhaseConfig("p1", 16, 150, 16),), learning_rate=3e-3,
-                         warmup_steps=10, log_every=25, checkpoint_every=100, seed=1)
+    cfg = PretrainConfig(
+        phases=(PhaseConfig("p1", 16, 150, 16),),
+        learning_rate=3e-3,
+        warmup_steps=10,
+        log_every=25,
+        checkpoint_every=100,
+        seed=1,
+    )
     logged = []
     with caplog.at_level(logging.INFO, logger="bertflow.pretrain"):
         m = run_pretrain(cfg, MODEL, examples, str(tmp_path / "run"), log_fn=lambda d, s: logged.append((s, d)))
     assert [s for s, _ in logged] == [25, 50, 75, 100, 125, 150]
-    assert set(logged[0][1]) == {"loss", "mlm_loss", "nsp_loss", "mlm_accuracy", "nsp_accuracy", "lr", "grad_norm",
-                                 "examples_per_sec", "tokens_per_sec", "model_tflops_per_sec", "phase_index", "epoch"}
+    assert set(logged[0][1]) == {
+        "loss",
+        "mlm_loss",
+        "nsp_loss",
+        "mlm_accuracy",
+        "nsp_accuracy",
+        "lr",
+        "grad_norm",
+        "examples_per_sec",
+        "tokens_per_sec",
+        "model_tflops_per_sec",
+        "phase_index",
+        "epoch",
+    }
     assert all(d["grad_norm"] > 0 and d["model_tflops_per_sec"] > 0 for _, d in logged)
     assert m.counts["last_mlm_loss"] < m.counts["first_mlm_loss"] - 0.5
     assert m.counts["first_mlm_loss"] == logged[0][1]["mlm_loss"]
@@ -80,6 +102,7 @@ def crash_at(step):
     def log_fn(metrics, s):
         if s == step:
             raise Crash
+
     return log_fn
 
 
@@ -134,8 +157,9 @@ def test_resume_skips_partial_and_corrupt_checkpoints(examples, tmp_path, caplog
     (run / "p1" / "step-00000004" / "state.pt").write_bytes(b"truncated")
     with caplog.at_level(logging.WARNING):
         m = run_pretrain(cfg, MODEL, examples, str(run))
-    assert any("skipping unreadable checkpoint" in r.getMessage() and "step-00000004" in r.getMessage()
-               for r in caplog.records)
+    assert any(
+        "skipping unreadable checkpoint" in r.getMessage() and "step-00000004" in r.getMessage() for r in caplog.records
+    )
     assert m.counts["steps"] == 6
     assert_same(final_weights(run), straight)
 
@@ -189,8 +213,13 @@ def test_init_from_a_hugging_face_folder(examples, tmp_path):
     run_pretrain(cfg, MODEL, examples, str(tmp_path / "run"), init_from=str(tmp_path / "hf"))
     assert_same(final_weights(tmp_path / "run"), final_weights_of(source))
     with pytest.raises(ValueError, match="init_from"):
-        run_pretrain(cfg, BertConfig(**{**MODEL.__dict__, "intermediate_size": 40}), examples,
-                     str(tmp_path / "run2"), init_from=str(tmp_path / "hf"))
+        run_pretrain(
+            cfg,
+            BertConfig(**{**MODEL.__dict__, "intermediate_size": 40}),
+            examples,
+            str(tmp_path / "run2"),
+            init_from=str(tmp_path / "hf"),
+        )
 
 
 def final_weights_of(model):
@@ -202,8 +231,12 @@ def final_weights_of(model):
 def test_dynamic_masking_needs_the_rule_and_lamb_trains(examples, tmp_path):
     with pytest.raises(ValueError, match="mask_fn"):
         run_pretrain(config(dynamic_masking=True), MODEL, examples, str(tmp_path / "a"))
-    m = run_pretrain(config(phases=(PhaseConfig("p1", 16, 40, 16),), optimizer="lamb", learning_rate=1e-2,
-                            log_every=10), MODEL, examples, str(tmp_path / "b"))
+    m = run_pretrain(
+        config(phases=(PhaseConfig("p1", 16, 40, 16),), optimizer="lamb", learning_rate=1e-2, log_every=10),
+        MODEL,
+        examples,
+        str(tmp_path / "b"),
+    )
     assert m.counts["last_mlm_loss"] < m.counts["first_mlm_loss"]
 
 

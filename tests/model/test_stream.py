@@ -5,12 +5,11 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import torch
+from pretrain_shards import CLS, MASK, SEP, MaskRule, V, write_example_stage
 
-from model.data import apply_dynamic_masking, padded_length
+from model.data import apply_dynamic_masking, padded_length, shard_urls
 from model.stream import LoaderSpec, PartStream, StreamingLoader, plan_units, split_units
 from pipeline.schema import read_manifest
-from model.data import shard_urls
-from pretrain_shards import CLS, MASK, SEP, V, MaskRule, write_example_stage
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +92,7 @@ def test_order_is_seeded_and_resume_continues_exactly(examples):
     other = StreamingLoader(spec(examples, num_parts=2, seed=2))
     assert not torch.equal(next(other)["input_ids"], seq[0])
     # a new epoch visits the same examples in another order
-    keys = lambda loader, n: [tuple(k) for _ in range(n) for k in (next(loader), loader.last_keys)[1].tolist()]  # noqa: E731
+    keys = lambda loader, n: [tuple(k) for _ in range(n) for k in (next(loader), loader.last_keys)[1].tolist()]
     d = StreamingLoader(spec(examples, num_parts=1))
     e0, e1 = keys(d, 30), keys(d, 30)
     assert sorted(e0) == sorted(e1) == sorted(rows_by_key(examples)) and e0 != e1
@@ -132,8 +131,14 @@ def test_micro_batches_cut_the_local_batch(examples):
         if whole[k].dim() == 2:  # micro-batches may pad narrower
             w = max(m[k].shape[1] for m in micro)
             assert w <= whole[k].shape[1]
-            got = torch.cat([torch.nn.functional.pad(m[k], (0, whole[k].shape[1] - m[k].shape[1]),
-                                                     value=-100 if k == "labels" else 0) for m in micro])
+            got = torch.cat(
+                [
+                    torch.nn.functional.pad(
+                        m[k], (0, whole[k].shape[1] - m[k].shape[1]), value=-100 if k == "labels" else 0
+                    )
+                    for m in micro
+                ]
+            )
         assert torch.equal(got, whole[k]), k
 
 
@@ -179,7 +184,9 @@ def test_memory_is_bounded_by_the_buffer(examples):
 
 def test_bad_input_is_named(examples, tmp_path):
     loader = StreamingLoader(spec(examples, max_seq_length=12, num_parts=1))
-    with pytest.raises(ValueError, match=r"part-0000\d-of-00003.parquet row \d+: input_ids has \d+ tokens > max_seq_length 12"):
+    with pytest.raises(
+        ValueError, match=r"part-0000\d-of-00003.parquet row \d+: input_ids has \d+ tokens > max_seq_length 12"
+    ):
         for _ in range(40):
             next(loader)
     with pytest.raises(ValueError, match="vocab_size 50"):
@@ -198,7 +205,10 @@ def test_reads_through_fsspec_urls(examples):
         with open(u, "rb") as src, fs.open(target, "wb") as dst:
             dst.write(src.read())
         remote.append(target)
-    local, mem = StreamingLoader(spec(examples, num_parts=2)), StreamingLoader(spec(examples, urls=tuple(remote), num_parts=2))
+    local, mem = (
+        StreamingLoader(spec(examples, num_parts=2)),
+        StreamingLoader(spec(examples, urls=tuple(remote), num_parts=2)),
+    )
     for _ in range(3):
         a, b = next(local), next(mem)
         assert all(torch.equal(a[k], b[k]) for k in a)

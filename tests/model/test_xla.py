@@ -13,7 +13,7 @@ import pytest
 
 pytestmark = pytest.mark.xla
 
-SCRIPT = r'''
+SCRIPT = r"""
 import dataclasses, json, sys
 import numpy as np
 import torch
@@ -67,17 +67,26 @@ if crash_at:
 m = run_pretrain(cfg, model, examples, out)
 result["loss"] = m.counts["last_mlm_loss"]
 print("RESULT " + json.dumps(result))
-'''
+"""
 
 
 def run(examples, out, backend, micro=0, crash_at=0):
-    env = {**os.environ, "PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": "2",
-           "PYTHONPATH": os.pathsep.join([os.getcwd(), os.path.dirname(__file__)])}
-    p = subprocess.run([sys.executable, "-c", SCRIPT, examples, str(out), backend, str(micro), str(crash_at)],
-                       env=env, capture_output=True, text=True, timeout=600)
+    env = {
+        **os.environ,
+        "PJRT_DEVICE": "CPU",
+        "CPU_NUM_DEVICES": "2",
+        "PYTHONPATH": os.pathsep.join([os.getcwd(), os.path.dirname(__file__)]),
+    }
+    p = subprocess.run(
+        [sys.executable, "-c", SCRIPT, examples, str(out), backend, str(micro), str(crash_at)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     line = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")][-1]
-    return json.loads(line[len("RESULT "):])
+    return json.loads(line[len("RESULT ") :])
 
 
 def weights(folder):
@@ -98,7 +107,7 @@ def test_spmd_splits_the_batch_and_matches_cpu(examples, tmp_path):
     import torch
 
     xla = run(examples, tmp_path / "xla", "xla")
-    cpu = run(examples, tmp_path / "cpu", "cpu")
+    run(examples, tmp_path / "cpu", "cpu")  # its weights, compared below
     assert xla["devices"] == 2
     assert xla["sharding"].startswith("{devices=[2,1]"), xla["sharding"]  # the batch axis is split
     # the loop's input: MpDeviceLoader uploads each batch split along its batch axis, values intact

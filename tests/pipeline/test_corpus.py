@@ -10,7 +10,6 @@ import pyarrow.parquet as pq
 import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.testing.test_pipeline import TestPipeline as BeamTestPipeline
-from apache_beam.testing.util import assert_that, equal_to
 
 import pipeline.corpus as corpus
 from pipeline.config import BeamConfig, CorpusConfig
@@ -64,15 +63,21 @@ def test_sentence_filters():
 def test_build_document_cleans_splits_filters_and_counts():
     row, rejects = build_document(wiki_record("wiki:1", ADA, "Ada"), CFG)
     assert row == {
-        "doc_id": "wiki:1", "source": "wiki", "title": "Ada", "sentences": ADA_SENTENCES,
-        "num_sentences": 3, "num_chars": sum(map(len, ADA_SENTENCES)),
+        "doc_id": "wiki:1",
+        "source": "wiki",
+        "title": "Ada",
+        "sentences": ADA_SENTENCES,
+        "num_sentences": 3,
+        "num_chars": sum(map(len, ADA_SENTENCES)),
     }
     assert rejects == {"duplicate_sentence": 1, "sentence_too_short": 1}
 
 
 def test_build_document_rejects_whole_documents():
     assert build_document(wiki_record("wiki:1", "{{Infobox}}\n[[Category:X]]"), CFG) == (
-        None, {"empty_after_cleaning": 1})
+        None,
+        {"empty_after_cleaning": 1},
+    )
     row, rejects = build_document(wiki_record("wiki:2", "Only one sentence here."), CFG)
     assert row is None and rejects == {"too_few_sentences": 1}
     no_dedup = dataclasses.replace(CFG, dedup_sentences=False)
@@ -81,8 +86,12 @@ def test_build_document_rejects_whole_documents():
 
 
 def test_build_document_books():
-    record = {"doc_id": "books:b", "source": "books", "title": "B",
-              "text": "Chapter 1\n\nThe first line of it\nwraps here. Then more text follows.\n"}
+    record = {
+        "doc_id": "books:b",
+        "source": "books",
+        "title": "B",
+        "text": "Chapter 1\n\nThe first line of it\nwraps here. Then more text follows.\n",
+    }
     row, _ = build_document(record, CFG)
     assert row["sentences"] == ["The first line of it wraps here.", "Then more text follows."]
 
@@ -103,10 +112,15 @@ def test_clean_dedup_unique_composites(tmp_path):
         _ = (cleaned.keys, cleaned.fragments, cleaned.runs) | DedupAndWrite(CFG, work, out)
     rows = read_rows(out + "/wiki")
     assert sorted((r["doc_id"], r["title"], r["num_sentences"]) for r in rows) == [
-        ("wiki:1", "Ada", 3), ("wiki:4", "Four", 2)]
+        ("wiki:1", "Ada", 3),
+        ("wiki:4", "Four", 2),
+    ]
     rejects = collections.Counter((r["record_id"], r["reason"]) for r in read_rows(out + "/rejects"))
-    assert rejects == {("wiki:2", "duplicate_document"): 1, ("wiki:3", "too_few_sentences"): 1,
-                       ("wiki:4", "duplicate_document"): 1}
+    assert rejects == {
+        ("wiki:2", "duplicate_document"): 1,
+        ("wiki:3", "too_few_sentences"): 1,
+        ("wiki:4", "duplicate_document"): 1,
+    }
 
 
 # -- run_corpus end to end ------------------------------------------------------------------------
@@ -131,8 +145,12 @@ def make_inputs(root):
     )
     part2 = (
         page_xml(5, "Ada (copy)", ADA)  # exact duplicate of page 1 -> dropped, smallest id kept
-        + page_xml(6, "Cats", "The cat is a small [[mammal]]. Cats purr &amp; sleep a lot.\n\n"
-                   "{| class=wikitable\n| 1 || 2\n|}\nThey were domesticated long ago.")
+        + page_xml(
+            6,
+            "Cats",
+            "The cat is a small [[mammal]]. Cats purr &amp; sleep a lot.\n\n"
+            "{| class=wikitable\n| 1 || 2\n|}\nThey were domesticated long ago.",
+        )
     )
     header = '<mediawiki xmlns="http://www.mediawiki.org/xml/export-0.10/"><siteinfo/>\n'
     (wiki / "enwiki-p1.xml.bz2").write_bytes(bz2.compress((header + part1 + "</mediawiki>").encode()))
@@ -179,8 +197,7 @@ def test_run_corpus_end_to_end(tmp_path, monkeypatch, caplog):
     assert not stale.exists()
     on_disk = read_manifest(out)
     assert on_disk.fingerprint == manifest.fingerprint
-    assert sorted(f.path for f in on_disk.files) == sorted(
-        f"{s}/{x}" for s in ("books", "wiki") for x in shards)
+    assert sorted(f.path for f in on_disk.files) == sorted(f"{s}/{x}" for s in ("books", "wiki") for x in shards)
 
     wiki = sorted(read_rows(out + "/wiki"), key=lambda r: r["doc_id"])
     books = sorted(read_rows(out + "/books"), key=lambda r: r["doc_id"])
@@ -216,8 +233,14 @@ def test_run_corpus_end_to_end(tmp_path, monkeypatch, caplog):
     assert c["duplicate_paragraph_corpus"] == 0
     assert len(rejects) == c["records_rejected"] + c["file_faults"] == c["rejects_written"]
     by_reason = collections.Counter(r["reason"] for r in rejects)
-    assert by_reason == {"redirect": 1, "non_article_namespace": 1, "empty_after_cleaning": 1,
-                         "duplicate_document": 2, "truncated_page": 1, "binary_file": 1}
+    assert by_reason == {
+        "redirect": 1,
+        "non_article_namespace": 1,
+        "empty_after_cleaning": 1,
+        "duplicate_document": 2,
+        "truncated_page": 1,
+        "binary_file": 1,
+    }
     broken = next(r for r in rejects if r["reason"] == "truncated_page")
     assert broken["url"].endswith("enwiki-p3.xml") and broken["title"] == "Broken"
     assert set(on_disk.inputs) == {"wiki", "books"}

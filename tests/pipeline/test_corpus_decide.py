@@ -18,8 +18,9 @@ def write_runs(tmp_path, rows, per_run, name="keys", row_group_rows=1024):
     """Key rows, in the order given, as runs of ``per_run`` rows (as many cleaning bundles)."""
     runs = []
     for start in range(0, len(rows), per_run):
-        writer = RunWriter(KEY_SCHEMA, lambda r, s=start: str(tmp_path / name / f"{s:06d}-{r}.parquet"),
-                           row_group_rows=row_group_rows)
+        writer = RunWriter(
+            KEY_SCHEMA, lambda r, s=start: str(tmp_path / name / f"{s:06d}-{r}.parquet"), row_group_rows=row_group_rows
+        )
         for row in rows[start : start + per_run]:
             writer.add(dict(row))
         runs += writer.close()
@@ -27,9 +28,12 @@ def write_runs(tmp_path, rows, per_run, name="keys", row_group_rows=1024):
 
 
 def all_drops(files):
-    return sorted((d["fragment"], d["row"], d["paragraph"], d["reason"], d["detail"])
-                  for fragment, url in files.items() for d in read_drops(url)
-                  if d["fragment"] == fragment)
+    return sorted(
+        (d["fragment"], d["row"], d["paragraph"], d["reason"], d["detail"])
+        for fragment, url in files.items()
+        for d in read_drops(url)
+        if d["fragment"] == fragment
+    )
 
 
 def h(text):
@@ -77,7 +81,7 @@ def random_corpus(n, seed=0):
     for i in range(n):
         if rows and rng.random() < 0.33:
             src = rng.choice(rows)
-            digest, hashes = src["digest"], [src["hashes"][k:k + 12] for k in range(0, len(src["hashes"]), 12)]
+            digest, hashes = src["digest"], [src["hashes"][k : k + 12] for k in range(0, len(src["hashes"]), 12)]
         else:
             digest = rng.randbytes(16)
             hashes = [h(f"p{rng.randrange(n)}") for _ in range(rng.randrange(1, 5))]
@@ -97,7 +101,9 @@ def reference_drops(rows):
     for group in by_digest.values():
         group.sort(key=lambda r: (r["doc_id"], r["title"]))
         survivors.append(group[0])
-        drops += [(o["fragment"], o["row"], -1, "duplicate_document", f"same as {group[0]['doc_id']}") for o in group[1:]]
+        drops += [
+            (o["fragment"], o["row"], -1, "duplicate_document", f"same as {group[0]['doc_id']}") for o in group[1:]
+        ]
     by_id = {}
     for r in survivors:
         by_id.setdefault(r["doc_id"], []).append(r)
@@ -107,10 +113,14 @@ def reference_drops(rows):
         drops += [(o["fragment"], o["row"], -1, "duplicate_doc_id", f"same as {doc_id}") for o in group[1:]]
         k = group[0]
         for i in range(len(k["hashes"]) // 12):
-            occurrences.setdefault(k["hashes"][i * 12:(i + 1) * 12], []).append((doc_id, (k["fragment"], k["row"]), i))
+            occurrences.setdefault(k["hashes"][i * 12 : (i + 1) * 12], []).append(
+                (doc_id, (k["fragment"], k["row"]), i)
+            )
     for occ in occurrences.values():
         occ.sort()
-        drops += [(f, r, i, "duplicate_paragraph_corpus", f"paragraph {i} same as {occ[0][0]}") for _, (f, r), i in occ[1:]]
+        drops += [
+            (f, r, i, "duplicate_paragraph_corpus", f"paragraph {i} same as {occ[0][0]}") for _, (f, r), i in occ[1:]
+        ]
     return sorted(drops)
 
 
@@ -140,8 +150,9 @@ def test_decisions_match_brute_force_with_many_runs_levels_and_key_collisions(tm
     monkeypatch.setattr(cd, "prefix_key", lambda data: 7)
     monkeypatch.setattr(cd, "sort_key", lambda text: 7)
     collided = [dict(r, sort_key=7) for r in rows[:600]]
-    assert all_drops(decide_drops(write_runs(tmp_path, collided, 97, "c"), str(tmp_path / "b"), CFG)) == \
-        reference_drops([dict(r) for r in rows[:600]])
+    assert all_drops(
+        decide_drops(write_runs(tmp_path, collided, 97, "c"), str(tmp_path / "b"), CFG)
+    ) == reference_drops([dict(r) for r in rows[:600]])
 
 
 def test_decision_memory_does_not_grow_with_the_corpus(tmp_path, monkeypatch):

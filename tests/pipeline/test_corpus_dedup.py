@@ -25,8 +25,12 @@ def test_paragraph_hash_is_normalised_and_stable():
 
 
 def test_build_paragraphs_groups_kept_sentences():
-    record = {"doc_id": "wiki:1", "source": "wiki", "title": "T",
-              "text": "First kept sentence here. Tiny.\n\nOk.\n\nSecond paragraph sentence here."}
+    record = {
+        "doc_id": "wiki:1",
+        "source": "wiki",
+        "title": "T",
+        "text": "First kept sentence here. Tiny.\n\nOk.\n\nSecond paragraph sentence here.",
+    }
     paragraphs, rejects = build_paragraphs(record, CFG)
     assert paragraphs == [["First kept sentence here."], ["Second paragraph sentence here."]]
     assert rejects == {"sentence_too_short": 2}  # the paragraph "Ok." is left out whole
@@ -37,9 +41,13 @@ def test_digest_and_hashes_from_the_dedup_keys_are_the_same():
     from pipeline.corpus import _build_paragraphs
     from pipeline.corpus_dedup import norms_digest, norms_hash
 
-    record = {"doc_id": "wiki:1", "source": "wiki", "title": "T",
-              "text": "Die STRASSE  heißt\u00a0Weg.  Sie ist lang und breit.\n\n"
-                      "İstanbul is a large city. ΣΟΦΙΑ was here today."}
+    record = {
+        "doc_id": "wiki:1",
+        "source": "wiki",
+        "title": "T",
+        "text": "Die STRASSE  heißt\u00a0Weg.  Sie ist lang und breit.\n\n"
+        "İstanbul is a large city. ΣΟΦΙΑ was here today.",
+    }
     paragraphs, norms, _ = _build_paragraphs(record, CFG)
     assert len(paragraphs) == 2 and norms[0][0] == "die strasse heisst weg."
     assert norms_digest(norms) == doc_digest(paragraphs)
@@ -52,13 +60,19 @@ def test_paragraph_drops_keep_the_smallest_doc_id_in_any_order():
     for _ in range(5):
         random.shuffle(occurrences)
         assert paragraph_drops(occurrences) == [
-            (("wiki:10", ("f1", 4), 2), "books:a"), (("wiki:9", ("f2", 0), 1), "books:a")]
+            (("wiki:10", ("f1", 4), 2), "books:a"),
+            (("wiki:9", ("f2", 0), 1), "books:a"),
+        ]
     assert paragraph_drops([("wiki:1", ("f", 0), 0)]) == []
 
 
 def test_apply_drops_refilters_what_is_left():
-    row = {"doc_id": "wiki:1", "source": "wiki", "title": "T",
-           "paragraphs": [["A first sentence here.", "A second one here."], ["Boiler text here."]]}
+    row = {
+        "doc_id": "wiki:1",
+        "source": "wiki",
+        "title": "T",
+        "paragraphs": [["A first sentence here.", "A second one here."], ["Boiler text here."]],
+    }
     doc, reason = apply_drops(row, {1: "paragraph 1 same as wiki:0"}, CFG)
     assert reason is None and doc["sentences"] == ["A first sentence here.", "A second one here."]
     assert doc["num_sentences"] == 2 and doc["num_chars"] == 40
@@ -69,18 +83,26 @@ def test_apply_drops_refilters_what_is_left():
 
 def make_inputs(root):
     (root / "wiki").mkdir(parents=True)
-    write_dump(root / "wiki" / "a.xml", [
-        page_xml(10, "Alpha", f"Alpha article first sentence here. Alpha second sentence here.\n\n{BOILER}"),
-        page_xml(12, "Only boiler", BOILER),
-    ])
-    write_dump(root / "wiki" / "b.xml", [
-        page_xml(11, "Beta", f"{BOILER}\n\nBeta article first sentence here. Beta second sentence here."),
-        page_xml(13, "Gamma", f"Gamma has a single sentence here.\n\n{BOILER}"),
-    ])
+    write_dump(
+        root / "wiki" / "a.xml",
+        [
+            page_xml(10, "Alpha", f"Alpha article first sentence here. Alpha second sentence here.\n\n{BOILER}"),
+            page_xml(12, "Only boiler", BOILER),
+        ],
+    )
+    write_dump(
+        root / "wiki" / "b.xml",
+        [
+            page_xml(11, "Beta", f"{BOILER}\n\nBeta article first sentence here. Beta second sentence here."),
+            page_xml(13, "Gamma", f"Gamma has a single sentence here.\n\n{BOILER}"),
+        ],
+    )
     (root / "books").mkdir()
     (root / "books" / "delta.txt").write_text(  # books:delta < wiki:..., so the book keeps it
         "Delta book first sentence here. Delta book second sentence here.\n\n"
-        + BOILER.replace("article uses", "ARTICLE   uses") + "\n")
+        + BOILER.replace("article uses", "ARTICLE   uses")
+        + "\n"
+    )
     return {"wiki": str(root / "wiki"), "books": str(root / "books")}
 
 
@@ -92,15 +114,22 @@ def test_corpus_paragraph_dedup_in_the_job(tmp_path):
         out = tmp_path / f"out{workers}"
         m = run_corpus(cfg, inputs, str(out))
         rejects = pq.read_table(str(out / "rejects")).to_pylist()
-        outputs.append(({f.path: f.sha256 for f in m.files}, m.counts,
-                        sorted(tuple(sorted(r.items())) for r in rejects)))
+        outputs.append(
+            ({f.path: f.sha256 for f in m.files}, m.counts, sorted(tuple(sorted(r.items())) for r in rejects))
+        )
     assert outputs[0] == outputs[1]  # same bytes, counts and rejects at 1 and 2 workers
     out = tmp_path / "out2"
-    docs = {r["doc_id"]: r["sentences"] for r in pq.read_table(str(out / "wiki")).to_pylist()
-            + pq.read_table(str(out / "books")).to_pylist()}
+    docs = {
+        r["doc_id"]: r["sentences"]
+        for r in pq.read_table(str(out / "wiki")).to_pylist() + pq.read_table(str(out / "books")).to_pylist()
+    }
     assert docs == {
-        "books:delta": ["Delta book first sentence here.", "Delta book second sentence here.",
-                        "This ARTICLE uses material from a shared source.", "It is licensed freely."],
+        "books:delta": [
+            "Delta book first sentence here.",
+            "Delta book second sentence here.",
+            "This ARTICLE uses material from a shared source.",
+            "It is licensed freely.",
+        ],
         "wiki:10": ["Alpha article first sentence here.", "Alpha second sentence here."],
         "wiki:11": ["Beta article first sentence here.", "Beta second sentence here."],
     }
@@ -110,11 +139,16 @@ def test_corpus_paragraph_dedup_in_the_job(tmp_path):
     assert c["read"] == 5 == c["documents"] + c["records_rejected"]
     assert c["sentences"] == 8 and c["parts_dropped"] == 4
     rejects = pq.read_table(str(out / "rejects")).to_pylist()
-    assert len(rejects) == c["rejects_written"] == (
-        c["records_rejected"] + c["file_faults"] + c["duplicate_paragraph_corpus"])
+    assert (
+        len(rejects)
+        == c["rejects_written"]
+        == (c["records_rejected"] + c["file_faults"] + c["duplicate_paragraph_corpus"])
+    )
     by = collections.Counter((r["record_id"], r["reason"]) for r in rejects)
     assert by == {(f"wiki:{i}", "duplicate_paragraph_corpus"): 1 for i in (10, 11, 12, 13)} | {
-        ("wiki:12", "all_paragraphs_duplicate"): 1, ("wiki:13", "too_few_sentences"): 1}
+        ("wiki:12", "all_paragraphs_duplicate"): 1,
+        ("wiki:13", "too_few_sentences"): 1,
+    }
     para = next(r for r in rejects if r["record_id"] == "wiki:11" and r["reason"] == "duplicate_paragraph_corpus")
     assert para["detail"] == "paragraph 0 same as books:delta" and para["sample"] == BOILER
 
@@ -154,8 +188,11 @@ def test_merging_many_runs_in_groups_gives_the_same_shards(tmp_path, monkeypatch
 def test_spread_units_hands_off_only_files_that_cannot_be_split():
     from pipeline.corpus import HANDOFF, spread_units
 
-    whole, ranged, book = ("wiki", "a.xml.bz2", None, None, 0, 1), ("wiki", "m.bz2", 0, 9, 0, 1), (
-        "books", "b.txt", None, None, 0, 1)
+    whole, ranged, book = (
+        ("wiki", "a.xml.bz2", None, None, 0, 1),
+        ("wiki", "m.bz2", 0, 9, 0, 1),
+        ("books", "b.txt", None, None, 0, 1),
+    )
     assert spread_units([whole, ranged, book], 1) == [whole, ranged, book]
     # One reader of the whole file, its records handed to every worker through batch files.
     assert spread_units([whole, ranged, book], 2) == [("wiki", "a.xml.bz2", None, None, 0, HANDOFF), ranged, book]
@@ -180,8 +217,9 @@ def test_single_file_handed_off_gives_the_same_corpus(tmp_path, monkeypatch):
         out = tmp_path / f"out{workers}"
         m = run_corpus(cfg, {"wiki": wiki[0]}, str(out))
         rejects = pq.read_table(str(out / "rejects")).to_pylist()
-        outputs.append(({f.path: f.sha256 for f in m.files}, m.counts,
-                        sorted(tuple(sorted(r.items())) for r in rejects)))
+        outputs.append(
+            ({f.path: f.sha256 for f in m.files}, m.counts, sorted(tuple(sorted(r.items())) for r in rejects))
+        )
     assert outputs[0] == outputs[1]
     assert outputs[0][1]["wiki_documents"] > 300
     unit = corpus.spread_units(corpus.plan_units("wiki", wiki, cfg), 2)

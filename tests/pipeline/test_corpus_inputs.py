@@ -8,7 +8,7 @@ import pytest
 
 from pipeline.config import ConfigError, CorpusConfig
 from pipeline.corpus import CorpusInputError, build_document, check_corpus_inputs, page_record, run_corpus
-from pipeline.filters import near_duplicates, minhash
+from pipeline.filters import minhash, near_duplicates
 from pipeline.readers import Page
 from pipeline.sentences import book_paragraphs, strip_boilerplate
 from synth.dumps import page_xml, write_dump
@@ -23,10 +23,13 @@ def wiki(doc_id, text):
 @pytest.fixture
 def raw(tmp_path):
     (tmp_path / "wiki").mkdir()
-    write_dump(tmp_path / "wiki" / "w.xml", [
-        page_xml(1, "Cats", "The cat is a small mammal. Cats purr and sleep a lot."),
-        page_xml(2, "Dogs", "The dog is a loyal animal. Dogs bark at strangers."),
-    ])
+    write_dump(
+        tmp_path / "wiki" / "w.xml",
+        [
+            page_xml(1, "Cats", "The cat is a small mammal. Cats purr and sleep a lot."),
+            page_xml(2, "Dogs", "The dog is a loyal animal. Dogs bark at strangers."),
+        ],
+    )
     (tmp_path / "books").mkdir()
     (tmp_path / "books" / "b.txt").write_text("It was a cold night here. The snow fell on the town.\n")
     return tmp_path
@@ -65,7 +68,8 @@ def test_books_only_run_and_line_per_document(raw, tmp_path):
         "First article about the harbour. It opened in May.\n"
         "Second article on the election. Votes were counted late.\n"
         "\n"
-        "Third article of the day. It rained all afternoon.\n")
+        "Third article of the day. It rained all afternoon.\n"
+    )
     cfg = dataclasses.replace(CFG, sources=("books",), books_layout="line_per_document")
     m = run_corpus(cfg, {"books": str(lines)}, str(tmp_path / "out"))
     rows = sorted(pq.read_table(str(tmp_path / "out" / "books")).to_pylist(), key=lambda r: r["doc_id"])
@@ -98,7 +102,8 @@ electronic works. By reading or using any part of this work you agree.
 
 def test_gutenberg_boilerplate_stripped_and_wrapped_lines_joined():
     assert book_paragraphs(strip_boilerplate(GUTENBERG)) == [
-        "It was a cold night in the village. The snow fell on every roof."]
+        "It was a cold night in the village. The snow fell on every roof."
+    ]
     plain = "A plain book starts here.\nIt has no markers at all.\n"
     assert strip_boilerplate(plain) == plain
     record = {"doc_id": "books:t", "source": "books", "title": "Tales", "text": GUTENBERG}
@@ -119,7 +124,8 @@ def test_document_filters_have_reasons():
     row, rejects = build_document(wiki("wiki:4", f"{para}\n\n{para}\n\nA new paragraph ends it."), CFG)
     assert rejects == {"duplicate_paragraph": 1} and row["num_sentences"] == 3
     assert build_document(wiki("wiki:5", "{{Infobox}}\n<!-- only -->\n[[Category:X]]"), CFG)[1] == {
-        "empty_after_cleaning": 1}
+        "empty_after_cleaning": 1
+    }
     dab = Page("6", "Mercury", 0, None, "'''Mercury''' may refer to:\n* [[Mercury (planet)]]\n{{disambiguation}}")
     assert page_record(dab) == (None, "disambiguation")
 
@@ -137,10 +143,14 @@ def test_near_dedup_in_the_job_counts_and_rejects(tmp_path):
     pytest.importorskip("datasketch")
     body = " ".join(f"Sentence number {i} of the long shared story goes on here." for i in range(40))
     (tmp_path / "w").mkdir()
-    write_dump(tmp_path / "w" / "w.xml", [
-        page_xml(1, "A", body), page_xml(2, "B", body + " One more sentence at the end."),
-        page_xml(3, "C", "A different page entirely. It has its own words."),
-    ])
+    write_dump(
+        tmp_path / "w" / "w.xml",
+        [
+            page_xml(1, "A", body),
+            page_xml(2, "B", body + " One more sentence at the end."),
+            page_xml(3, "C", "A different page entirely. It has its own words."),
+        ],
+    )
     cfg = dataclasses.replace(CFG, sources=("wiki",), near_dup_threshold=0.8)
     m = run_corpus(cfg, {"wiki": str(tmp_path / "w")}, str(tmp_path / "out"))
     assert m.counts["near_duplicate_document"] == 1 and m.counts["documents"] == 2
@@ -154,12 +164,12 @@ def test_multistream_dump_split_over_workers_gives_the_same_output(tmp_path):
     from synth.dumps import pages_xml, write_multistream
 
     (tmp_path / "w").mkdir()
-    write_multistream(tmp_path / "w" / "xxwiki-1-pages-articles-multistream.xml.bz2",
-                      pages_xml(90), per_stream=10)
+    write_multistream(tmp_path / "w" / "xxwiki-1-pages-articles-multistream.xml.bz2", pages_xml(90), per_stream=10)
     results = []
     for split_bytes, workers in ((0, 1), (1, 2)):  # one unit / every stream its own unit
-        cfg = dataclasses.replace(CFG, sources=("wiki",), split_bytes=split_bytes, num_shards=2,
-                                  beam=BeamConfig(num_workers=workers))
+        cfg = dataclasses.replace(
+            CFG, sources=("wiki",), split_bytes=split_bytes, num_shards=2, beam=BeamConfig(num_workers=workers)
+        )
         m = run_corpus(cfg, {"wiki": str(tmp_path / "w")}, str(tmp_path / f"out{split_bytes}"))
         results.append(({f.path: f.sha256 for f in m.files}, m.counts["wiki_read"], m.counts["documents"]))
     assert results[0] == results[1]
@@ -170,7 +180,8 @@ def test_preview_documents_and_rejects(raw, tmp_path):
     from pipeline.preview import format_preview, preview_corpus
 
     (raw / "wiki" / "r.xml").write_text(
-        "<mediawiki>" + page_xml(9, "Redir", "#REDIRECT [[Cats]]", redirect="Cats") + "</mediawiki>")
+        "<mediawiki>" + page_xml(9, "Redir", "#REDIRECT [[Cats]]", redirect="Cats") + "</mediawiki>"
+    )
     out = str(tmp_path / "out")
     run_corpus(CFG, {"wiki": str(raw / "wiki"), "books": str(raw / "books")}, out)
     docs = preview_corpus(out, n=2)

@@ -16,8 +16,14 @@ pytest.importorskip("apache_beam.runners.dataflow.internal.apiclient", reason="n
 
 IMAGE = "us-docker.pkg.dev/my-proj/bertflow/beam-worker:0.1.0"
 DATAFLOW = dict(
-    runner="DataflowRunner", project="my-proj", region="us-central1", temp_location="gs://my-bucket/tmp",
-    num_workers=4, max_num_workers=32, machine_type="n2-highmem-4", sdk_container_image=IMAGE,
+    runner="DataflowRunner",
+    project="my-proj",
+    region="us-central1",
+    temp_location="gs://my-bucket/tmp",
+    num_workers=4,
+    max_num_workers=32,
+    machine_type="n2-highmem-4",
+    sdk_container_image=IMAGE,
 )
 OFFLINE = {"dry_run": "True", "no_auth": True}  # build and validate, submit nothing, no credentials
 
@@ -29,8 +35,11 @@ def dataflow_job(pipeline):
     result = pipeline.run()
     job = result.job
     env = apiclient.Environment(
-        packages=[], options=job.options, environment_version=apiclient._FNAPI_ENVIRONMENT_MAJOR_VERSION,
-        proto_pipeline_staged_url="gs://my-bucket/tmp/staging/pipeline.pb", proto_pipeline=job.proto_pipeline,
+        packages=[],
+        options=job.options,
+        environment_version=apiclient._FNAPI_ENVIRONMENT_MAJOR_VERSION,
+        proto_pipeline_staged_url="gs://my-bucket/tmp/staging/pipeline.pb",
+        proto_pipeline=job.proto_pipeline,
     ).proto
     return job, env
 
@@ -42,8 +51,10 @@ def transform_names(job) -> set[str]:
 def container_images(job) -> set[str]:
     from apache_beam.portability.api import beam_runner_api_pb2
 
-    return {beam_runner_api_pb2.DockerPayload.FromString(e.payload).container_image
-            for e in job.proto_pipeline.components.environments.values()}
+    return {
+        beam_runner_api_pb2.DockerPayload.FromString(e.payload).container_image
+        for e in job.proto_pipeline.components.environments.values()
+    }
 
 
 def check_worker_pool(env):
@@ -58,24 +69,37 @@ def test_the_corpus_job_builds_and_validates_for_dataflow():
     from pipeline.corpus import build_corpus_pipeline
 
     cfg = CorpusConfig(num_shards=256, beam=BeamConfig(**DATAFLOW, options=OFFLINE))
-    files = {"wiki": ["gs://my-bucket/dumps/enwiki-20261101-pages-articles1.xml"],
-             "books": ["gs://my-bucket/books/a.txt"]}
+    files = {
+        "wiki": ["gs://my-bucket/dumps/enwiki-20261101-pages-articles1.xml"],
+        "books": ["gs://my-bucket/books/a.txt"],
+    }
     job, env = dataflow_job(build_corpus_pipeline(cfg, files, "gs://my-bucket/run/corpus"))
     assert job.proto.name.startswith("bertflow-corpus-") and job.proto.type.name == "JOB_TYPE_BATCH"
     check_worker_pool(env)
     assert container_images(job) == {IMAGE}
     names = transform_names(job)
-    assert {"Read/ReadUnit", "Clean/BuildDocument", "Dedup/ExactDocuments", "Dedup/OnePerDocId",
-            "Dedup/SharedParagraphs", "Dedup/DropFiles", "Dedup/ApplyDrops",
-            "Dedup/MergeFolder"} <= names
+    assert {
+        "Read/ReadUnit",
+        "Clean/BuildDocument",
+        "Dedup/ExactDocuments",
+        "Dedup/OnePerDocId",
+        "Dedup/SharedParagraphs",
+        "Dedup/DropFiles",
+        "Dedup/ApplyDrops",
+        "Dedup/MergeFolder",
+    } <= names
 
 
 def test_the_examples_job_builds_and_validates_for_dataflow():
     from pipeline.examples import build_examples_pipeline
 
     vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [chr(c) for c in range(ord("a"), ord("z") + 1)]
-    cfg = ExamplesConfig(max_seq_lengths=(128, 512), max_predictions_per_seq=(20, 80), num_shards=1024,
-                         beam=BeamConfig(**DATAFLOW, options=OFFLINE))
+    cfg = ExamplesConfig(
+        max_seq_lengths=(128, 512),
+        max_predictions_per_seq=(20, 80),
+        num_shards=1024,
+        beam=BeamConfig(**DATAFLOW, options=OFFLINE),
+    )
     docs = [f"gs://my-bucket/run/corpus/wiki/part-{i:05d}-of-00256.parquet" for i in range(256)]
     job, env = dataflow_job(build_examples_pipeline(cfg, docs, vocab, True, 64, "gs://my-bucket/run/examples"))
     assert job.proto.name.startswith("bertflow-examples-")
@@ -101,9 +125,15 @@ def test_a_dataflow_job_refuses_local_paths_before_any_work(tmp_path):
         build_corpus_pipeline(cfg, {"books": [str(tmp_path / "a.txt")]}, "gs://my-bucket/run/corpus")
 
 
-@pytest.mark.parametrize("missing, field", [("project", "beam.project"), ("region", "beam.region"),
-                                            ("temp_location", "beam.temp_location"),
-                                            ("sdk_container_image", "beam.sdk_container_image")])
+@pytest.mark.parametrize(
+    "missing, field",
+    [
+        ("project", "beam.project"),
+        ("region", "beam.region"),
+        ("temp_location", "beam.temp_location"),
+        ("sdk_container_image", "beam.sdk_container_image"),
+    ],
+)
 def test_dataflow_settings_are_checked_at_load_naming_the_field(missing, field):
     with pytest.raises(ConfigError, match=field):
         BeamConfig(**{**DATAFLOW, missing: ""})
@@ -119,12 +149,20 @@ def test_flink_and_spark_options_pass_straight_through_from_overrides():
     from flows.presets import load_config, parse_overrides
     from pipeline.beam_io import pipeline_options
 
-    cfg = load_config("base", parse_overrides([
-        "corpus.beam.runner=FlinkRunner", "corpus.beam.options.flink_master=http://jm:8081",
-        'corpus.beam.options.flink_version="1.20"', "corpus.beam.options.parallelism=32",
-        "examples.beam.runner=SparkRunner", "examples.beam.options.spark_master_url=spark://m:7077",
-        'examples.beam.extra_args=["--environment_type=DOCKER"]',
-    ]))
+    cfg = load_config(
+        "base",
+        parse_overrides(
+            [
+                "corpus.beam.runner=FlinkRunner",
+                "corpus.beam.options.flink_master=http://jm:8081",
+                'corpus.beam.options.flink_version="1.20"',
+                "corpus.beam.options.parallelism=32",
+                "examples.beam.runner=SparkRunner",
+                "examples.beam.options.spark_master_url=spark://m:7077",
+                'examples.beam.extra_args=["--environment_type=DOCKER"]',
+            ]
+        ),
+    )
     flink = pipeline_options(cfg.corpus.beam).view_as(FlinkRunnerOptions)
     assert (flink.flink_master, flink.flink_version, flink.parallelism) == ("http://jm:8081", "1.20", 32)
     spark = pipeline_options(cfg.examples.beam)
@@ -146,10 +184,33 @@ def test_run_sh_dry_run_prints_the_stage_commands_with_valid_dataflow_settings()
         check = subprocess.run(["shellcheck", "-x", str(script)], capture_output=True, text=True, cwd=script.parents[2])
         assert check.returncode == 0, check.stdout
     out = subprocess.run(
-        ["bash", str(script), "--dry-run", "--project", "my-proj", "--region", "us-central1", "--root",
-         "gs://my-bucket/run", "--mlflow-uri", "http://mlflow:5000", "--image", IMAGE, "--machine-type",
-         "n2-highmem-4", "--workers", "4", "--max-workers", "32", "--books", "gs://my-bucket/books"],
-        capture_output=True, text=True, timeout=60)
+        [
+            "bash",
+            str(script),
+            "--dry-run",
+            "--project",
+            "my-proj",
+            "--region",
+            "us-central1",
+            "--root",
+            "gs://my-bucket/run",
+            "--mlflow-uri",
+            "http://mlflow:5000",
+            "--image",
+            IMAGE,
+            "--machine-type",
+            "n2-highmem-4",
+            "--workers",
+            "4",
+            "--max-workers",
+            "32",
+            "--books",
+            "gs://my-bucket/books",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
     commands = [shlex.split(line[2:]) for line in out.stdout.splitlines()]
     assert [c[:3] for c in commands] == [["bertflow", "stage", s] for s in ("corpus", "vocab", "examples")]
@@ -158,11 +219,33 @@ def test_run_sh_dry_run_prints_the_stage_commands_with_valid_dataflow_settings()
     for beam in (cfg.corpus.beam, cfg.examples.beam):
         assert beam.runner == "DataflowRunner" and (beam.num_workers, beam.max_num_workers) == (4, 32)
         assert (beam.project, beam.region, beam.machine_type, beam.sdk_container_image) == (
-            "my-proj", "us-central1", "n2-highmem-4", IMAGE)
+            "my-proj",
+            "us-central1",
+            "n2-highmem-4",
+            IMAGE,
+        )
         assert beam.temp_location == "gs://my-bucket/run/_dataflow/tmp"
     assert cfg.data.books == "gs://my-bucket/books"
-    bad = subprocess.run(["bash", str(script), "--dry-run", "--project", "p", "--region", "r", "--root", "/local",
-                          "--mlflow-uri", "http://m", "--image", "i"], capture_output=True, text=True, timeout=60)
+    bad = subprocess.run(
+        [
+            "bash",
+            str(script),
+            "--dry-run",
+            "--project",
+            "p",
+            "--region",
+            "r",
+            "--root",
+            "/local",
+            "--mlflow-uri",
+            "http://m",
+            "--image",
+            "i",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert bad.returncode == 2 and "--root must be a gs:// URL" in bad.stderr
 
 
@@ -206,8 +289,11 @@ def test_the_setup_file_route_builds_the_workers_package(tmp_path):
     for name in ("setup.py", "requirements.txt", "MANIFEST.in"):
         shutil.copy(repo / "infra" / "dataflow" / name, tmp_path / name)
     beam = BeamConfig(**{**DATAFLOW, "sdk_container_image": ""}, setup_file=str(tmp_path / "setup.py"), options=OFFLINE)
-    job, _ = dataflow_job(build_corpus_pipeline(CorpusConfig(beam=beam), {"books": ["gs://my-bucket/books/a.txt"]},
-                                                "gs://my-bucket/run/corpus"))
+    job, _ = dataflow_job(
+        build_corpus_pipeline(
+            CorpusConfig(beam=beam), {"books": ["gs://my-bucket/books/a.txt"]}, "gs://my-bucket/run/corpus"
+        )
+    )
     staged = {}
     for env in job.proto_pipeline.components.environments.values():
         for dep in env.dependencies:
@@ -215,6 +301,8 @@ def test_the_setup_file_route_builds_the_workers_package(tmp_path):
             staged[name] = beam_runner_api_pb2.ArtifactFilePayload.FromString(dep.type_payload).path
     with tarfile.open(staged["workflow.tar.gz"]) as sdist:
         names = {n.split("/", 1)[1] for n in sdist.getnames() if "/" in n}
-        requires = next(sdist.extractfile(m).read().decode() for m in sdist.getmembers() if m.name.endswith("requires.txt"))
+        requires = next(
+            sdist.extractfile(m).read().decode() for m in sdist.getmembers() if m.name.endswith("requires.txt")
+        )
     assert {"setup.py", "requirements.txt", "pipeline/corpus.py", "pipeline/examples.py", "pipeline/schema.py"} <= names
     assert "pyarrow==25.0.1" in requires and "torch" not in requires

@@ -49,8 +49,12 @@ def test_a_reader_process_that_dies_is_an_error_naming_the_file(tmp_path, monkey
 
 def test_reader_mode_follows_the_cores_per_worker(monkeypatch):
     for cores, runner, workers, mode in [
-        (1, "FnApiRunner", 1, "inline"), (2, "FnApiRunner", 1, "process"), (2, "FnApiRunner", 2, "thread"),
-        (8, "FnApiRunner", 4, "process"), (8, "DataflowRunner", 1, "thread"), (1, "DataflowRunner", 1, "inline"),
+        (1, "FnApiRunner", 1, "inline"),
+        (2, "FnApiRunner", 1, "process"),
+        (2, "FnApiRunner", 2, "thread"),
+        (8, "FnApiRunner", 4, "process"),
+        (8, "DataflowRunner", 1, "thread"),
+        (1, "DataflowRunner", 1, "inline"),
     ]:
         monkeypatch.setattr(dr, "available_cores", lambda cores=cores: cores)
         assert dr.wiki_reader_mode("auto", runner, workers) == mode

@@ -8,7 +8,14 @@ import pytest
 from pipeline.dumps import index_url, iter_wiki, plan_reads, stream_offsets
 from pipeline.readers import Page, ReadEvent, is_wiki_file
 from synth.dumps import (
-    FOOTER, HEADER, huge_page, page_xml, pages_xml, stream_ends, write_dump, write_multistream,
+    FOOTER,
+    HEADER,
+    huge_page,
+    page_xml,
+    pages_xml,
+    stream_ends,
+    write_dump,
+    write_multistream,
 )
 
 
@@ -54,7 +61,9 @@ def test_malformed_page_and_invalid_utf8_resynchronise(tmp_path):
     got, events = split(list(iter_wiki(str(path))))
     assert ids(got) == [i for i in range(1, 51) if i != 11]
     assert [(e.kind, e.reason, e.record_id) for e in events] == [
-        ("page", "malformed_xml", "11"), ("note", "invalid_utf8", "31")]
+        ("page", "malformed_xml", "11"),
+        ("note", "invalid_utf8", "31"),
+    ]
     assert got[29].title == "Thing 31\ufffd\ufffd"  # the bad bytes replaced, the page kept
 
 
@@ -122,10 +131,12 @@ def test_memory_is_flat_in_dump_size(tmp_path):
 
 def test_multistream_ranges_read_every_page_once(tmp_path):
     path, index = write_multistream(
-        tmp_path / "enwiki-20261101-pages-articles-multistream.xml.bz2", pages_xml(230), per_stream=20)
+        tmp_path / "enwiki-20261101-pages-articles-multistream.xml.bz2", pages_xml(230), per_stream=20
+    )
     assert index_url(str(path)) == str(index)
     assert index_url("x/enwiki-1-pages-articles-multistream3.xml-p1p41242.bz2") == (
-        "x/enwiki-1-pages-articles-multistream-index3.txt-p1p41242.bz2")
+        "x/enwiki-1-pages-articles-multistream-index3.txt-p1p41242.bz2"
+    )
     assert index_url("x/enwiki-1-pages-articles.xml.bz2") is None
     offsets = stream_offsets(str(index))
     assert len(offsets) == 12 and offsets[0] == stream_ends(path)[0]
@@ -157,14 +168,17 @@ def test_multistream_range_with_a_corrupt_stream(tmp_path):
     assert ids(got) == list(range(1, 21)) and events[-1].reason == "truncated_file"
 
 
-@pytest.mark.parametrize("name, ok", [
-    ("enwiki-20261101-pages-articles.xml.bz2", True),
-    ("enwiki-20261101-pages-articles-multistream3.xml-p1p41242.bz2", True),
-    ("enwiki-20261101-pages-articles1.xml-p1p41242.bz2", True),
-    ("dump.xml", True),
-    ("enwiki-20261101-pages-articles-multistream-index.txt.bz2", False),
-    ("notes.md", False),
-])
+@pytest.mark.parametrize(
+    "name, ok",
+    [
+        ("enwiki-20261101-pages-articles.xml.bz2", True),
+        ("enwiki-20261101-pages-articles-multistream3.xml-p1p41242.bz2", True),
+        ("enwiki-20261101-pages-articles1.xml-p1p41242.bz2", True),
+        ("dump.xml", True),
+        ("enwiki-20261101-pages-articles-multistream-index.txt.bz2", False),
+        ("notes.md", False),
+    ],
+)
 def test_is_wiki_file(name, ok):
     assert is_wiki_file(name) is ok
 
@@ -207,8 +221,7 @@ def test_readers_sharing_one_file_together_read_it_exactly_once(tmp_path):
     path.write_bytes(full.read_bytes()[: (ends[5] + ends[6]) // 2])  # truncated in stream 6
     whole = list(iter_wiki(str(path), max_page_bytes=4096))
     for parts in (2, 3):
-        shares = [list(iter_wiki(str(path), max_page_bytes=4096, part=k, parts=parts))
-                  for k in range(parts)]
+        shares = [list(iter_wiki(str(path), max_page_bytes=4096, part=k, parts=parts)) for k in range(parts)]
         assert sorted(map(repr, sum(shares, []))) == sorted(map(repr, whole))
         assert all(shares)  # every reader got pages
         file_events = [[e for e in s if isinstance(e, ReadEvent) and e.kind == "file"] for s in shares]

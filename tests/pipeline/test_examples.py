@@ -133,7 +133,9 @@ def test_manifest_counts_match_the_files(stages):
         assert sum(hist.values()) == len(rows)
         lengths = [len(r["input_ids"]) for r in rows]
         for lo in histogram_bins(n):
-            assert hist[f"seq{n}.length_hist.{lo:04d}"] == sum(histogram_bin(x, n) == histogram_bins(n).index(lo) for x in lengths)
+            assert hist[f"seq{n}.length_hist.{lo:04d}"] == sum(
+                histogram_bin(x, n) == histogram_bins(n).index(lo) for x in lengths
+            )
     assert manifest.counts["documents"] == len(docs)
     assert manifest.counts["docs_skipped_too_short"] == 2
     assert manifest.counts["duplicate_doc_ids_dropped"] == 1
@@ -174,7 +176,7 @@ def test_byte_identical_across_workers_layouts_and_runs(stages, tmp_path):
     # Another file layout of the same documents (small row groups: the local runner's workers
     # share them out, see plan_token_work), two and three worker processes.
     other_corpus = write_corpus(tmp_path / "corpus3", list(reversed(docs)), shards=3, row_group_size=37)
-    checksums = lambda m: sorted((f.path, f.sha256) for f in m.files)  # noqa: E731
+    checksums = lambda m: sorted((f.path, f.sha256) for f in m.files)
     for workers in (2, 3):
         many = run_examples(
             ExamplesConfig(**{**CONFIG.__dict__, "beam": BeamConfig(num_workers=workers)}),
@@ -191,7 +193,7 @@ def test_token_work_is_balanced_and_complete(stages, tmp_path):
     _, docs, _, _, _ = stages
     # Files of very different sizes: one file of long documents, two of short ones.
     long_docs = [dict(d, sentences=d["sentences"] * 6) for d in docs[:60]]
-    folder = write_corpus(tmp_path / "uneven", docs[60:], shards=2, row_group_size=25)
+    write_corpus(tmp_path / "uneven", docs[60:], shards=2, row_group_size=25)
     big = write_corpus(tmp_path / "big", long_docs, shards=1, row_group_size=10)
     urls = sorted(str(p) for p in (tmp_path / "uneven").glob("*.parquet")) + [big + "/part-00000-of-00001.parquet"]
     groups = {u: pq.ParquetFile(u).metadata.num_row_groups for u in urls}

@@ -58,15 +58,16 @@ def server(tmp_path):
     root = tmp_path / "mirror"
     folder = root / "xxwiki" / DATE
     folder.mkdir(parents=True)
-    dump, index = write_multistream(folder / f"xxwiki-{DATE}-pages-articles-multistream.xml.bz2",
-                                    pages_xml(120), per_stream=20)
+    dump, index = write_multistream(
+        folder / f"xxwiki-{DATE}-pages-articles-multistream.xml.bz2", pages_xml(120), per_stream=20
+    )
     other = folder / f"xxwiki-{DATE}-pages-meta-history.xml.bz2"
     other.write_bytes(b"not wanted")
     sums = "".join(f"{hashlib.sha1(p.read_bytes()).hexdigest()}  {p.name}\n" for p in (dump, index, other))
     (folder / f"xxwiki-{DATE}-sha1sums.txt").write_text(sums)
     DumpServer.faults = {"corrupt": 0, "drop": 0}
     DumpServer.log = []
-    handler = lambda *a, **k: DumpServer(*a, directory=str(root), **k)  # noqa: E731
+    handler = lambda *a, **k: DumpServer(*a, directory=str(root), **k)
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
@@ -118,10 +119,12 @@ def test_fetch_errors_name_what_is_missing(server, tmp_path):
 
 def test_select_dump_files_and_parse_checksums():
     names = [
-        "enwiki-1-pages-articles-multistream.xml.bz2", "enwiki-1-pages-articles-multistream-index.txt.bz2",
+        "enwiki-1-pages-articles-multistream.xml.bz2",
+        "enwiki-1-pages-articles-multistream-index.txt.bz2",
         "enwiki-1-pages-articles-multistream1.xml-p1p41242.bz2",
         "enwiki-1-pages-articles-multistream-index1.txt-p1p41242.bz2",
-        "enwiki-1-pages-articles.xml.bz2", "enwiki-1-pages-articles1.xml-p1p41242.bz2",
+        "enwiki-1-pages-articles.xml.bz2",
+        "enwiki-1-pages-articles1.xml-p1p41242.bz2",
         "enwiki-1-pages-meta-current.xml.bz2",
     ]
     assert select_dump_files(names, "en", "1") == sorted(names[:2])

@@ -41,14 +41,15 @@ def _collect(cfg: BeamConfig, tmp_path, n: int = 400):
 
     def write(kv):
         key, values = kv
-        (folder / f"{key}.txt").write_text(repr((sorted(v[0] for v in values), sorted({v[1] for v in values}),
-                                                  len({v[2] for v in values}))))
+        (folder / f"{key}.txt").write_text(
+            repr((sorted(v[0] for v in values), sorted({v[1] for v in values}), len({v[2] for v in values})))
+        )
 
     p = make_pipeline(cfg)
     _ = p | beam.Create(list(range(n))) | beam.Reshuffle() | beam.ParDo(_Tag()) | beam.GroupByKey() | beam.Map(write)
     result = p.run()
     result.wait_until_finish()
-    rows = {f.name: eval(f.read_text()) for f in sorted(folder.iterdir())}  # noqa: S307 - our own repr
+    rows = {f.name: eval(f.read_text()) for f in sorted(folder.iterdir())}  # our own repr
     return rows, counters(result, "t")
 
 

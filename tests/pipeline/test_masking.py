@@ -86,9 +86,7 @@ def instances():
 
 
 def test_vocab_ids_come_from_the_vocabulary():
-    ids = VocabIds.from_vocab(
-        ["[PAD]", "[MASK]", "a", "[CLS]", "##b", "[unused0]", "[SEP]", "[UNK]"]
-    )
+    ids = VocabIds.from_vocab(["[PAD]", "[MASK]", "a", "[CLS]", "##b", "[unused0]", "[SEP]", "[UNK]"])
     assert (ids.cls_id, ids.sep_id, ids.mask_id) == (3, 6, 1)
     assert ids.random_ids == (2, 4)
     assert ids.continuation == frozenset({4})
@@ -210,7 +208,7 @@ def test_random_next_about_half(instances):
 def test_short_seq_prob_makes_shorter_examples():
     full = make_instances(short_seq_prob=0.0, copies=2)
     short = make_instances(short_seq_prob=1.0, copies=2)
-    mean = lambda rows: sum(len(r["input_ids"]) for r in rows) / len(rows)  # noqa: E731
+    mean = lambda rows: sum(len(r["input_ids"]) for r in rows) / len(rows)
     assert mean(short) < 0.75 * mean(full)
     assert len(short) > len(full)
     assert mean(full) > 100  # target is max_seq_length: most examples nearly full
@@ -238,10 +236,7 @@ def test_rng_is_stable_and_keyed():
         example_rng(1, "wiki:42", 0, 128).random(),
     }
     assert first not in others and len(others) == 4
-    code = (
-        "from pipeline.masking import example_rng; "
-        "print(example_rng(12345, 'wiki:42', 0, 128).random())"
-    )
+    code = "from pipeline.masking import example_rng; print(example_rng(12345, 'wiki:42', 0, 128).random())"
     for hashseed in ("1", "2"):
         out = subprocess.run(
             [sys.executable, "-c", code],

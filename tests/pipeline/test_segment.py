@@ -56,9 +56,7 @@ def test_segmenter_words_are_masked_together(kind, text, module):
     multi = [(s, e) for s, e in spans if e - s > 1 and has_cjk(text[s:e])]
     assert multi  # the sentences hold multi-character words (北京大学, 自然言語, ...)
     # Token index groups of each multi-character word.
-    words = [
-        [i for i, (a, _) in enumerate(encoding.offsets) if s <= a < e] for s, e in multi
-    ]
+    words = [[i for i, (a, _) in enumerate(encoding.offsets) if s <= a < e] for s, e in multi]
     ids = VocabIds.from_vocab(vocab)
     wm = word_marked_vocab(ids, v)
     rng = random.Random(0)

@@ -102,7 +102,9 @@ def test_merging_in_levels_gives_the_same_bytes_and_reads_few_runs_at_once(tmp_p
     levels = shards.merge_runs_in_levels(runs, str(work), str(tmp_path / "levels"), SCHEMA, 3, shard_name, max_fan_in=4)
     assert levels == flat
     for j in range(3):
-        assert (tmp_path / "levels" / shard_name(j, 3)).read_bytes() == (tmp_path / "flat" / shard_name(j, 3)).read_bytes()
+        assert (tmp_path / "levels" / shard_name(j, 3)).read_bytes() == (
+            tmp_path / "flat" / shard_name(j, 3)
+        ).read_bytes()
     assert max(calls) <= 4 and len(calls) > len(runs) // 4  # several levels, never more than 4 runs at once
     # the producers' runs are their owner's to remove; intermediate runs of all but the last level are gone
     assert all((tmp_path / "runs" / url.rsplit("/", 1)[1]).exists() for url, _ in runs)

@@ -171,7 +171,7 @@ LENGTH_CHANGING = ["İ", "ß", "ﬁ", "ŉ", "ΐ", "ǰ"]  # lower() or upper() of
 @pytest.mark.parametrize("char", LENGTH_CHANGING)
 def test_case_mapping_never_shifts_cut_offsets(char):
     page = (
-        "@stanbul and @zmir are cities.<ref>{{cite|x}}</ref> He said it was \"clearly\".<ref>x</ref>\n"
+        '@stanbul and @zmir are cities.<ref>{{cite|x}}</ref> He said it was "clearly".<ref>x</ref>\n'
         "=== Death ===\nOn 17 April he died.{{Sfnp|Pais|1982|p=3}}<REF name=a>y</REF> "
         "It passed to the next.{{rp|158}} <Math>\\pi</MATH> @@ <Source lang=c>int @;</SOURCE> end.\n"
         "[[File:@.jpg|thumb|@ caption]] {{lang|tr|@zmir}} is @@ [[Category:@]]"
@@ -184,16 +184,15 @@ def test_case_mapping_never_shifts_cut_offsets(char):
 
 
 def test_inline_templates_keep_their_visible_value():
-    assert clean("At {{convert|52419|sqmi|km2}}, Alabama is large.") == (
-        "At 52,419 square miles, Alabama is large.")
+    assert clean("At {{convert|52419|sqmi|km2}}, Alabama is large.") == ("At 52,419 square miles, Alabama is large.")
     assert clean("It runs {{convert|5|to|10|km|abbr=on}} and {{cvt|1|mi}} then {{convert|1|ft}}.") == (
-        "It runs 5 to 10 km and 1 mi then 1 foot.")
+        "It runs 5 to 10 km and 1 mi then 1 foot."
+    )
     assert clean("{{lang|de|Albert}} was born in {{lang-de|Ulm}}.") == "Albert was born in Ulm."
     assert clean("{{nihongo|Tokyo|東京|Tōkyō}} is big.") == "Tokyo (東京) is big."
     assert clean("{{math|''x'' + 1}} is odd; {{mvar|y}} is {{frac|1|2}}.") == "x + 1 is odd; y is 1/2."
     assert clean("Let <math>x</math> be {{nowrap|{{lang|fr|très}} grand}}.") == "Let x be très grand."
-    assert clean("{{circa|1900}} and {{as of|2020}}, {{formatnum:1234567}}.") == (
-        "c. 1900 and As of 2020, 1,234,567.")
+    assert clean("{{circa|1900}} and {{as of|2020}}, {{formatnum:1234567}}.") == ("c. 1900 and As of 2020, 1,234,567.")
 
 
 def test_tags_with_valueless_attributes_and_charts():
@@ -207,8 +206,7 @@ def test_tags_with_valueless_attributes_and_charts():
 
 
 def test_unicode_nfc_and_control_characters():
-    assert clean("Cafe\u0301 soft\u00adhyphen zero\u200bwidth bell\x07 end.") == (
-        "Café softhyphen zerowidth bell end.")
+    assert clean("Cafe\u0301 soft\u00adhyphen zero\u200bwidth bell\x07 end.") == ("Café softhyphen zerowidth bell end.")
 
 
 def test_unclosed_and_nested_braces_are_linear():

@@ -53,10 +53,7 @@ def make_sentences(n: int, seed: int = 0) -> list[str]:
     """Invented words from syllables: many equally frequent pairs, so ties are everywhere."""
     rng = random.Random(seed)
     words = ["".join(rng.choice(SYLLABLES) for _ in range(rng.randint(1, 4))) for _ in range(600)]
-    return [
-        " ".join(rng.choice(words) for _ in range(rng.randint(4, 14))) + rng.choice(".!?")
-        for _ in range(n)
-    ]
+    return [" ".join(rng.choice(words) for _ in range(rng.randint(4, 14))) + rng.choice(".!?") for _ in range(n)]
 
 
 SENTENCES = make_sentences(1500)

@@ -31,10 +31,16 @@ def _pages(dump: Path) -> list[dict]:
             if el.tag == NS + "page":
                 text = el.find(f"{NS}revision/{NS}text")
                 redirect = el.find(NS + "redirect")
-                pages.append({"title": el.findtext(NS + "title"), "ns": int(el.findtext(NS + "ns")),
-                              "id": int(el.findtext(NS + "id")), "text": text.text,
-                              "bytes": int(text.get("bytes")),
-                              "redirect": None if redirect is None else redirect.get("title")})
+                pages.append(
+                    {
+                        "title": el.findtext(NS + "title"),
+                        "ns": int(el.findtext(NS + "ns")),
+                        "id": int(el.findtext(NS + "id")),
+                        "text": text.text,
+                        "bytes": int(text.get("bytes")),
+                        "redirect": None if redirect is None else redirect.get("title"),
+                    }
+                )
                 el.clear()
     return pages
 
@@ -117,17 +123,35 @@ def test_dump_is_a_mediawiki_export_with_real_markup(corpus):
     assert counts["redirects"] == len(redirects) and counts["articles"] == len(articles)
     assert len(redirects) * 20 >= len(articles)
     titles = {p["title"] for p in pages}
-    assert all(p["text"].startswith(f"#REDIRECT [[{p['redirect']}]]") and p["redirect"] in titles
-               for p in redirects)
+    assert all(p["text"].startswith(f"#REDIRECT [[{p['redirect']}]]") and p["redirect"] in titles for p in redirects)
     assert {1, 4, 10, 14} <= {p["ns"] for p in pages}
-    assert all(p["title"].split(":")[0] in ("Talk", "Wikipedia", "Template", "Category")
-               for p in pages if p["ns"] != 0)
+    assert all(p["title"].split(":")[0] in ("Talk", "Wikipedia", "Template", "Category") for p in pages if p["ns"] != 0)
     text = "\n".join(p["text"] for p in articles)
-    for marker in ("{{Infobox settlement", "{{formatnum:", "{{convert|", "<ref name=\"r1\">{{cite web |",
-                   "<ref name=\"r1\" />", "{{reflist}}", "{| class=\"wikitable", "\n|}", "\n* [[",
-                   "\n# ", "\n== See also ==", "\n== References ==", "\n== External links ==",
-                   "\n=== ", "[[File:", "|thumb|", "[[Category:", "[http://example.org/", "'''",
-                   "''", "<!--", "&nbsp;", "{{Short description|"):
+    for marker in (
+        "{{Infobox settlement",
+        "{{formatnum:",
+        "{{convert|",
+        '<ref name="r1">{{cite web |',
+        '<ref name="r1" />',
+        "{{reflist}}",
+        '{| class="wikitable',
+        "\n|}",
+        "\n* [[",
+        "\n# ",
+        "\n== See also ==",
+        "\n== References ==",
+        "\n== External links ==",
+        "\n=== ",
+        "[[File:",
+        "|thumb|",
+        "[[Category:",
+        "[http://example.org/",
+        "'''",
+        "''",
+        "<!--",
+        "&nbsp;",
+        "{{Short description|",
+    ):
         assert marker in text, marker
     assert re.search(r"\[\[[^\]|]+\|[^\]]+\]\]", text)  # [[Target|label]]
     assert re.search(r"\[\[File:[^\n]*\[\[[^\]]+\]\][^\n]*\]\]", text)  # a link inside a caption
@@ -154,9 +178,11 @@ def test_facts_recur_in_varied_phrasings_across_documents(corpus):
     for town in World(3).block(0).towns:
         docs = set()
         for template in PHRASES["town.river"]:  # with the wiki's links or the books' plain names
-            pattern = re.escape(template).replace(
-                re.escape("{s}"), r"(?:\[\[)?%s(?:\]\])?" % re.escape(town.name)).replace(
-                re.escape("{o}"), r"(?:\[\[[^|\]]*\|)?%s(?:\]\])?" % re.escape(town["river"].name))
+            pattern = (
+                re.escape(template)
+                .replace(re.escape("{s}"), r"(?:\[\[)?%s(?:\]\])?" % re.escape(town.name))
+                .replace(re.escape("{o}"), r"(?:\[\[[^|\]]*\|)?%s(?:\]\])?" % re.escape(town["river"].name))
+            )
             hits = {i for i, doc in enumerate(pages + books) if re.search(pattern, doc)}
             templates |= {template} if hits else set()
             docs |= hits
@@ -197,7 +223,7 @@ def test_downstream_formats(downstream):
                     assert len(qa["answers"]) == (3 if name.startswith("dev") else 1)
                     for ans in qa["answers"]:
                         start = ans["answer_start"]
-                        assert para["context"][start:start + len(ans["text"])] == ans["text"]
+                        assert para["context"][start : start + len(ans["text"])] == ans["text"]
                     ids.add(qa["id"])
                     n += 1
         assert lo <= n <= hi
@@ -224,7 +250,8 @@ def test_downstream_entities_are_described_by_the_sample_corpus():
 
 
 def test_every_downstream_sample_reads_in_its_official_format():
-    from tasks.glue import TASKS as GLUE, read_split
+    from tasks.glue import TASKS as GLUE
+    from tasks.glue import read_split
     from tasks.ner import read_conll
     from tasks.squad import read_squad
     from tasks.swag import read_swag
@@ -245,7 +272,7 @@ def test_every_downstream_sample_reads_in_its_official_format():
     v2 = read_squad(str(SAMPLE_DIR / "squad" / "dev-v2.0.json"), "2.0")
     assert 0.2 < sum(e.is_impossible for e in v2) / len(v2) < 0.6
     for e in v2:
-        assert all(e.context[s:s + len(t)] == t for t, s in e.answers)
+        assert all(e.context[s : s + len(t)] == t for t, s in e.answers)
     sents = read_conll(str(SAMPLE_DIR / "conll2003" / "eng.train"))
     tags = {t for s in sents for t in s.tags}
     assert {"I-PER", "I-LOC", "I-ORG", "I-MISC", "B-LOC"} <= tags  # IOB1, B- between adjacent places
@@ -295,8 +322,13 @@ def test_wnli_and_swag_dev_rows_are_told_only_by_what_the_corpus_teaches(corpus)
     assert len(dev_diets) >= 4 and not train_diets & dev_diets
 
     def words_in(rows):
-        return {w for r in rows for e in r[7:11] for w in set(ANIMALS.values()) | set(word_split(3))
-                if any(e == t.format(o=w) for t in ENDINGS)}
+        return {
+            w
+            for r in rows
+            for e in r[7:11]
+            for w in set(ANIMALS.values()) | set(word_split(3))
+            if any(e == t.format(o=w) for t in ENDINGS)
+        }
 
     train_words = words_in(swag_rows(world, "train", 300))
     dev_rows = swag_rows(world, "dev", 100)
@@ -311,8 +343,15 @@ def test_wnli_and_swag_dev_rows_are_told_only_by_what_the_corpus_teaches(corpus)
     out, _ = corpus  # the corpus puts the food and cargo words in their slots
     text = " ".join(p.read_text(encoding="utf-8") for p in (out / "books").glob("*.txt"))
     text = " ".join(text.split())
-    assert sum(text.count(f"{a} eats mostly {d}") + text.count(f"every {a} feeds on {d}")
-               + text.count(f"a {a} hunting for {d}") for a, d in ANIMALS.items()) >= 3
+    assert (
+        sum(
+            text.count(f"{a} eats mostly {d}")
+            + text.count(f"every {a} feeds on {d}")
+            + text.count(f"a {a} hunting for {d}")
+            for a, d in ANIMALS.items()
+        )
+        >= 3
+    )
     assert sum(text.count(f"loaded with {c}") for c in ("timber", "wool", "glass")) >= 1
 
 
@@ -341,8 +380,10 @@ def test_sst2_dev_rows_turn_on_adjectives_no_train_row_has(downstream):
 
     def rows(name):
         lines = (out / "glue" / "SST-2" / name).read_text(encoding="utf-8").splitlines()[1:]
-        return [set(r.split("\t")[-2 if name != "test.tsv" else -1].split()) & (set(POSITIVE) | set(NEGATIVE))
-                for r in lines]
+        return [
+            set(r.split("\t")[-2 if name != "test.tsv" else -1].split()) & (set(POSITIVE) | set(NEGATIVE))
+            for r in lines
+        ]
 
     train = set().union(*rows("train.tsv"))
     assert train and not train & dev_words

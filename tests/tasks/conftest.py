@@ -32,18 +32,20 @@ def build_tokenizer(vocab_dir) -> Tokenizer:
     trainer_tok.train_from_iterator(lines, trainer)
     # The trainer breaks ties between equal-count merges differently run to run: keep only its
     # alphabet and the whole words (all of them are learned), in sorted order, so ids are stable.
-    words = {w for line in lines for w, _ in trainer_tok.pre_tokenizer.pre_tokenize_str(
-        trainer_tok.normalizer.normalize_str(line))}
-    learned = sorted(t for t in set(trainer_tok.get_vocab()) - set(SPECIALS)
-                     if len(t.removeprefix("##")) == 1 or t in words)
+    words = {
+        w
+        for line in lines
+        for w, _ in trainer_tok.pre_tokenizer.pre_tokenize_str(trainer_tok.normalizer.normalize_str(line))
+    }
+    learned = sorted(
+        t for t in set(trainer_tok.get_vocab()) - set(SPECIALS) if len(t.removeprefix("##")) == 1 or t in words
+    )
     assert words <= set(learned), sorted(words - set(learned))
     vocab = SPECIALS + learned
     tok = Tokenizer(models.WordPiece({t: i for i, t in enumerate(vocab)}, unk_token="[UNK]"))
     tok.normalizer = normalizers.BertNormalizer(lowercase=True)
     tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    tok.post_processor = processors.BertProcessing(
-        ("[SEP]", vocab.index("[SEP]")), ("[CLS]", vocab.index("[CLS]"))
-    )
+    tok.post_processor = processors.BertProcessing(("[SEP]", vocab.index("[SEP]")), ("[CLS]", vocab.index("[CLS]")))
     tok.decoder = decoders.WordPiece()
     vocab_dir.mkdir(parents=True, exist_ok=True)
     (vocab_dir / "vocab.txt").write_text("\n".join(vocab) + "\n")
@@ -57,8 +59,12 @@ def tiny_model_url(tmp_path_factory) -> str:
     root = tmp_path_factory.mktemp("tiny")
     tok = build_tokenizer(root / "vocab")
     config = BertConfig(
-        vocab_size=tok.get_vocab_size(), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-        intermediate_size=37, max_position_embeddings=128,
+        vocab_size=tok.get_vocab_size(),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=37,
+        max_position_embeddings=128,
     )
     import torch
 

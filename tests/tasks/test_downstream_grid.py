@@ -33,8 +33,13 @@ def test_plan_units_paper_grid_and_features():
     units = D.plan_units("mrpc", FinetuneConfig(grid=PAPER_GRID))
     assert len(units) == 4 * 2 * 3 * 5 and len({u["unit_id"] for u in units}) == len(units)
     assert json.loads(json.dumps(units)) == units
-    assert units[0] == {"learning_rate": 5e-5, "batch_size": 16, "epochs": 2.0, "seed": 1,
-                        "unit_id": "lr5e-05_bs16_ep2_seed1"}
+    assert units[0] == {
+        "learning_rate": 5e-5,
+        "batch_size": 16,
+        "epochs": 2.0,
+        "seed": 1,
+        "unit_id": "lr5e-05_bs16_ep2_seed1",
+    }
     single = D.plan_units("sst2", FinetuneConfig(learning_rate=1e-4, seed=7))
     assert [u["unit_id"] for u in single] == ["lr0.0001_bs32_ep3_seed7"]
     feats = D.plan_units("conll2003_features", FinetuneConfig(features=FeatureConfig(layer_mixes=("last", "sum_all"))))
@@ -54,13 +59,18 @@ def fake_task(monkeypatch):
         score = {0.5: 0.6, 1.0: 0.7}[config.learning_rate] + 0.01 * config.seed
         pathlib.Path(output_url).mkdir(parents=True, exist_ok=True)
         (pathlib.Path(output_url) / "predictions.tsv").write_text(f"{unit['unit_id']}\n")
-        return write_manifest("finetune-fake", output_url, D.unit_manifest_config("fake", config, unit),
-                              {"model": D.fingerprint_input(model_url), "data": D.fingerprint_input(data_url)},
-                              {"eval_accuracy": score, "dev_examples": 3.0})
+        return write_manifest(
+            "finetune-fake",
+            output_url,
+            D.unit_manifest_config("fake", config, unit),
+            {"model": D.fingerprint_input(model_url), "data": D.fingerprint_input(data_url)},
+            {"eval_accuracy": score, "dev_examples": 3.0},
+        )
 
     FAIL_ONCE: dict = {}
-    monkeypatch.setitem(D.TASKS, "fake", D.DownstreamTask("fake", "glue", "fake", "eval_accuracy", run,
-                                                          glue_average=True))
+    monkeypatch.setitem(
+        D.TASKS, "fake", D.DownstreamTask("fake", "glue", "fake", "eval_accuracy", run, glue_average=True)
+    )
     return calls
 
 
@@ -91,7 +101,10 @@ def test_grid_units_aggregate_skip_and_retry(tmp_path, fake_task):
     # the per-model table and the GLUE average
     summary = D.summarize({"fake": str(out)}, str(tmp_path / "all"), model="m")
     assert summary["glue_average"] == pytest.approx(72.0) and summary["glue_average_tasks"] == ["fake"]
-    assert "| fake | accuracy | 72.00 | 71.00 | 73.00 | 3 | 1 | 32 | 3 | 0/6 |" in (tmp_path / "all" / "results.md").read_text()
+    assert (
+        "| fake | accuracy | 72.00 | 71.00 | 73.00 | 3 | 1 | 32 | 3 | 0/6 |"
+        in (tmp_path / "all" / "results.md").read_text()
+    )
 
 
 def test_all_units_failing_is_an_error(tmp_path, fake_task):
@@ -126,19 +139,30 @@ def test_glue_submission_has_the_servers_file_names(tmp_path, tiny_model_url):
 def test_overrides_reach_every_task_option():
     from flows.presets import ConfigError, load_config, parse_overrides, resolve_data
 
-    cfg = load_config("tiny", parse_overrides([
-        "data.downstream_urls.mrpc=/data/glue_data/MRPC", "finetune.squad.doc_stride=64",
-        "finetune.squad.null_score_diff_threshold=-1.5", "finetune.grid.seeds=[1,2,3]",
-        "finetune.ner.label_scheme=asis", 'finetune.features.layer_mixes=["sum_all"]',
-        'finetune_tasks=["mrpc","stsb","swag"]']))
+    cfg = load_config(
+        "tiny",
+        parse_overrides(
+            [
+                "data.downstream_urls.mrpc=/data/glue_data/MRPC",
+                "finetune.squad.doc_stride=64",
+                "finetune.squad.null_score_diff_threshold=-1.5",
+                "finetune.grid.seeds=[1,2,3]",
+                "finetune.ner.label_scheme=asis",
+                'finetune.features.layer_mixes=["sum_all"]',
+                'finetune_tasks=["mrpc","stsb","swag"]',
+            ]
+        ),
+    )
     assert cfg.finetune.squad.doc_stride == 64 and cfg.finetune.squad.null_score_diff_threshold == -1.5
     assert cfg.finetune.grid.seeds == (1, 2, 3) and cfg.finetune.ner.label_scheme == "asis"
     assert resolve_data(cfg.data).downstream_urls == {"mrpc": "/data/glue_data/MRPC"}
     assert len(D.plan_units("mrpc", cfg.finetune)) == 2 * 3  # tiny's two learning rates x three seeds
-    for bad, field in ((["data.downstream_urls.nope=/x"], "data.downstream_urls.nope"),
-                       (["finetune.squad.doc_stride=0"], "finetune.squad.doc_stride"),
-                       (["finetune.squad.max_seq_length=512"], "finetune.squad.max_seq_length"),
-                       (['finetune.features.layer_mixes=["middle"]'], "finetune.features.layer_mixes")):
+    for bad, field in (
+        (["data.downstream_urls.nope=/x"], "data.downstream_urls.nope"),
+        (["finetune.squad.doc_stride=0"], "finetune.squad.doc_stride"),
+        (["finetune.squad.max_seq_length=512"], "finetune.squad.max_seq_length"),
+        (['finetune.features.layer_mixes=["middle"]'], "finetune.features.layer_mixes"),
+    ):
         with pytest.raises((ConfigError, ValueError), match=field):
             load_config("tiny", parse_overrides(bad))
 
@@ -148,12 +172,19 @@ def test_units_in_processes_give_the_sequential_results(tmp_path, tiny_model_url
     """Two workers (spawned processes) and one: the same units, the same figures, bit for bit."""
     results = {}
     for workers in (1, 2):
-        config = FinetuneConfig(learning_rate=1e-3, batch_size=32, epochs=1, max_seq_length=48,
-                                grid=GridConfig(seeds=(1, 2), workers=workers))
+        config = FinetuneConfig(
+            learning_rate=1e-3,
+            batch_size=32,
+            epochs=1,
+            max_seq_length=48,
+            grid=GridConfig(seeds=(1, 2), workers=workers),
+        )
         out = tmp_path / f"w{workers}"
         D.run_downstream("rte", config, str(SAMPLE), tiny_model_url, str(out))
-        results[workers] = {p.parent.name: json.loads(p.read_text())["history"]  # losses, metrics per epoch
-                            for p in (out / "units").glob("*/metrics.json")}
+        results[workers] = {
+            p.parent.name: json.loads(p.read_text())["history"]  # losses, metrics per epoch
+            for p in (out / "units").glob("*/metrics.json")
+        }
     assert len(results[1]) == 2 and results[1] == results[2]
     losses = [h[0]["train_loss"] for h in results[1].values()]
     assert losses[0] != losses[1]  # the seeds differ, so equality above is not a coincidence

@@ -14,8 +14,14 @@ from tasks.config import FeatureConfig, FinetuneConfig, GridConfig
 from tasks.features import FeatureBasedTagger, hidden_states, mix_states, mix_width
 from tasks.finetune import load_encoder, load_tokenizer
 
-CONFIG = BertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                    intermediate_size=37, max_position_embeddings=64)
+CONFIG = BertConfig(
+    vocab_size=99,
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    intermediate_size=37,
+    max_position_embeddings=64,
+)
 
 
 def test_mixes_and_frozen_encoder():
@@ -41,9 +47,14 @@ def test_mixes_and_frozen_encoder():
     assert tagger.lstm.num_layers == 2 and tagger.lstm.bidirectional
 
 
-CONLL = ("-DOCSTART- -X- -X- O\n\n" + "\n\n".join(
-    f"the O O O\n{city} NNP I-NP I-LOC\nriver NN I-NP O\n{person} NNP I-NP I-PER"
-    for city, person in [("paris", "rome"), ("berlin", "oslo"), ("madrid", "lisbon"), ("rome", "paris")] * 3) + "\n")
+CONLL = (
+    "-DOCSTART- -X- -X- O\n\n"
+    + "\n\n".join(
+        f"the O O O\n{city} NNP I-NP I-LOC\nriver NN I-NP O\n{person} NNP I-NP I-PER"
+        for city, person in [("paris", "rome"), ("berlin", "oslo"), ("madrid", "lisbon"), ("rome", "paris")] * 3
+    )
+    + "\n"
+)
 
 
 def test_feature_based_run_lists_each_mix(tmp_path, tiny_model_url):
@@ -51,8 +62,14 @@ def test_feature_based_run_lists_each_mix(tmp_path, tiny_model_url):
     data.mkdir()
     for name in ("eng.train", "eng.testa"):
         (data / name).write_text(CONLL)
-    config = FinetuneConfig(learning_rate=1e-2, batch_size=4, epochs=1, max_seq_length=32, grid=GridConfig(seeds=(1,)),
-                            features=FeatureConfig(layer_mixes=("last", "sum_all"), lstm_hidden=8))
+    config = FinetuneConfig(
+        learning_rate=1e-2,
+        batch_size=4,
+        epochs=1,
+        max_seq_length=32,
+        grid=GridConfig(seeds=(1,)),
+        features=FeatureConfig(layer_mixes=("last", "sum_all"), lstm_hidden=8),
+    )
     manifest = D.run_downstream("conll2003_features", config, str(tmp_path), tiny_model_url, str(tmp_path / "out"))
     results = json.loads((tmp_path / "out" / "results.json").read_text())
     assert set(results["mixes"]) == {"last", "sum_all"} and manifest.counts["units"] == 2

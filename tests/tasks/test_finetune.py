@@ -9,13 +9,21 @@ from tasks.config import FinetuneConfig
 from tasks.finetune import collate, epoch_order, prepare_output, train
 from tasks.heads import BertForQuestionAnswering, BertForSequenceClassification
 
-CONFIG = BertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                    intermediate_size=37, max_position_embeddings=64)
+CONFIG = BertConfig(
+    vocab_size=99,
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    intermediate_size=37,
+    max_position_embeddings=64,
+)
 
 
 def test_collate_pads_to_the_longest_row():
-    rows = [{"input_ids": [5, 6, 7], "token_type_ids": [0, 0, 1], "labels": 1},
-            {"input_ids": [5], "token_type_ids": [0], "labels": 0}]
+    rows = [
+        {"input_ids": [5, 6, 7], "token_type_ids": [0, 0, 1], "labels": 1},
+        {"input_ids": [5], "token_type_ids": [0], "labels": 0},
+    ]
     batch = collate(rows)
     assert batch["input_ids"].tolist() == [[5, 6, 7], [5, 0, 0]]
     assert batch["token_type_ids"].tolist() == [[0, 0, 1], [0, 0, 0]]
@@ -43,16 +51,17 @@ def test_heads_losses():
     out = qa(ids, start_positions=torch.tensor([1, 2, 99]), end_positions=torch.tensor([3, 2, 99]))
     assert out.start_logits.shape == (3, 7) and out.end_logits.shape == (3, 7)
     # the third row's positions lie outside the sequence: ignored
-    expected = (torch.nn.functional.cross_entropy(out.start_logits[:2], torch.tensor([1, 2]))
-                + torch.nn.functional.cross_entropy(out.end_logits[:2], torch.tensor([3, 2]))) / 2
+    expected = (
+        torch.nn.functional.cross_entropy(out.start_logits[:2], torch.tensor([1, 2]))
+        + torch.nn.functional.cross_entropy(out.end_logits[:2], torch.tensor([3, 2]))
+    ) / 2
     assert out.loss.item() == pytest.approx(expected.item(), rel=1e-5)
 
 
 def test_train_keeps_the_best_epochs_weights():
     torch.manual_seed(0)
     model = BertForSequenceClassification(BertModel(CONFIG), num_labels=2)
-    features = [{"input_ids": [2, i % 90 + 5, 3], "token_type_ids": [0, 0, 0], "labels": i % 2}
-                for i in range(12)]
+    features = [{"input_ids": [2, i % 90 + 5, 3], "token_type_ids": [0, 0, 0], "labels": i % 2} for i in range(12)]
     snapshots, scores = [], iter([0.3, 0.9, 0.5])
 
     def evaluate(m):

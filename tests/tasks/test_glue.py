@@ -12,58 +12,106 @@ from pipeline.schema import read_manifest
 from tasks.config import FinetuneConfig
 from tasks.glue import TASKS, GlueDataError, compute_metrics, get_task, read_split, run_glue
 
-MNLI_TRAIN_HEADER = ("index\tpromptID\tpairID\tgenre\tsentence1_binary_parse\tsentence2_binary_parse\t"
-                     "sentence1_parse\tsentence2_parse\tsentence1\tsentence2\tlabel1\tgold_label")
-MNLI_DEV_HEADER = MNLI_TRAIN_HEADER.replace(
-    "label1\tgold_label", "label1\tlabel2\tlabel3\tlabel4\tlabel5\tgold_label")
+MNLI_TRAIN_HEADER = (
+    "index\tpromptID\tpairID\tgenre\tsentence1_binary_parse\tsentence2_binary_parse\t"
+    "sentence1_parse\tsentence2_parse\tsentence1\tsentence2\tlabel1\tgold_label"
+)
+MNLI_DEV_HEADER = MNLI_TRAIN_HEADER.replace("label1\tgold_label", "label1\tlabel2\tlabel3\tlabel4\tlabel5\tgold_label")
 
 # task, split, file text (GLUE's real layouts), expected first example (text_a, text_b, label)
 LAYOUTS = [
-    ("CoLA", "train", "gj04\t1\t\tOur friends won't buy this analysis.\ngj04\t0\t*\tThey drank the pub.\n",
-     ("Our friends won't buy this analysis.", None, "1")),
-    ("CoLA", "test", "index\tsentence\n0\tBill whistled past the house.\n",
-     ("Bill whistled past the house.", None, None)),
-    ("SST-2", "dev", "sentence\tlabel\nit 's a charming journey . \t1\n",
-     ("it 's a charming journey . ", None, "1")),
-    ("MRPC", "train", "\ufeffQuality\t#1 ID\t#2 ID\t#1 String\t#2 String\n1\t702876\t702977\tAmrozi accused "
-     "his brother.\tReferring to him, Amrozi accused.\n",
-     ("Amrozi accused his brother.", "Referring to him, Amrozi accused.", "1")),
-    ("STS-B", "dev",
-     "index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2\tscore\n"
-     "0\tmain-captions\tMSRvid\t2012test\t0001\tnone\tnone\tA man with a hard hat is dancing.\t"
-     "A man wearing a hard hat is dancing.\t5.000\n",
-     ("A man with a hard hat is dancing.", "A man wearing a hard hat is dancing.", 5.0)),
-    ("QQP", "train", "id\tqid1\tqid2\tquestion1\tquestion2\tis_duplicate\n133273\t213221\t213222\t"
-     "How is the life of a math student?\tWhich level of prepration is enough?\t0\n",
-     ("How is the life of a math student?", "Which level of prepration is enough?", "0")),
+    (
+        "CoLA",
+        "train",
+        "gj04\t1\t\tOur friends won't buy this analysis.\ngj04\t0\t*\tThey drank the pub.\n",
+        ("Our friends won't buy this analysis.", None, "1"),
+    ),
+    (
+        "CoLA",
+        "test",
+        "index\tsentence\n0\tBill whistled past the house.\n",
+        ("Bill whistled past the house.", None, None),
+    ),
+    ("SST-2", "dev", "sentence\tlabel\nit 's a charming journey . \t1\n", ("it 's a charming journey . ", None, "1")),
+    (
+        "MRPC",
+        "train",
+        "\ufeffQuality\t#1 ID\t#2 ID\t#1 String\t#2 String\n1\t702876\t702977\tAmrozi accused "
+        "his brother.\tReferring to him, Amrozi accused.\n",
+        ("Amrozi accused his brother.", "Referring to him, Amrozi accused.", "1"),
+    ),
+    (
+        "STS-B",
+        "dev",
+        "index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2\tscore\n"
+        "0\tmain-captions\tMSRvid\t2012test\t0001\tnone\tnone\tA man with a hard hat is dancing.\t"
+        "A man wearing a hard hat is dancing.\t5.000\n",
+        ("A man with a hard hat is dancing.", "A man wearing a hard hat is dancing.", 5.0),
+    ),
+    (
+        "QQP",
+        "train",
+        "id\tqid1\tqid2\tquestion1\tquestion2\tis_duplicate\n133273\t213221\t213222\t"
+        "How is the life of a math student?\tWhich level of prepration is enough?\t0\n",
+        ("How is the life of a math student?", "Which level of prepration is enough?", "0"),
+    ),
     ("QQP", "test", "id\tquestion1\tquestion2\n7\tWhy?\tWhy not?\n", ("Why?", "Why not?", None)),
-    ("MNLI", "train", f"{MNLI_TRAIN_HEADER}\n31193\t16130\t16130n\tgovernment\t( ( x ) )\t( y )\t(ROOT x)\t"
-     "(ROOT y)\tConceptually cream skimming has two dimensions.\tProduct and geography are what make "
-     "cream skimming work. \tneutral\tneutral\n",
-     ("Conceptually cream skimming has two dimensions.",
-      "Product and geography are what make cream skimming work. ", "neutral")),
-    ("MNLI", "dev",
-     f"{MNLI_DEV_HEADER}\n0\t63735\t63735n\tslate\tp\th\tP\tH\tThe new rights are nice enough\t"
-     "Everyone really likes the newest benefits \tneutral\tentailment\tneutral\tneutral\tneutral\tneutral\n",
-     ("The new rights are nice enough", "Everyone really likes the newest benefits ", "neutral")),
-    ("QNLI", "dev", "index\tquestion\tsentence\tlabel\n0\tWhat came into force after the new "
-     "constitution was herald?\tAs of that day, the new constitution heralding the Second Republic "
-     "came into force.\tentailment\n",
-     ("What came into force after the new constitution was herald?",
-      "As of that day, the new constitution heralding the Second Republic came into force.", "entailment")),
-    ("RTE", "train", "index\tsentence1\tsentence2\tlabel\n0\tNo Weapons of Mass Destruction Found in "
-     "Iraq Yet.\tWeapons of Mass Destruction Found in Iraq.\tnot_entailment\n",
-     ("No Weapons of Mass Destruction Found in Iraq Yet.", "Weapons of Mass Destruction Found in Iraq.",
-      "not_entailment")),
-    ("WNLI", "dev", "index\tsentence1\tsentence2\tlabel\n0\tThe drain is clogged with hair. It has to "
-     "be cleaned.\tThe hair has to be cleaned.\t0\n",
-     ("The drain is clogged with hair. It has to be cleaned.", "The hair has to be cleaned.", "0")),
+    (
+        "MNLI",
+        "train",
+        f"{MNLI_TRAIN_HEADER}\n31193\t16130\t16130n\tgovernment\t( ( x ) )\t( y )\t(ROOT x)\t"
+        "(ROOT y)\tConceptually cream skimming has two dimensions.\tProduct and geography are what make "
+        "cream skimming work. \tneutral\tneutral\n",
+        (
+            "Conceptually cream skimming has two dimensions.",
+            "Product and geography are what make cream skimming work. ",
+            "neutral",
+        ),
+    ),
+    (
+        "MNLI",
+        "dev",
+        f"{MNLI_DEV_HEADER}\n0\t63735\t63735n\tslate\tp\th\tP\tH\tThe new rights are nice enough\t"
+        "Everyone really likes the newest benefits \tneutral\tentailment\tneutral\tneutral\tneutral\tneutral\n",
+        ("The new rights are nice enough", "Everyone really likes the newest benefits ", "neutral"),
+    ),
+    (
+        "QNLI",
+        "dev",
+        "index\tquestion\tsentence\tlabel\n0\tWhat came into force after the new "
+        "constitution was herald?\tAs of that day, the new constitution heralding the Second Republic "
+        "came into force.\tentailment\n",
+        (
+            "What came into force after the new constitution was herald?",
+            "As of that day, the new constitution heralding the Second Republic came into force.",
+            "entailment",
+        ),
+    ),
+    (
+        "RTE",
+        "train",
+        "index\tsentence1\tsentence2\tlabel\n0\tNo Weapons of Mass Destruction Found in "
+        "Iraq Yet.\tWeapons of Mass Destruction Found in Iraq.\tnot_entailment\n",
+        (
+            "No Weapons of Mass Destruction Found in Iraq Yet.",
+            "Weapons of Mass Destruction Found in Iraq.",
+            "not_entailment",
+        ),
+    ),
+    (
+        "WNLI",
+        "dev",
+        "index\tsentence1\tsentence2\tlabel\n0\tThe drain is clogged with hair. It has to "
+        "be cleaned.\tThe hair has to be cleaned.\t0\n",
+        ("The drain is clogged with hair. It has to be cleaned.", "The hair has to be cleaned.", "0"),
+    ),
 ]
 
 
 def test_nine_tasks_with_official_metrics():
     assert sorted(t.folder for t in TASKS.values()) == sorted(
-        ["CoLA", "SST-2", "MRPC", "STS-B", "QQP", "MNLI", "QNLI", "RTE", "WNLI"])
+        ["CoLA", "SST-2", "MRPC", "STS-B", "QQP", "MNLI", "QNLI", "RTE", "WNLI"]
+    )
     assert get_task("CoLA").metrics == ("mcc",)
     assert set(get_task("mrpc").metrics) == set(get_task("QQP").metrics) == {"f1", "accuracy"}
     assert get_task("sts-b").metrics == ("pearson", "spearman") and get_task("STS-B").is_regression
@@ -74,7 +122,8 @@ def test_nine_tasks_with_official_metrics():
         get_task("SQuAD")
     # the best-epoch score is the mean of the task's metrics
     assert compute_metrics(get_task("MRPC"), [1, 0, 1, 1], [1, 1, 1, 0]) == pytest.approx(
-        {"f1": 4 / 6, "accuracy": 0.5, "score": (4 / 6 + 0.5) / 2})
+        {"f1": 4 / 6, "accuracy": 0.5, "score": (4 / 6 + 0.5) / 2}
+    )
 
 
 @pytest.mark.parametrize("task,split,text,expected", LAYOUTS, ids=[f"{t}-{s}" for t, s, _, _ in LAYOUTS])
@@ -112,19 +161,20 @@ def test_malformed_row_names_file_line_and_column(tmp_path):
 
 def test_qqp_policy_skips_and_counts_malformed_rows(tmp_path):
     path = tmp_path / "train.tsv"
-    path.write_text("id\tqid1\tqid2\tquestion1\tquestion2\tis_duplicate\n"
-                    "1\t1\t2\tq one?\tq two?\t1\n"
-                    "2\t3\t4\tcut short\n"  # too few fields
-                    "3\t5\t6\tq?\tq!\tmaybe\n"  # bad label
-                    "4\t7\t8\tq three?\tq four?\t0\n")
+    path.write_text(
+        "id\tqid1\tqid2\tquestion1\tquestion2\tis_duplicate\n"
+        "1\t1\t2\tq one?\tq two?\t1\n"
+        "2\t3\t4\tcut short\n"  # too few fields
+        "3\t5\t6\tq?\tq!\tmaybe\n"  # bad label
+        "4\t7\t8\tq three?\tq four?\t0\n"
+    )
     got = read_split(str(path), "QQP", "train")
     assert [e.label for e in got.examples] == ["1", "0"]
     assert got.skipped == 2
 
 
 # -- run_glue end to end ----------------------------------------------------------------------------
-FILLER = ("movie film plot actor scene story music the was and really quite a very long short "
-          "dark bright").split()
+FILLER = ("movie film plot actor scene story music the was and really quite a very long short dark bright").split()
 
 
 def keyword_sentences(rng: random.Random, n: int) -> list[tuple[str, int]]:
@@ -161,8 +211,14 @@ SST2_CONFIG = FinetuneConfig(learning_rate=2e-3, batch_size=16, epochs=8, max_se
 def test_run_glue_learns_keyword_task_and_writes_everything(tmp_path, sst2_folder, tiny_model_url):
     logged = []
     out = tmp_path / "out"
-    manifest = run_glue(SST2_CONFIG, "SST-2", str(sst2_folder), tiny_model_url, str(out),
-                        log_fn=lambda m, step: logged.append((step, dict(m))))
+    manifest = run_glue(
+        SST2_CONFIG,
+        "SST-2",
+        str(sst2_folder),
+        tiny_model_url,
+        str(out),
+        log_fn=lambda m, step: logged.append((step, dict(m))),
+    )
 
     assert manifest.stage == "finetune-SST-2"
     assert manifest.counts["eval_accuracy"] >= 0.95
@@ -171,8 +227,14 @@ def test_run_glue_learns_keyword_task_and_writes_everything(tmp_path, sst2_folde
     assert set(manifest.inputs) == {"model", "data"}
     assert read_manifest(str(out)).fingerprint == manifest.fingerprint
     paths = {f.path for f in manifest.files}
-    assert {"metrics.json", "predictions.tsv", "model.safetensors", "config.json", "tokenizer.json",
-            "submission/SST-2.tsv"} <= paths
+    assert {
+        "metrics.json",
+        "predictions.tsv",
+        "model.safetensors",
+        "config.json",
+        "tokenizer.json",
+        "submission/SST-2.tsv",
+    } <= paths
 
     metrics = json.loads((out / "metrics.json").read_text())
     assert len(metrics["history"]) == 8
@@ -252,8 +314,10 @@ def test_run_glue_mnli_scores_both_dev_sets_and_writes_both_submissions(tmp_path
     (folder / "train.tsv").write_text(rows(MNLI_TRAIN_HEADER, 12, 2))
     (folder / "dev_matched.tsv").write_text(rows(MNLI_DEV_HEADER, 6, 6))
     (folder / "dev_mismatched.tsv").write_text(rows(MNLI_DEV_HEADER, 5, 6))
-    test_header = "index\tpromptID\tpairID\tgenre\tsentence1_binary_parse\tsentence2_binary_parse\t" \
-                  "sentence1_parse\tsentence2_parse\tsentence1\tsentence2"
+    test_header = (
+        "index\tpromptID\tpairID\tgenre\tsentence1_binary_parse\tsentence2_binary_parse\t"
+        "sentence1_parse\tsentence2_parse\tsentence1\tsentence2"
+    )
     (folder / "test_matched.tsv").write_text(rows(test_header, 3, 0))
     (folder / "test_mismatched.tsv").write_text(rows(test_header, 4, 0))
     config = FinetuneConfig(learning_rate=1e-3, batch_size=4, epochs=1, max_seq_length=24)
@@ -274,8 +338,10 @@ def test_crlf_files_read_like_lf(tmp_path):
     cola = "gj04\t1\t\tOur friends won't buy this analysis.\r\ngj04\t0\t*\tThey drank the pub.\r\n"
     (tmp_path / "cola.tsv").write_bytes(cola.encode())
     got = read_split(str(tmp_path / "cola.tsv"), "CoLA", "dev").examples
-    assert [(e.text_a, e.label) for e in got] == [("Our friends won't buy this analysis.", "1"),
-                                                  ("They drank the pub.", "0")]
+    assert [(e.text_a, e.label) for e in got] == [
+        ("Our friends won't buy this analysis.", "1"),
+        ("They drank the pub.", "0"),
+    ]
     rte = "index\tsentence1\tsentence2\tlabel\r\n0\ta\tb\tnot_entailment\r\n"
     (tmp_path / "rte.tsv").write_bytes(rte.encode())
     assert read_split(str(tmp_path / "rte.tsv"), "RTE", "train").examples[0].label == "not_entailment"

@@ -53,9 +53,11 @@ def test_conlleval_empty_and_constant_predictions():
 
 
 def test_reader_docstart_blank_lines_crlf_and_errors(tmp_path):
-    text = ("-DOCSTART- -X- -X- O\r\n\r\nEU NNP I-NP I-ORG\r\nrejects VBZ I-VP O\r\n"
-            "German JJ I-NP I-MISC\r\n\r\nPeter NNP I-NP I-PER\r\nBlackburn NNP I-NP I-PER\r\n"
-            "Paris NNP I-NP I-LOC\r\nRome NNP I-NP B-LOC\r\n")
+    text = (
+        "-DOCSTART- -X- -X- O\r\n\r\nEU NNP I-NP I-ORG\r\nrejects VBZ I-VP O\r\n"
+        "German JJ I-NP I-MISC\r\n\r\nPeter NNP I-NP I-PER\r\nBlackburn NNP I-NP I-PER\r\n"
+        "Paris NNP I-NP I-LOC\r\nRome NNP I-NP B-LOC\r\n"
+    )
     (tmp_path / "eng.train").write_bytes(text.encode())
     sents = read_conll(str(tmp_path / "eng.train"))
     assert [s.words for s in sents] == [["EU", "rejects", "German"], ["Peter", "Blackburn", "Paris", "Rome"]]
@@ -103,7 +105,10 @@ def test_long_sentences_are_split_into_windows_and_no_word_is_lost(tiny_tokenize
     assert positions == [[(0, 1), (1, 1), (2, 1), (2, 2)]]
     assert all(len(f["input_ids"]) <= 4 for f in features)
     assert [f["labels"] for f in features] == [
-        [IGNORE_INDEX, 0, IGNORE_INDEX], [IGNORE_INDEX, 1, IGNORE_INDEX, IGNORE_INDEX], [IGNORE_INDEX, 0, 1, IGNORE_INDEX]]
+        [IGNORE_INDEX, 0, IGNORE_INDEX],
+        [IGNORE_INDEX, 1, IGNORE_INDEX, IGNORE_INDEX],
+        [IGNORE_INDEX, 0, 1, IGNORE_INDEX],
+    ]
     # every word is predicted from its own window
     logits = [[[0.0, 0.0, 0.0] for _ in f["input_ids"]] for f in features]
     logits[1][1] = [0.0, 3.0, 0.0]

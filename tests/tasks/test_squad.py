@@ -10,11 +10,15 @@ from pipeline.schema import read_manifest
 from tasks.config import FinetuneConfig, SquadConfig
 from tasks.metrics import squad_evaluate
 from tasks.squad import (
-    SquadDataError, decode_predictions, gold_answers, make_features, read_squad, run_squad,
+    SquadDataError,
+    decode_predictions,
+    gold_answers,
+    make_features,
+    read_squad,
+    run_squad,
 )
 
-PAIRS = [("france", "paris"), ("italy", "rome"), ("germany", "berlin"), ("spain", "madrid"),
-         ("portugal", "lisbon")]
+PAIRS = [("france", "paris"), ("italy", "rome"), ("germany", "berlin"), ("spain", "madrid"), ("portugal", "lisbon")]
 FILLER = "the movie was long and the music was very dark , the story was quite short .".split()
 
 
@@ -27,16 +31,34 @@ def make_article(rng: random.Random, index: int, impossible: bool) -> dict:
         sentence = f"the capital of {country} is {city} . "
         start = len(text) + sentence.index(city)
         text += sentence
-        qas.append({"id": f"q{index}-{country}", "question": f"what is the capital of {country} ?",
-                    "answers": [{"text": city, "answer_start": start}]})
+        qas.append(
+            {
+                "id": f"q{index}-{country}",
+                "question": f"what is the capital of {country} ?",
+                "answers": [{"text": city, "answer_start": start}],
+            }
+        )
     text += "a naïve café in Oslo ; "
-    qas.append({"id": f"q{index}-cafe", "question": "what is in oslo ?",
-                "answers": [{"text": "naïve café", "answer_start": text.index("naïve café")},
-                            {"text": "café", "answer_start": text.index("café")}]})
+    qas.append(
+        {
+            "id": f"q{index}-cafe",
+            "question": "what is in oslo ?",
+            "answers": [
+                {"text": "naïve café", "answer_start": text.index("naïve café")},
+                {"text": "café", "answer_start": text.index("café")},
+            ],
+        }
+    )
     if impossible:
-        qas.append({"id": f"q{index}-norway", "question": "what is the capital of norway ?",
-                    "answers": [], "is_impossible": True,
-                    "plausible_answers": [{"text": "oslo", "answer_start": text.index("Oslo")}]})
+        qas.append(
+            {
+                "id": f"q{index}-norway",
+                "question": "what is the capital of norway ?",
+                "answers": [],
+                "is_impossible": True,
+                "plausible_answers": [{"text": "oslo", "answer_start": text.index("Oslo")}],
+            }
+        )
     parts.append({"context": text.strip(), "qas": qas})
     return {"title": f"t{index}", "paragraphs": parts}
 
@@ -46,8 +68,7 @@ def write_squad(folder, version: str, n_train: int = 6, n_dev: int = 3, seed: in
     folder.mkdir(parents=True, exist_ok=True)
     impossible = version == "2.0"
     for split, n, offset in (("train", n_train, 0), ("dev", n_dev, 100)):
-        data = {"version": f"v{version}",
-                "data": [make_article(rng, offset + i, impossible) for i in range(n)]}
+        data = {"version": f"v{version}", "data": [make_article(rng, offset + i, impossible) for i in range(n)]}
         (folder / f"{split}-v{version}.json").write_text(json.dumps(data, ensure_ascii=False))
     return folder
 
@@ -65,14 +86,19 @@ def test_reader_v1_and_v2(tmp_path):
     assert gold_answers(norway)[norway[0].qid] == []
 
 
-@pytest.mark.parametrize("qa,message", [
-    ({"question": "q?", "answers": [{"text": "a", "answer_start": 0}]}, "a question without an 'id'"),
-    ({"id": "x1", "answers": [{"text": "a", "answer_start": 0}]}, "question x1: 'question' missing"),
-    ({"id": "x2", "question": "q?", "answers": []}, "question x2: no answers"),
-    ({"id": "x3", "question": "q?", "answers": [{"text": "a", "answer_start": 99}]},
-     "question x3: answers\\[0\\].answer_start 99 outside the context"),
-    ({"id": "x4", "question": "q?", "answers": [{"text": "a"}]}, "question x4: answers\\[0\\] needs"),
-])
+@pytest.mark.parametrize(
+    "qa,message",
+    [
+        ({"question": "q?", "answers": [{"text": "a", "answer_start": 0}]}, "a question without an 'id'"),
+        ({"id": "x1", "answers": [{"text": "a", "answer_start": 0}]}, "question x1: 'question' missing"),
+        ({"id": "x2", "question": "q?", "answers": []}, "question x2: no answers"),
+        (
+            {"id": "x3", "question": "q?", "answers": [{"text": "a", "answer_start": 99}]},
+            "question x3: answers\\[0\\].answer_start 99 outside the context",
+        ),
+        ({"id": "x4", "question": "q?", "answers": [{"text": "a"}]}, "question x4: answers\\[0\\] needs"),
+    ],
+)
 def test_reader_errors_name_the_question(tmp_path, qa, message):
     path = tmp_path / "bad.json"
     path.write_text(json.dumps({"data": [{"paragraphs": [{"context": "a b c", "qas": [qa]}]}]}))
@@ -119,8 +145,8 @@ def test_windows_map_back_to_the_exact_answer_text(tmp_path, tiny_tokenizer, ver
             assert found and set(found) == {ex.answers[0][0]}, ex.qid  # exact, accents included
         # every context token is "max context" in exactly one window
         homes = {}
-        for f, w in per_example[index]:
-            for pos, (off, home) in enumerate(zip(w.offsets, w.max_context)):
+        for _f, w in per_example[index]:
+            for off, home in zip(w.offsets, w.max_context):
                 if off is not None:
                     homes[off] = homes.get(off, 0) + int(home)
         assert set(homes.values()) == {1}
@@ -157,10 +183,16 @@ def test_run_squad_end_to_end(tmp_path, tiny_model_url, version):
     data = write_squad(tmp_path / "squad", version)
     out = tmp_path / "out"
     logged = []
-    config = FinetuneConfig(learning_rate=1e-3, batch_size=8, epochs=2, max_seq_length=32,
-                            squad=SquadConfig(doc_stride=6, max_query_length=8))
-    manifest = run_squad(config, str(data), tiny_model_url, str(out), version=version,
-                         log_fn=lambda m, s: logged.append(m))
+    config = FinetuneConfig(
+        learning_rate=1e-3,
+        batch_size=8,
+        epochs=2,
+        max_seq_length=32,
+        squad=SquadConfig(doc_stride=6, max_query_length=8),
+    )
+    manifest = run_squad(
+        config, str(data), tiny_model_url, str(out), version=version, log_fn=lambda m, s: logged.append(m)
+    )
     assert manifest.stage == f"finetune-squad-v{version}"
     assert read_manifest(str(out)).fingerprint == manifest.fingerprint
     assert manifest.config["squad"]["doc_stride"] == 6

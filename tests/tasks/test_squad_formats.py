@@ -10,8 +10,13 @@ from tasks.squad import SquadDataError, locate_answer, read_squad
 
 CONTEXT = "He lived in New\nYork for years."
 FLAT = [
-    {"id": "a1", "title": "T", "context": CONTEXT, "question": "where ?",
-     "answers": {"text": ["New York"], "answer_start": [12]}},
+    {
+        "id": "a1",
+        "title": "T",
+        "context": CONTEXT,
+        "question": "where ?",
+        "answers": {"text": ["New York"], "answer_start": [12]},
+    },
     {"id": "a2", "title": "T", "context": CONTEXT, "question": "who ?", "answers": {"text": [], "answer_start": []}},
 ]
 

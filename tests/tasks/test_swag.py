@@ -8,8 +8,12 @@ HEADER = ",video-id,fold-ind,startphrase,sent1,sent2,gold-source,ending0,ending1
 
 
 def test_reader_and_features(tmp_path, tiny_tokenizer):
-    rows = [HEADER, '0,v1,5,"the movie, the plot",the movie was long .,the actor,gold,is dark .,"was, ""quite"" short",is bright .,was named paris .,2',
-            '1,v2,6,x,the city is old .,the river,gold,a,b,c,d,0']
+    rows = [
+        HEADER,
+        '0,v1,5,"the movie, the plot",the movie was long .,the actor,gold,is dark .,'
+        '"was, ""quite"" short",is bright .,was named paris .,2',
+        "1,v2,6,x,the city is old .,the river,gold,a,b,c,d,0",
+    ]
     (tmp_path / "train.csv").write_bytes("\r\n".join(rows).encode() + b"\r\n")
     ex = read_swag(str(tmp_path / "train.csv"))
     assert [e.label for e in ex] == [2, 0] and ex[0].row_id == "0"

@@ -116,7 +116,7 @@ def prepare(work: str, size: str) -> tuple[str, str, float]:
     """The corpus and vocab stages of a synthetic corpus of ``size`` (reused when present)."""
     from pipeline.config import CorpusConfig, VocabConfig
     from pipeline.corpus import run_corpus
-    from pipeline.schema import has_manifest
+    from pipeline.schema.manifest import has_manifest
     from pipeline.wordpiece import run_vocab
     from synth.corpus import parse_size, write_corpus
 

@@ -66,7 +66,7 @@ def main() -> None:
     try:
         import fsspec
 
-        from pipeline.schema import Manifest, manifest_url, save_manifest
+        from pipeline.schema.manifest import Manifest, manifest_url, save_manifest
 
         fs = fsspec.filesystem("gs", token="anon")
         bucket = f"bench-{os.getpid()}"

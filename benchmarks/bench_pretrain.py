@@ -171,7 +171,7 @@ def write_shards(folder: str, n: int, seq: int, shards: int = 4) -> list[str]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from pipeline.schema import example_schema
+    from pipeline.schema.parquet import example_schema
 
     rng = np.random.default_rng(0)
     urls = []

@@ -31,7 +31,8 @@ from flows.launch import launch_pretrain
 from flows.presets import load_config
 from model.bert import BertForPreTraining
 from model.export import copy_tokenizer, run_export, save_pretrained
-from pipeline.schema import has_manifest, join_url, read_manifest
+from pipeline.schema.manifest import has_manifest, read_manifest
+from pipeline.schema.storage import join_url
 from synth.corpus import SAMPLE_DIR, parse_size, write_corpus
 
 
@@ -129,7 +130,7 @@ def main() -> None:
     if has_manifest(pretrain) and read_manifest(pretrain).counts["steps"] != cfg.pretrain.total_steps:
         # another schedule: the trainer resumes from the latest checkpoint (steps and warm-up
         # are tunable, see model/resume.py) and trains on to the new total
-        from pipeline.schema import manifest_url
+        from pipeline.schema.manifest import manifest_url
 
         for url in (pretrain, export):  # the export follows the pretraining
             if has_manifest(url):

@@ -108,7 +108,7 @@ def preflight(
             parent = os.path.dirname(parent)
         if not os.access(parent, os.W_OK):
             raise PermissionError(f"--root {root}: {parent} is not writable")
-    from pipeline.schema import fingerprint_input
+    from pipeline.schema.manifest import fingerprint_input
 
     if "corpus" in stages:
         check_data(cfg)

@@ -303,7 +303,7 @@ def _status(args, cfg) -> int:
 
 def _inspect(args) -> int:
     from flows.inspect import inspect_url
-    from pipeline.schema import ManifestError
+    from pipeline.schema.manifest import ManifestError
 
     try:
         print(inspect_url(args.url, args.n))

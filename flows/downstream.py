@@ -31,15 +31,15 @@ from typing import Any
 
 import fsspec
 
-from pipeline.schema import (
+from pipeline.schema.manifest import (
     Manifest,
     clear_stage,
     fingerprint_input,
     has_manifest,
-    join_url,
     read_manifest,
     write_manifest,
 )
+from pipeline.schema.storage import join_url
 from tasks.config import FinetuneConfig
 
 logger = logging.getLogger("bertflow.finetune")
@@ -311,7 +311,7 @@ def point_key(unit: dict[str, Any]) -> tuple:
 
 
 def _units_digest(unit_urls: list[str], finished: list[dict]) -> str:
-    from pipeline.schema import config_digest
+    from pipeline.schema.config import config_digest
 
     return config_digest(sorted(u["unit_id"] for u in finished))
 

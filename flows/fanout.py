@@ -37,7 +37,7 @@ from prefect.utilities.annotations import allow_failure
 from flows.presets import RunConfig, config_from_dict
 from flows.stages import StageResult, check_inputs_ready, get_stage, run_stage_unit, stage_state
 from flows.tracking import ENV_RUN_ID, ENV_TRACKING_URI, Tracker
-from pipeline.schema import redact
+from pipeline.schema.config import redact
 
 log = logging.getLogger("bertflow.flow")
 

@@ -12,7 +12,8 @@ import json
 
 import fsspec
 
-from pipeline.schema import ManifestError, has_manifest, join_url, read_manifest
+from pipeline.schema.manifest import ManifestError, has_manifest, read_manifest
+from pipeline.schema.storage import join_url
 
 
 def _stage_of(url: str) -> tuple[str, str]:

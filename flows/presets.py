@@ -18,14 +18,11 @@ from typing import Any
 
 from model.config import BertConfig, PhaseConfig, PretrainConfig
 from pipeline.config import BeamConfig, CorpusConfig, ExamplesConfig, VocabConfig
+from pipeline.schema.config import ConfigError
 from tasks.config import PAPER_GRID, FinetuneConfig, GridConfig, SquadConfig
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SAMPLE_DATA = REPO_ROOT / "data" / "sample"
-
-
-class ConfigError(ValueError):
-    """An invalid run configuration; the message names the field."""
 
 
 @dataclass(frozen=True)
@@ -353,21 +350,6 @@ def _coerce(value: Any, hint: Any, full: str) -> Any:
 
 def as_dict(cfg: Any) -> dict[str, Any]:
     return dataclasses.asdict(cfg)
-
-
-def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Nested dict -> {"a.b.c": value}, for MLflow params."""
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict):
-            out.update(flatten(v, key + "."))
-        elif isinstance(v, (list, tuple)) and v and isinstance(v[0], dict):
-            for i, item in enumerate(v):
-                out.update(flatten(item, f"{key}.{i}."))
-        else:
-            out[key] = v
-    return out
 
 
 def resolve_data(cfg: DataConfig) -> DataConfig:

@@ -31,7 +31,9 @@ from flows.presets import RunConfig, as_dict, load_config
 from flows.reporting import format_figure, key_figures, stage_markdown, summary_markdown
 from flows.stages import CHAIN, StageResult, get_stage, run_stage, stage_config, stage_names, stages_after
 from flows.tracking import ENV_RUN_ID, ENV_TRACKING_URI, Tracker, default_tracking_uri, git_commit
-from pipeline.schema import ManifestError, config_digest, fingerprint_input, join_url
+from pipeline.schema.config import config_digest
+from pipeline.schema.manifest import ManifestError, fingerprint_input
+from pipeline.schema.storage import join_url
 
 log = logging.getLogger("bertflow.flow")
 

@@ -27,7 +27,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from pipeline.schema import Manifest, read_manifest
+from pipeline.schema.manifest import Manifest, read_manifest
 
 if TYPE_CHECKING:
     from flows.stages import StageCall

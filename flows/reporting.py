@@ -6,7 +6,7 @@ import fnmatch
 import logging
 from typing import TYPE_CHECKING, Any
 
-from pipeline.schema import join_url
+from pipeline.schema.storage import join_url
 
 if TYPE_CHECKING:
     from flows.stages import StageResult

@@ -13,7 +13,7 @@ import json
 import os
 from typing import Any
 
-from pipeline.schema import redact
+from pipeline.schema.config import redact
 
 ENV_SECRET_OVERRIDES = "BERTFLOW_SECRET_OVERRIDES"
 

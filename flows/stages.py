@@ -28,15 +28,15 @@ from typing import Any
 
 from flows.presets import ConfigError, RunConfig, resolve_data
 from pipeline.config import output_config
-from pipeline.schema import (
+from pipeline.schema.manifest import (
     Manifest,
     ManifestError,
     fingerprint_input,
     has_manifest,
-    join_url,
     read_manifest,
     save_manifest,
 )
+from pipeline.schema.storage import join_url
 
 log = logging.getLogger("bertflow.flow")
 

@@ -14,8 +14,7 @@ import os
 import time
 from typing import Any
 
-from flows.presets import flatten
-from pipeline.schema import redact
+from pipeline.schema.config import flatten, redact
 
 ENV_RUN_ID = "BERTFLOW_MLFLOW_RUN_ID"
 ENV_TRACKING_URI = "MLFLOW_TRACKING_URI"

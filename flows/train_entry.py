@@ -43,7 +43,7 @@ def read_vocab(vocab_url: str) -> list[str]:
     """The tokens of ``{vocab_url}/vocab.txt``, one per line (line number = id)."""
     import fsspec
 
-    from pipeline.schema import join_url
+    from pipeline.schema.storage import join_url
 
     url = join_url(vocab_url, "vocab.txt")
     fs, path = fsspec.core.url_to_fs(url)
@@ -74,7 +74,7 @@ def masking_from(spec: dict) -> tuple[MaskRule | None, int | None]:
     """(mask_fn, pad id) from the vocabulary and the examples stage's config; (None, None) without a vocab."""
     if not spec.get("vocab_url"):
         return None, None
-    from pipeline.schema import read_manifest
+    from pipeline.schema.manifest import read_manifest
 
     vocab = read_vocab(spec["vocab_url"])
     if "[PAD]" not in vocab:

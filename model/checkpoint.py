@@ -25,8 +25,8 @@ import fsspec
 import torch
 from torch import nn
 
+from model.contract import join_url, write_atomically
 from model.export import load_hf_state_dict, read_weights, save_weights
-from pipeline.schema import join_url, write_atomically
 
 log = logging.getLogger("bertflow.checkpoint")
 

@@ -1,32 +1,54 @@
-"""The stage contract (manifests, URL helpers) as model/ and tasks/ use it.
+"""The one door from ``model/`` and ``tasks/`` to the data contract (``pipeline/schema/``).
 
-Defined once in ``pipeline/schema.py``; re-exported here so that ``tasks/`` reaches it through
-``model/`` (its one allowed dependency of ours) and the import arrows stay
-``tasks -> model -> pipeline.schema``.
+Every name of ``pipeline/`` that the training side uses is listed here, so this is the only file
+of ``model/`` and ``tasks/`` that imports ``pipeline``, and the arrows stay
+``tasks -> model -> pipeline.schema`` (``tests/test_architecture.py``). The contract itself is
+defined once, in ``pipeline/schema/``; its Parquet columns, manifest and commit rule are what the
+Beam jobs write and the loader and fine-tuning read.
 """
 
-from pipeline.schema import (
-    EXAMPLE_COLUMNS,
-    Manifest,
-    ManifestError,
-    clear_stage,
-    describe_file,
-    fingerprint_input,
-    join_url,
-    list_files,
-    read_manifest,
-    write_manifest,
-)
+from pipeline.schema import config as _config
+from pipeline.schema import manifest as _manifest
+from pipeline.schema import parquet as _parquet
+from pipeline.schema import storage as _storage
+
+# the Parquet columns of the examples stage (pipeline/schema/parquet.py)
+EXAMPLE_COLUMNS = _parquet.EXAMPLE_COLUMNS
+
+# the stage manifest (pipeline/schema/manifest.py)
+Manifest = _manifest.Manifest
+ManifestError = _manifest.ManifestError
+clear_stage = _manifest.clear_stage
+describe_file = _manifest.describe_file
+fingerprint_input = _manifest.fingerprint_input
+list_files = _manifest.list_files
+manifest_url = _manifest.manifest_url
+read_manifest = _manifest.read_manifest
+write_manifest = _manifest.write_manifest
+
+# URLs and whole-file commits (pipeline/schema/storage.py)
+join_url = _storage.join_url
+write_atomically = _storage.write_atomically
+
+# configuration: the one error type and check(), digests (pipeline/schema/config.py)
+ConfigError = _config.ConfigError
+check = _config.check
+config_digest = _config.config_digest
 
 __all__ = [
     "EXAMPLE_COLUMNS",
+    "ConfigError",
     "Manifest",
     "ManifestError",
+    "check",
     "clear_stage",
+    "config_digest",
     "describe_file",
     "fingerprint_input",
     "join_url",
     "list_files",
+    "manifest_url",
     "read_manifest",
+    "write_atomically",
     "write_manifest",
 ]

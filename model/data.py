@@ -30,7 +30,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from pipeline.schema import EXAMPLE_COLUMNS, Manifest
+from model.contract import EXAMPLE_COLUMNS, Manifest
 
 IGNORE_INDEX = -100
 

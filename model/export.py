@@ -27,7 +27,7 @@ from torch import nn
 
 from model.bert import BertForPreTraining, BertModel, count_parameters
 from model.config import BertConfig
-from pipeline.schema import (
+from model.contract import (
     Manifest,
     clear_stage,
     fingerprint_input,

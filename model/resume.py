@@ -22,7 +22,7 @@ import dataclasses
 from typing import Any
 
 from model.config import BertConfig, PretrainConfig
-from pipeline.schema import config_digest
+from model.contract import config_digest
 
 FREE = (
     "log_every",

@@ -40,6 +40,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import torch
 
+from model.contract import EXAMPLE_COLUMNS
 from model.data import (
     ExampleArrays,
     MaskFn,
@@ -50,7 +51,6 @@ from model.data import (
     stable_seed,
     validate_examples,
 )
-from pipeline.schema import EXAMPLE_COLUMNS
 
 log = logging.getLogger("bertflow.stream")
 

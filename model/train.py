@@ -48,14 +48,7 @@ from model.backend import Backend, setup_backend, unwrap
 from model.bert import BertForPreTraining, count_parameters, mlm_correct
 from model.checkpoint import checkpoint_url, load_latest_good, prune_checkpoints, save_checkpoint, to_cpu
 from model.config import BertConfig, PhaseConfig, PretrainConfig
-from model.data import IGNORE_INDEX, MaskFn, shard_urls, stable_seed
-from model.export import load_hf_state_dict, load_pretrained, save_pretrained
-from model.feed import StepFeed
-from model.metrics import Window, peak_tflops, step_flops, summary
-from model.optim import build_optimizer, warmup_linear_schedule
-from model.resume import FREE, ResumeError, compare, exact_digest, run_record
-from model.stream import LoaderSpec, StreamingLoader
-from pipeline.schema import (
+from model.contract import (
     Manifest,
     clear_stage,
     describe_file,
@@ -65,6 +58,13 @@ from pipeline.schema import (
     read_manifest,
     write_manifest,
 )
+from model.data import IGNORE_INDEX, MaskFn, shard_urls, stable_seed
+from model.export import load_hf_state_dict, load_pretrained, save_pretrained
+from model.feed import StepFeed
+from model.metrics import Window, peak_tflops, step_flops, summary
+from model.optim import build_optimizer, warmup_linear_schedule
+from model.resume import FREE, ResumeError, compare, exact_digest, run_record
+from model.stream import LoaderSpec, StreamingLoader
 
 log = logging.getLogger("bertflow.pretrain")
 

@@ -22,7 +22,7 @@ from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from pipeline.config import BeamConfig
-from pipeline.schema import join_url
+from pipeline.schema.storage import join_url
 
 log = logging.getLogger(__name__)
 

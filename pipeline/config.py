@@ -11,14 +11,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-
-class ConfigError(ValueError):
-    """An invalid configuration value; the message names the field."""
-
-
-def check(ok: bool, name: str, message: str) -> None:
-    if not ok:
-        raise ConfigError(f"{name}: {message}")
+from pipeline.schema.config import check
 
 
 @dataclass(frozen=True)

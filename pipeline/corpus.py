@@ -83,16 +83,9 @@ from pipeline.readers import (
     looks_binary,
     read_book,
 )
-from pipeline.schema import (
-    DOCUMENT_SCHEMA,
-    Manifest,
-    clear_stage,
-    describe_file,
-    fingerprint_input,
-    join_url,
-    list_files,
-    write_manifest,
-)
+from pipeline.schema.manifest import Manifest, clear_stage, describe_file, fingerprint_input, list_files, write_manifest
+from pipeline.schema.parquet import DOCUMENT_SCHEMA
+from pipeline.schema.storage import join_url
 from pipeline.sentences import book_paragraphs, split_sentences, strip_boilerplate
 from pipeline.shards import write_table
 from pipeline.wikitext import clean_wikitext

@@ -44,7 +44,7 @@ import pyarrow as pa
 
 from pipeline.config import CorpusConfig
 from pipeline.filters import near_duplicates
-from pipeline.schema import join_url, write_atomically
+from pipeline.schema.storage import join_url, write_atomically
 from pipeline.shards import KEY, MAX_FAN_IN, RunWriter, iter_merged, read_rows, write_table
 
 log = logging.getLogger("bertflow.corpus")

@@ -53,7 +53,8 @@ from pipeline.corpus_decide import (
     sort_key,
 )
 from pipeline.filters import REJECT_SCHEMA, digest, normalise, reject_row, text_digest
-from pipeline.schema import DOCUMENT_SCHEMA, join_url
+from pipeline.schema.parquet import DOCUMENT_SCHEMA
+from pipeline.schema.storage import join_url
 from pipeline.shards import KEY, RunWriter, merge_runs_in_levels, read_rows, use_lean_memory_pool, write_table
 
 log = logging.getLogger("bertflow.corpus")

@@ -55,17 +55,17 @@ from pipeline.bucket_docs import bucket_documents
 from pipeline.config import ExamplesConfig, output_config
 from pipeline.example_view import decode_examples, histogram_bin, histogram_bins  # noqa: F401
 from pipeline.masking import VocabIds, create_instances_from_document, example_rng
-from pipeline.schema import (
+from pipeline.schema.manifest import (
     Manifest,
     clear_stage,
     describe_file,
-    example_schema,
     fingerprint_input,
-    join_url,
     list_files,
     read_manifest,
     write_manifest,
 )
+from pipeline.schema.parquet import example_schema
+from pipeline.schema.storage import join_url
 from pipeline.segment import Segmenter, continuation_flags, has_cjk
 from pipeline.shards import KEY, RunWriter, merge_runs_in_levels, use_lean_memory_pool
 from pipeline.wordpiece import VOCAB_FILE, build_text_tokenizer, read_vocab, write_vocab

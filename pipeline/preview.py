@@ -9,7 +9,8 @@ from __future__ import annotations
 import fsspec
 import pyarrow.parquet as pq
 
-from pipeline.schema import join_url, read_manifest
+from pipeline.schema.manifest import read_manifest
+from pipeline.schema.storage import join_url
 
 __all__ = ["preview_corpus", "format_preview"]
 

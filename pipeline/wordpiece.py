@@ -45,15 +45,8 @@ from tokenizers import (
 )
 
 from pipeline.config import VocabConfig, to_dict
-from pipeline.schema import (
-    Manifest,
-    clear_stage,
-    fingerprint_input,
-    join_url,
-    read_manifest,
-    write_atomically,
-    write_manifest,
-)
+from pipeline.schema.manifest import Manifest, clear_stage, fingerprint_input, read_manifest, write_manifest
+from pipeline.schema.storage import join_url, write_atomically
 
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
 PREFIX = "##"

@@ -11,14 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-
-class ConfigError(ValueError):
-    """An invalid configuration value; the message names the field."""
-
-
-def check(ok: bool, name: str, message: str) -> None:
-    if not ok:
-        raise ConfigError(f"{name}: {message}")
+from model.contract import check
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,8 @@ import pytest
 from flows.checks import RootBusyError, RootLock
 from flows.cli import main
 from flows.secrets import ENV_SECRET_OVERRIDES, merge_secret_overrides, split_secret_overrides
-from pipeline.schema import REDACTED, read_manifest, redact, write_manifest
+from pipeline.schema.config import REDACTED, redact
+from pipeline.schema.manifest import read_manifest, write_manifest
 
 HOLD = (
     "import sys, time; from flows.checks import RootLock; RootLock(sys.argv[1]).acquire(); "

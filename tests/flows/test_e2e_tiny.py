@@ -6,7 +6,7 @@ import pyarrow.parquet as pq
 
 from flows.downstream import plan_units
 from flows.presets import load_config, parse_overrides
-from pipeline.schema import read_manifest
+from pipeline.schema.manifest import read_manifest
 
 
 def test_every_stage_wrote_its_outputs_and_manifest(chain):

@@ -22,7 +22,7 @@ from flows.fanout import _set_path, fan_out
 from flows.presets import load_config
 from flows.pretrain_flow import session
 from flows.stages import stage_names
-from pipeline.schema import read_manifest
+from pipeline.schema.manifest import read_manifest
 
 OVERRIDES = {"finetune_tasks": ["sst2"], "finetune.grid.learning_rates": [5e-4, 1e-3], "finetune.epochs": 1}
 

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from pipeline.schema import read_manifest
+from pipeline.schema.manifest import read_manifest
 
 STAGES = ["corpus", "vocab", "examples", "pretrain", "export", "finetune/sst2"]
 COMPARED = ["corpus", "vocab", "examples", "model"]

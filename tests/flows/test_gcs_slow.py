@@ -16,7 +16,7 @@ import sys
 import fsspec
 import pytest
 
-from pipeline.schema import read_manifest
+from pipeline.schema.manifest import read_manifest
 
 pytestmark = pytest.mark.slow
 

@@ -1,6 +1,7 @@
 import pytest
 
-from flows.presets import ConfigError, flatten, load_config, parse_overrides
+from flows.presets import load_config, parse_overrides
+from pipeline.schema.config import ConfigError, flatten
 
 
 def test_presets_have_the_paper_shapes():

@@ -8,7 +8,7 @@ import pytest
 
 from flows.presets import load_config
 from flows.stages import run_stage
-from pipeline.schema import read_manifest
+from pipeline.schema.manifest import read_manifest
 from synth.corpus import write_corpus
 
 pytestmark = pytest.mark.slow

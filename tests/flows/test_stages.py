@@ -20,7 +20,7 @@ from flows.stages import (
     stage_url,
     stages_after,
 )
-from pipeline.schema import ManifestError, fingerprint_input, read_manifest, save_manifest, write_manifest
+from pipeline.schema.manifest import ManifestError, fingerprint_input, read_manifest, save_manifest, write_manifest
 
 
 def test_one_table_drives_the_cli_and_the_flows():

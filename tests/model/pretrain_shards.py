@@ -12,7 +12,8 @@ import pyarrow.parquet as pq
 
 from model.config import BertConfig
 from pipeline.masking import VocabIds, create_masked_lm_predictions
-from pipeline.schema import example_schema, write_manifest
+from pipeline.schema.manifest import write_manifest
+from pipeline.schema.parquet import example_schema
 
 V, PAD, CLS, SEP, MASK, FIRST = 99, 0, 2, 3, 4, 5
 VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(FIRST, V)]

@@ -9,7 +9,7 @@ import torch
 from model.bert import BertForPreTraining, BertModel
 from model.config import BertConfig
 from model.export import load_bert_config, load_pretrained, run_export, save_pretrained
-from pipeline.schema import read_manifest, write_manifest
+from pipeline.schema.manifest import read_manifest, write_manifest
 
 CFG = BertConfig(
     vocab_size=99,

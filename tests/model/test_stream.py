@@ -9,7 +9,7 @@ from pretrain_shards import CLS, MASK, SEP, MaskRule, V, write_example_stage
 
 from model.data import apply_dynamic_masking, padded_length, shard_urls
 from model.stream import LoaderSpec, PartStream, StreamingLoader, plan_units, split_units
-from pipeline.schema import read_manifest
+from pipeline.schema.manifest import read_manifest
 
 
 @pytest.fixture(scope="module")

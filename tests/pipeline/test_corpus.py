@@ -23,7 +23,7 @@ from pipeline.corpus import (
 )
 from pipeline.corpus_dedup import DedupAndWrite
 from pipeline.readers import Page
-from pipeline.schema import read_manifest
+from pipeline.schema.manifest import read_manifest
 
 CFG = CorpusConfig(min_sentence_chars=12, min_doc_sentences=2, num_shards=2)
 

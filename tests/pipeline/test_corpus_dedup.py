@@ -10,7 +10,7 @@ from pipeline.config import BeamConfig, CorpusConfig
 from pipeline.corpus import build_paragraphs, run_corpus
 from pipeline.corpus_decide import paragraph_drops
 from pipeline.corpus_dedup import apply_drops, doc_digest, paragraph_hash
-from pipeline.schema import read_manifest
+from pipeline.schema.manifest import read_manifest
 from synth.dumps import page_xml, write_dump
 
 CFG = CorpusConfig(num_shards=3)

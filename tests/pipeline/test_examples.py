@@ -19,13 +19,8 @@ from pipeline.examples import (
     run_examples,
     token_work,
 )
-from pipeline.schema import (
-    DOCUMENT_SCHEMA,
-    ManifestError,
-    example_schema,
-    read_manifest,
-    write_manifest,
-)
+from pipeline.schema.manifest import ManifestError, read_manifest, write_manifest
+from pipeline.schema.parquet import DOCUMENT_SCHEMA, example_schema
 from pipeline.wordpiece import read_vocab, run_vocab
 
 WORDS = (

@@ -16,7 +16,7 @@ from pipeline.masking import (
     example_rng,
     truncate_seq_pair,
 )
-from pipeline.schema import example_schema
+from pipeline.schema.parquet import example_schema
 
 SPECIALS = ["[PAD]"] + [f"[unused{i}]" for i in range(99)] + ["[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 FIRST = len(SPECIALS)  # 104

@@ -3,15 +3,15 @@ import json
 import pyarrow as pa
 import pytest
 
-from pipeline.schema import (
+from pipeline.schema.manifest import (
     ManifestError,
     clear_stage,
-    example_schema,
     fingerprint_input,
     has_manifest,
     read_manifest,
     write_manifest,
 )
+from pipeline.schema.parquet import example_schema
 
 
 def test_manifest_round_trip_and_fingerprint(tmp_path):

@@ -1,4 +1,4 @@
-"""The commit rule of ``pipeline.schema.write_atomically``: a rename on local folders, one object
+"""The commit rule of ``pipeline.schema.storage.write_atomically``: a rename on local folders, one object
 write (never a rename) on object stores, checked on memory:// and on the GCS emulator."""
 
 import logging
@@ -8,8 +8,9 @@ import fsspec
 import pytest
 from fsspec.implementations.memory import MemoryFileSystem
 
-from pipeline import schema
-from pipeline.schema import read_manifest, write_atomically, write_manifest
+from pipeline.schema import storage
+from pipeline.schema.manifest import read_manifest, write_manifest
+from pipeline.schema.storage import write_atomically
 
 
 def test_local_write_replaces_the_whole_file_and_leaves_no_temporary(tmp_path):
@@ -28,7 +29,7 @@ def test_local_write_that_fails_keeps_the_old_file_and_cleans_up(tmp_path, monke
     def refuse(src, dst):
         raise OSError("disk gone")
 
-    monkeypatch.setattr(schema.os, "replace", refuse)
+    monkeypatch.setattr(storage.os, "replace", refuse)
     with pytest.raises(OSError, match="disk gone"):
         write_atomically(str(target), "new")
     assert target.read_text() == "old, complete"

@@ -13,7 +13,8 @@ import pytest
 from tokenizers import Tokenizer, pre_tokenizers
 
 from pipeline.config import ConfigError, VocabConfig
-from pipeline.schema import DOCUMENT_SCHEMA, ManifestError, read_manifest, write_manifest
+from pipeline.schema.manifest import ManifestError, read_manifest, write_manifest
+from pipeline.schema.parquet import DOCUMENT_SCHEMA
 from pipeline.wordpiece import (
     _normalizer,
     build_text_tokenizer,

@@ -9,7 +9,7 @@ import pathlib
 import pytest
 
 import flows.downstream as D
-from pipeline.schema import write_manifest
+from pipeline.schema.manifest import write_manifest
 from tasks.config import FinetuneConfig, GridConfig
 from tasks.metrics import pearson
 

@@ -8,7 +8,7 @@ import shutil
 import fsspec
 import pytest
 
-from pipeline.schema import read_manifest
+from pipeline.schema.manifest import read_manifest
 from tasks.config import FinetuneConfig
 from tasks.glue import TASKS, GlueDataError, compute_metrics, get_task, read_split, run_glue
 

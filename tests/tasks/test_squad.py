@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from pipeline.schema import read_manifest
+from pipeline.schema.manifest import read_manifest
 from tasks.config import FinetuneConfig, SquadConfig
 from tasks.metrics import squad_evaluate
 from tasks.squad import (

@@ -1,18 +1,10 @@
-"""The data contracts between stages, defined once: Parquet schemas and the stage manifest.
-
-Writers (Beam jobs in ``pipeline/``) and readers (``model/``, ``tasks/``) both import this
-module, so a column is named in exactly one place. It imports only the standard library,
-pyarrow and fsspec, so reading it never pulls in Beam or torch.
+"""The stage manifest: what a stage wrote, from what, and how to tell whether it is still current.
 
 A stage writes its files first and its ``_manifest.json`` last. A folder without a manifest is
 unfinished, whatever files it holds: readers call :func:`read_manifest`, which refuses it.
-
-Whole small files (manifests, configs, vocabularies, weights) are written with
-:func:`write_atomically`, the one commit rule for every storage: on a local folder a temporary
-file renamed into place (POSIX rename is atomic); on an object store (``gs://``) a single object
-write, because an object appears only when its upload completes, while a "rename" there is a
-copy plus a delete (gcsfs first tries GCS's ``moveTo``, which the emulator lacks: 30-40 s of
-retries and an error traceback per manifest).
+A manifest records the stage's config (secrets redacted), the fingerprints of its inputs, its
+counts and every output file with its size and sha256; its own :attr:`Manifest.fingerprint` is
+what the next stage records as its input.
 """
 
 from __future__ import annotations
@@ -20,54 +12,20 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
-import re
 import time
-import uuid
 from collections.abc import Iterable
 from typing import Any
 
 import fsspec
-import pyarrow as pa
+
+from pipeline.schema.config import config_digest, flatten, redact
+from pipeline.schema.storage import join_url, write_atomically
 
 MANIFEST_NAME = "_manifest.json"
 MANIFEST_VERSION = 1
-
-# -- documents: {root}/corpus/{source}/part-*.parquet ------------------------------------------
-DOCUMENT_SCHEMA = pa.schema(
-    [
-        pa.field("doc_id", pa.string(), nullable=False),  # stable: "wiki:<page id>" or "books:<file>"
-        pa.field("source", pa.string(), nullable=False),  # "wiki" | "books"
-        pa.field("title", pa.string(), nullable=False),
-        pa.field("sentences", pa.list_(pa.string()), nullable=False),  # document order kept
-        pa.field("num_sentences", pa.int32(), nullable=False),
-        pa.field("num_chars", pa.int64(), nullable=False),
-    ]
-)
+_MISSING = object()
 
 
-# -- pretraining examples: {root}/examples/seq{N}/part-*.parquet -------------------------------
-# input_ids is "[CLS] A [SEP] B [SEP]" unpadded; segment ids derive from len_a (the number of
-# tokens of "[CLS] A [SEP]"). masked_ids hold the ORIGINAL tokens at masked_positions.
-def example_schema(vocab_size: int, max_seq_length: int) -> pa.Schema:
-    """The example schema with the narrowest integer types that fit this vocabulary and length."""
-    id_type = pa.uint16() if vocab_size <= 1 << 16 else pa.uint32()
-    pos_type = pa.uint16() if max_seq_length <= 1 << 16 else pa.uint32()
-    return pa.schema(
-        [
-            pa.field("input_ids", pa.list_(id_type), nullable=False),
-            pa.field("len_a", pos_type, nullable=False),
-            pa.field("masked_positions", pa.list_(pos_type), nullable=False),
-            pa.field("masked_ids", pa.list_(id_type), nullable=False),
-            pa.field("is_random_next", pa.bool_(), nullable=False),
-        ]
-    )
-
-
-EXAMPLE_COLUMNS = ("input_ids", "len_a", "masked_positions", "masked_ids", "is_random_next")
-
-
-# -- the stage manifest -----------------------------------------------------------------------
 class ManifestError(RuntimeError):
     """A folder has no manifest (unfinished stage) or an unreadable one."""
 
@@ -105,7 +63,7 @@ class Manifest:
             "inputs": self.inputs,
             "files": sorted((f.path, f.sha256) for f in self.files),
         }
-        return _digest(body)
+        return config_digest(body)
 
     def to_json(self) -> str:
         data = dataclasses.asdict(self)
@@ -126,12 +84,12 @@ class Manifest:
 
     def matches(self, config: dict[str, Any], inputs: dict[str, str]) -> bool:
         """True when this output was made from exactly this config and these inputs."""
-        return _digest(self.config) == _digest(redact(config)) and self.inputs == inputs
+        return config_digest(self.config) == config_digest(redact(config)) and self.inputs == inputs
 
     def stale_reasons(self, config: dict[str, Any], inputs: dict[str, str], code_version: str = "") -> list[str]:
         """Why this output no longer matches (empty: up to date): changed settings, inputs, code."""
         reasons = []
-        old, new = flatten_config(self.config), flatten_config(redact(config))
+        old, new = flatten(self.config), flatten(redact(config))
         changed = sorted(k for k in old.keys() | new.keys() if old.get(k, _MISSING) != new.get(k, _MISSING))
         if changed:
             shown = ", ".join(f"{k}: {old.get(k, '-')!r} -> {new.get(k, '-')!r}" for k in changed[:4])
@@ -160,61 +118,6 @@ class Manifest:
             elif checksums and describe_file(self.url, f.path).sha256 != f.sha256:
                 problems.append(f"{f.path}: checksum differs")
         return problems
-
-
-_MISSING = object()
-_SECRET_WORDS = r"(pass(word|wd)?|secret|token|api[_-]?key|access[_-]?key|credentials?|private[_-]?key|auth)"
-_SECRET_KEY = re.compile(rf"(^|[^a-z]){_SECRET_WORDS}$|secret", re.I)  # max_tokens is no secret
-_SECRET_ARG = re.compile(rf"^(--?[\w.-]*?{_SECRET_WORDS}=).+$", re.I)
-REDACTED = "***"
-
-
-def redact(obj: Any, key: str = "") -> Any:
-    """``obj`` with values that look like secrets replaced by ``***``: values under keys named like
-    a password, token, secret or API key, and ``--name=value`` options with such names."""
-    if isinstance(obj, dict):
-        return {k: redact(v, str(k)) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        out, hide_next = [], False
-        for v in obj:  # ["--password", "x"]: the value after a secret-named flag
-            out.append(REDACTED if hide_next and isinstance(v, str) else redact(v, key))
-            hide_next = isinstance(v, str) and v.startswith("-") and "=" not in v and bool(_SECRET_KEY.search(v))
-        return type(obj)(out)
-    if key and _SECRET_KEY.search(key) and obj not in (None, "", 0, False):
-        return REDACTED
-    if isinstance(obj, str):
-        return _SECRET_ARG.sub(lambda m: m.group(1) + REDACTED, obj)
-    return obj
-
-
-def flatten_config(d: Any, prefix: str = "") -> dict[str, Any]:
-    """Nested dicts and lists -> {"a.b.0.c": value}."""
-    if isinstance(d, dict):
-        out: dict[str, Any] = {}
-        for k, v in d.items():
-            out.update(flatten_config(v, f"{prefix}{k}."))
-        return out
-    if isinstance(d, (list, tuple)) and any(isinstance(v, (dict, list, tuple)) for v in d):
-        out = {}
-        for i, v in enumerate(d):
-            out.update(flatten_config(v, f"{prefix}{i}."))
-        return out
-    return {prefix.rstrip("."): list(d) if isinstance(d, tuple) else d}
-
-
-def _digest(obj: Any) -> str:
-    text = json.dumps(obj, sort_keys=True, default=str, separators=(",", ":"))
-    return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
-
-
-def config_digest(obj: Any) -> str:
-    return _digest(obj)
-
-
-def join_url(base: str, *parts: str) -> str:
-    base = base.rstrip("/")
-    rest = "/".join(p.strip("/") for p in parts if p)
-    return f"{base}/{rest}" if rest else base
 
 
 def manifest_url(stage_url: str) -> str:
@@ -298,42 +201,6 @@ def save_manifest(manifest: Manifest) -> None:
     write_atomically(manifest_url(manifest.url), manifest.to_json())
 
 
-def is_local_fs(fs: fsspec.AbstractFileSystem) -> bool:
-    """True for the local filesystem (where rename is atomic), False for object stores and the rest."""
-    protocols = (fs.protocol,) if isinstance(fs.protocol, str) else tuple(fs.protocol)
-    return "file" in protocols or "local" in protocols
-
-
-def write_atomically(url: str, data: bytes | str) -> None:
-    """Write ``data`` (str: UTF-8) as the whole of ``url`` so that no reader ever sees part of it.
-
-    Local folders: a uniquely named temporary file in the same folder, flushed to disk and
-    renamed over the target (``os.replace``), removed if anything fails. Object stores: one
-    object write (``pipe_file``), no temporary object and no rename: GCS (and S3) publish an
-    object only when its upload completes, so the old object or the whole new one is all a
-    reader can see. Parent folders are made as needed.
-    """
-    if isinstance(data, str):
-        data = data.encode("utf-8")
-    fs, path = fsspec.core.url_to_fs(url)
-    if not is_local_fs(fs):
-        fs.makedirs(fs._parent(path), exist_ok=True)
-        fs.pipe_file(path, data)
-        return
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    tmp = f"{path}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
-
-
 def clear_stage(stage_url: str) -> None:
     """Remove a stage folder (manifest first, so a crash mid-delete never looks finished)."""
     fs, path = fsspec.core.url_to_fs(stage_url)
@@ -356,7 +223,7 @@ def fingerprint_input(url: str) -> str:
         matched = sorted(fs.glob(pattern))
         if not matched:
             raise FileNotFoundError(f"input {url} matches no file")
-        return _digest([(p.rsplit("/", 1)[-1], fs.size(p)) for p in matched])
+        return config_digest([(p.rsplit("/", 1)[-1], fs.size(p)) for p in matched])
     if has_manifest(url):
         return read_manifest(url).fingerprint
     fs, path = fsspec.core.url_to_fs(url)
@@ -368,4 +235,4 @@ def fingerprint_input(url: str) -> str:
             raise FileNotFoundError(f"input {url} does not exist or is empty")
         root = path.rstrip("/") + "/"
         entries = sorted((p[len(root) :], int(info.get("size") or 0)) for p, info in found.items())
-    return _digest(entries)
+    return config_digest(entries)

@@ -146,8 +146,9 @@ def wx_docs(out: Path) -> list[list[str]]:
 # -- the comparison --------------------------------------------------------------------------------
 OURS = """
 import logging, sys
-from pipeline.config import BeamConfig, CorpusConfig
-from pipeline.corpus import run_corpus
+from pipeline.beam.config import BeamConfig
+from pipeline.corpus.config import CorpusConfig
+from pipeline.corpus.job import run_corpus
 cfg = CorpusConfig(sources=("wiki",), num_shards=2, wiki_reader=sys.argv[5],
                    beam=BeamConfig(num_workers=int(sys.argv[3]), fork_workers=sys.argv[4] == "fork"))
 run_corpus(cfg, {"wiki": sys.argv[1]}, sys.argv[2])
@@ -156,9 +157,9 @@ run_corpus(cfg, {"wiki": sys.argv[1]}, sys.argv[2])
 
 PURE = """
 import sys
-from pipeline.config import CorpusConfig
-from pipeline.corpus import build_paragraphs, page_record
-from pipeline.dumps import iter_wiki
+from pipeline.corpus.config import CorpusConfig
+from pipeline.corpus.documents import build_paragraphs, page_record
+from pipeline.corpus.wiki import iter_wiki
 cfg = CorpusConfig()
 for item in iter_wiki(sys.argv[1]):
     if hasattr(item, "page_id"):
@@ -253,8 +254,8 @@ def parsers(args) -> None:
     """clean_wikitext vs mwparserfromhell's strip_code on the sample pages, one process."""
     import mwparserfromhell as mw
 
-    from pipeline.readers import iter_pages
-    from pipeline.wikitext import clean_wikitext
+    from pipeline.corpus.wiki import iter_pages
+    from pipeline.corpus.wikitext import clean_wikitext
 
     sample = sorted(glob.glob(str(ROOT / "data/sample/wiki/*.xml.bz2")))[0]
     texts = [p.text for p in iter_pages(sample) if p.ns == 0 and p.redirect is None]
@@ -307,7 +308,7 @@ def sentences(args) -> None:
     import blingfire
     import pysbd
 
-    from pipeline.sentences import split_sentences
+    from pipeline.corpus.sentences import split_sentences
 
     seg = pysbd.Segmenter(language="en", clean=False)
     tools = {

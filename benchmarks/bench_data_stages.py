@@ -15,7 +15,7 @@ import tempfile
 import time
 
 from flows.presets import load_config
-from flows.stages import run_stage
+from flows.runner import run_stage
 from synth.corpus import parse_size, write_corpus
 
 REFERENCE_MB_S = {1: 79 / 25, 2: 79 / 15}

@@ -32,8 +32,9 @@ import time
 
 JOB = """
 import json, resource, sys, time
-from pipeline.config import BeamConfig, ExamplesConfig
-from pipeline.examples import run_examples
+from pipeline.beam.config import BeamConfig
+from pipeline.examples.config import ExamplesConfig
+from pipeline.examples.job import run_examples
 a = json.loads(sys.argv[1])
 cfg = ExamplesConfig(max_seq_lengths=(a["seq"],), max_predictions_per_seq=(a["pred"],),
                      dupe_factor=a["dupe"], num_shards=4, masking=a["masking"],
@@ -49,8 +50,9 @@ print(json.dumps({"seconds": time.time() - t, "cpu": cpu() - c, "counts": m.coun
 BARE = """
 import json, sys, time
 import pyarrow.parquet as pq
-from pipeline.schema import read_manifest, join_url
-from pipeline.wordpiece import build_text_tokenizer, read_vocab
+from pipeline.schema.manifest import read_manifest
+from pipeline.schema.storage import join_url
+from pipeline.vocab.tokenizer import build_text_tokenizer, read_vocab
 a = json.loads(sys.argv[1])
 sentences = [s for u in read_manifest(a["corpus"]).file_urls(".parquet")
              for doc in pq.read_table(u, columns=["sentences"]).column(0).to_pylist() for s in doc]
@@ -114,10 +116,11 @@ def run_measured(code: str, args: dict, cores: str, env: dict | None = None) -> 
 
 def prepare(work: str, size: str) -> tuple[str, str, float]:
     """The corpus and vocab stages of a synthetic corpus of ``size`` (reused when present)."""
-    from pipeline.config import CorpusConfig, VocabConfig
-    from pipeline.corpus import run_corpus
+    from pipeline.corpus.config import CorpusConfig
+    from pipeline.corpus.job import run_corpus
     from pipeline.schema.manifest import has_manifest
-    from pipeline.wordpiece import run_vocab
+    from pipeline.vocab.config import VocabConfig
+    from pipeline.vocab.job import run_vocab
     from synth.corpus import parse_size, write_corpus
 
     root = os.path.join(work, size)

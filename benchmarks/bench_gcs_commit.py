@@ -1,5 +1,5 @@
 """Committing a manifest on gs://: write-then-rename (the old way) against one object write
-(``pipeline.schema.write_atomically``), side by side, on a local GCS emulator.
+(``pipeline.schema.storage.write_atomically``), side by side, on a local GCS emulator.
 
     python benchmarks/bench_gcs_commit.py --writes 3          # starts gcp-storage-emulator itself
     STORAGE_EMULATOR_HOST=http://127.0.0.1:9123 python benchmarks/bench_gcs_commit.py --writes 3

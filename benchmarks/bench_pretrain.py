@@ -203,7 +203,7 @@ def write_shards(folder: str, n: int, seq: int, shards: int = 4) -> list[str]:
 
 def bench_loader(batch: int, seq: int, n: int, demand: float) -> None:
     from model.stream import LoaderSpec, StreamingLoader
-    from pipeline.masking import VocabIds, create_masked_lm_predictions
+    from pipeline.examples.masking import VocabIds, create_masked_lm_predictions
 
     vocab = ["[PAD]"] + [f"[unused{i}]" for i in range(99)] + ["[UNK]", "[CLS]", "[SEP]", "[MASK]"]
     vocab += [f"w{i}" for i in range(V - len(vocab))]

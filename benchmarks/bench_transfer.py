@@ -26,14 +26,15 @@ import time
 
 import torch
 
-from flows.downstream import TASKS, run_downstream
-from flows.launch import launch_pretrain
 from flows.presets import load_config
+from flows.proc.launch import launch_pretrain
 from model.bert import BertForPreTraining
 from model.export import copy_tokenizer, run_export, save_pretrained
 from pipeline.schema.manifest import has_manifest, read_manifest
 from pipeline.schema.storage import join_url
 from synth.corpus import SAMPLE_DIR, parse_size, write_corpus
+from tasks.registry import TASKS
+from tasks.units import run_downstream
 
 
 def stage(name: str, url: str, fn) -> None:
@@ -104,9 +105,9 @@ def main() -> None:
         t = time.time()
         counts = write_corpus(data, parse_size(args.size), seed=0)
         print(f"  corpus written: {counts['bytes'] / 1e6:.1f} MB in {time.time() - t:.0f} s")
-    from pipeline.corpus import run_corpus
-    from pipeline.examples import run_examples
-    from pipeline.wordpiece import run_vocab
+    from pipeline.corpus.job import run_corpus
+    from pipeline.examples.job import run_examples
+    from pipeline.vocab.job import run_vocab
 
     corpus, vocab, examples = (join_url(root, s) for s in ("corpus", "vocab", "examples"))
     pretrain, export, random_init = (join_url(root, s) for s in ("pretrain", "export", "random-init"))

@@ -17,7 +17,7 @@ import signal
 import sys
 import time
 
-CHAIN = ("corpus", "vocab", "examples", "pretrain", "export", "finetune")
+from flows.table import CHAIN  # the stage table imports no torch, Beam, Prefect or MLflow
 
 
 def _offline_defaults() -> None:
@@ -185,7 +185,9 @@ def main(argv: list[str] | None = None) -> int:
         return _inspect(args)
     if args.command == "fetch-wiki":
         return _fetch(args)
-    from flows.presets import ConfigError, load_config, parse_overrides
+    from flows.overrides import parse_overrides
+    from flows.presets import load_config
+    from pipeline.schema.config import ConfigError
 
     try:
         overrides = parse_overrides(args.overrides)
@@ -206,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
 def _run(args, cfg, overrides) -> int:
     from flows.checks import RootBusyError, RootLock, preflight
     from flows.secrets import ENV_SECRET_OVERRIDES, split_secret_overrides
-    from flows.stages import stage_names
+    from flows.table import stage_names
     from flows.tracking import default_tracking_uri
 
     console = _setup_logging(args.verbose)
@@ -263,7 +265,7 @@ class _progress_bars:
     def __enter__(self):
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-        from flows.processes import LISTENERS
+        from flows.proc.protocol import LISTENERS
 
         self.progress = Progress(
             TextColumn("{task.description}"),
@@ -283,7 +285,7 @@ class _progress_bars:
         self.progress.update(self.tasks[stage], completed=done, total=total)
 
     def __exit__(self, *exc):
-        from flows.processes import LISTENERS
+        from flows.proc.protocol import LISTENERS
 
         LISTENERS.remove(self.update)
         self.progress.stop()
@@ -314,7 +316,7 @@ def _inspect(args) -> int:
 
 
 def _fetch(args) -> int:
-    from pipeline.fetch import FetchError, fetch_wiki
+    from pipeline.corpus.fetch import FetchError, fetch_wiki
 
     kwargs = {"multistream": not args.single_stream}
     if args.base_url:
@@ -344,7 +346,7 @@ def print_summary(summary: dict) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from flows.reporting import format_figure
+    from flows.figures import format_figure
 
     table = Table(title=f"bertflow {summary['preset']}: {summary['seconds']:.0f} s")
     for col in ("stage", "status", "time (s)", "key figures", "output"):

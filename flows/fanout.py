@@ -34,8 +34,11 @@ from prefect.cache_policies import NO_CACHE
 from prefect.futures import PrefectFuture
 from prefect.utilities.annotations import allow_failure
 
+from flows.calls import StageResult
+from flows.prefect_tasks import stage_task, unwrap
 from flows.presets import RunConfig, config_from_dict
-from flows.stages import StageResult, check_inputs_ready, get_stage, run_stage_unit, stage_state
+from flows.runner import check_inputs_ready, run_stage_unit, stage_state
+from flows.table import get_stage, stage_url
 from flows.tracking import ENV_RUN_ID, ENV_TRACKING_URI, Tracker
 from pipeline.schema.config import redact
 
@@ -59,7 +62,8 @@ def unit_task(
     from prefect.runtime import task_run
 
     first_attempt = (task_run.run_count or 1) <= 1
-    with _slot(root, stage, cfg.finetune.grid.workers):
+    row = get_stage(stage)
+    with _slot(root, stage, row.units.slots(cfg)):
         tracker = tracking.tracker()
         run_id = tracker.start_run(
             f"{stage}/{unit_id}",
@@ -68,9 +72,10 @@ def unit_task(
         )
         ok = False
         try:
-            if cfg.finetune.grid.dispatch == "deployment":
+            dispatch = row.units.dispatch(cfg)
+            if dispatch != "process":
                 seconds = _via_deployment(
-                    stage, unit_id, cfg, root, force and first_attempt, tracking.uri, run_id, given
+                    dispatch, stage, unit_id, cfg, root, force and first_attempt, tracking.uri, run_id, given
                 )
             else:
                 env = {ENV_RUN_ID: run_id, ENV_TRACKING_URI: tracking.uri}
@@ -83,6 +88,7 @@ def unit_task(
 
 
 def _via_deployment(
+    name: str,
     stage: str,
     unit_id: str,
     cfg: RunConfig,
@@ -96,7 +102,6 @@ def _via_deployment(
 
     from prefect.deployments import run_deployment
 
-    name = cfg.finetune.grid.deployment
     start = time.time()
     flow_run = run_deployment(
         name,
@@ -173,9 +178,6 @@ def fan_out(
     """Run the stages ``names`` (rows with units) unit by unit, then gather each; their results
     in the order of ``names``. Call from a flow whose task runner runs tasks concurrently.
     ``retries``: of each unit task (default: the stage row's)."""
-    from flows.downstream import prepare_units
-    from flows.pretrain_flow import stage_task, unwrap
-    from flows.stages import stage_url
 
     def is_forced(name: str) -> bool:
         return forced if isinstance(forced, bool) else name in forced
@@ -188,13 +190,14 @@ def fan_out(
         if not is_forced(name) and stage_state(name, cfg, root, given).state == "done":
             continue
         check_inputs_ready(name, cfg, root, given)
-        units, _ = prepare_units(name.split("/", 1)[1], cfg.finetune, stage_url(root, name))
+        units = row.units.prepare(cfg, stage_url(root, name))
+        dispatch = row.units.dispatch(cfg)
         log.info(
             "stage %s: running -> %s (%d units, one %s each)",
             name,
             stage_url(root, name),
             len(units),
-            cfg.finetune.grid.dispatch,
+            "process" if dispatch == "process" else f"run of {dispatch}",
         )
         unit_futures[name] = [
             unit_task.with_options(retries=row.retries if retries is None else retries, retry_delay_seconds=10).submit(

@@ -1,25 +1,29 @@
 """The run configuration: each layer's typed config composed in one place, and the presets.
 
-``tiny`` runs the whole chain on a laptop CPU in minutes on the bundled sample; ``base`` and
-``large`` are the paper's shapes and schedule (not run here). Overrides are dotted paths
-(``pretrain.phases.0.steps=50``) applied to a preset; every value goes back through the
-dataclasses' own validation, so a bad override fails before any work starts and names the field.
+``tiny`` runs the whole chain on a laptop CPU in minutes on the bundled sample; ``small`` sits
+between it and ``base`` (benchmarks/bench_transfer.py); ``base`` and ``large`` are the paper's
+shapes and schedule (not run here). Overrides are dotted paths (``pretrain.phases.0.steps=50``)
+applied to a preset (``flows.overrides``); every value goes back through the dataclasses' own
+validation, so a bad override fails before any work starts and names the field.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from flows.overrides import apply_overrides, build, suggest
 from model.config import BertConfig, PhaseConfig, PretrainConfig
-from pipeline.config import BeamConfig, CorpusConfig, ExamplesConfig, VocabConfig
+from pipeline.beam.config import BeamConfig
+from pipeline.corpus.config import CorpusConfig
+from pipeline.examples.config import ExamplesConfig
 from pipeline.schema.config import ConfigError
+from pipeline.vocab.config import VocabConfig
 from tasks.config import PAPER_GRID, FinetuneConfig, GridConfig, SquadConfig
+from tasks.registry import TASKS
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SAMPLE_DATA = REPO_ROOT / "data" / "sample"
@@ -41,14 +45,12 @@ class DataConfig:
     (ours or a released one, e.g. /models/bert-base-uncased). Empty: the export stage."""
     downstream_urls: dict[str, str] = field(default_factory=dict)
     """Per-task data URLs that replace ``downstream``/<task folder>, e.g.
-    ``--set data.downstream_urls.mrpc=gs://bucket/glue/MRPC`` (see flows.downstream.TASKS)."""
+    ``--set data.downstream_urls.mrpc=gs://bucket/glue/MRPC`` (see tasks.registry.TASKS)."""
     required: bool = False
     """The run needs the user's corpora: an empty ``wiki`` or ``books`` is an error before any
     work (flows.checks.preflight), never the bundled sample (the base and large presets)."""
 
     def __post_init__(self):
-        from flows.downstream import TASKS  # avoid an import cycle
-
         for name, url in self.downstream_urls.items():
             if name not in TASKS:
                 raise ConfigError(f"data.downstream_urls.{name}: unknown task; known: {sorted(TASKS)}")
@@ -67,7 +69,7 @@ class RunConfig:
     pretrain: PretrainConfig = field(default_factory=PretrainConfig)
     finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
     finetune_tasks: tuple[str, ...] = ("sst2",)
-    """Downstream tasks run after export, in parallel (see flows.downstream.TASKS)."""
+    """Downstream tasks run after export, in parallel (see tasks.registry.TASKS)."""
     model_name: str = "bert-tiny"
     """Registered model name in MLflow."""
 
@@ -94,8 +96,6 @@ class RunConfig:
                 f"finetune.squad.max_seq_length: {self.finetune.squad.max_seq_length} exceeds "
                 f"model.max_position_embeddings={self.model.max_position_embeddings}"
             )
-        from flows.downstream import TASKS  # avoid an import cycle
-
         for t in self.finetune_tasks:
             if t not in TASKS:
                 raise ConfigError(f"finetune_tasks: unknown task {t!r}; known: {sorted(TASKS)}")
@@ -248,104 +248,15 @@ PRESETS = {
 
 
 def load_config(preset: str, overrides: dict[str, Any] | None = None) -> RunConfig:
-    """A preset with dotted-path overrides applied and validated.
-
-    Overrides of one object are applied together (one ``replace``), so coupled fields such as
-    ``examples.max_seq_lengths`` and ``examples.max_predictions_per_seq`` can change at once.
-    """
+    """A preset with dotted-path overrides applied and validated (``flows.overrides``): all the
+    overrides are set before anything is built, so coupled fields such as
+    ``examples.max_seq_lengths`` and ``examples.max_predictions_per_seq`` can change at once."""
     if preset not in PRESETS:
-        raise ConfigError(f"preset: unknown preset {preset!r}; choose one of {sorted(PRESETS)}")
-    tree: dict[str, Any] = {}
-    for path, value in (overrides or {}).items():
-        node = tree
-        parts = path.split(".")
-        for part in parts[:-1]:
-            node = node.setdefault(part, {})
-            if isinstance(node, _Leaf):
-                raise ConfigError(f"{path}: conflicts with an override of its parent")
-        node[parts[-1]] = _Leaf(value, path)
-    return _apply(PRESETS[preset](), tree, "")
-
-
-@dataclass(frozen=True)
-class _Leaf:
-    value: Any
-    path: str
-
-
-def parse_overrides(items: list[str]) -> dict[str, Any]:
-    """``["pretrain.learning_rate=5e-4", "data.wiki=gs://b/dump"]`` -> dict (values JSON when they parse)."""
-    out: dict[str, Any] = {}
-    for item in items:
-        if "=" not in item:
-            raise ConfigError(f"--set {item!r}: expected FIELD=VALUE, e.g. pretrain.learning_rate=5e-4")
-        key, raw = item.split("=", 1)
-        try:
-            out[key.strip()] = json.loads(raw)
-        except json.JSONDecodeError:
-            out[key.strip()] = raw
-    return out
-
-
-def _apply(obj: Any, tree: dict[str, Any], prefix: str) -> Any:
-    if isinstance(obj, tuple):
-        items = list(obj)
-        for head, sub in tree.items():
-            try:
-                index = int(head)
-                item = items[index]
-            except (ValueError, IndexError):
-                raise ConfigError(f"{prefix}{head}: not an index of a {len(items)}-entry list") from None
-            items[index] = _resolve(item, type(item), sub, f"{prefix}{head}")
-        return tuple(items)
-    if isinstance(obj, dict):  # a str -> value map (data.downstream_urls.<task>=...)
-        return {**obj, **{k: _resolve(obj.get(k), object, sub, f"{prefix}{k}") for k, sub in tree.items()}}
-    if not dataclasses.is_dataclass(obj):
-        raise ConfigError(f"{prefix.rstrip('.')}: cannot descend into a {type(obj).__name__}")
-    fields = {f.name for f in dataclasses.fields(obj)}
-    hints = typing.get_type_hints(type(obj))
-    changes = {}
-    for head, sub in tree.items():
-        if head not in fields:
-            raise ConfigError(f"{prefix}{head}: {type(obj).__name__} has no field {head!r}; fields: {sorted(fields)}")
-        changes[head] = _resolve(getattr(obj, head), hints.get(head, object), sub, f"{prefix}{head}")
-    try:
-        return dataclasses.replace(obj, **changes)
-    except (ValueError, TypeError) as exc:
-        raise ConfigError(str(exc)) from exc
-
-
-def _resolve(current: Any, hint: Any, sub: Any, path: str) -> Any:
-    if isinstance(sub, _Leaf):
-        return _coerce(sub.value, hint, sub.path)
-    return _apply(current, sub, path + ".")
-
-
-def _coerce(value: Any, hint: Any, full: str) -> Any:
-    origin = typing.get_origin(hint)
-    if origin is tuple:
-        if not isinstance(value, (list, tuple)):
-            value = [value]
-        args = [a for a in typing.get_args(hint) if a is not Ellipsis]
-        inner = args[0] if args else object
-        if dataclasses.is_dataclass(inner):
-            return tuple(v if isinstance(v, inner) else inner(**v) for v in value)
-        return tuple(_coerce(v, inner, full) for v in value)
-    if dataclasses.is_dataclass(hint) and isinstance(value, dict):
-        return hint(**value)
-    for kind in (bool, int, float, str):
-        if hint is kind:
-            if kind is bool and isinstance(value, str):
-                if value.lower() not in ("true", "false", "1", "0"):
-                    raise ConfigError(f"{full}: expected true/false, got {value!r}")
-                return value.lower() in ("true", "1")
-            if kind is int and isinstance(value, float) and not value.is_integer():
-                raise ConfigError(f"{full}: expected an integer, got {value!r}")
-            try:
-                return kind(value)
-            except (TypeError, ValueError):
-                raise ConfigError(f"{full}: expected {kind.__name__}, got {value!r}") from None
-    return value
+        raise ConfigError(
+            f"preset: unknown preset {preset!r}{suggest(preset, PRESETS)}; choose one of {sorted(PRESETS)}"
+        )
+    data = apply_overrides(RunConfig, dataclasses.asdict(PRESETS[preset]()), overrides or {})
+    return build(RunConfig, data)
 
 
 def as_dict(cfg: Any) -> dict[str, Any]:
@@ -368,23 +279,4 @@ def resolve_data(cfg: DataConfig) -> DataConfig:
 def config_from_dict(data: dict[str, Any]) -> RunConfig:
     """A :class:`RunConfig` rebuilt from ``dataclasses.asdict`` output (a JSON spec): every value
     goes back through the dataclasses' own validation."""
-    return _build(RunConfig, data)
-
-
-def _build(cls: Any, data: Any) -> Any:
-    if dataclasses.is_dataclass(cls) and isinstance(data, dict):
-        hints = typing.get_type_hints(cls)
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - names)
-        if unknown:
-            raise ConfigError(f"{cls.__name__} has no field(s) {unknown}")
-        return cls(**{k: _build(hints[k], v) for k, v in data.items()})
-    origin = typing.get_origin(cls)
-    if origin is tuple and isinstance(data, (list, tuple)):
-        args = [a for a in typing.get_args(cls) if a is not Ellipsis]
-        return tuple(_build(args[0] if args else object, v) for v in data)
-    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
-        for arm in typing.get_args(cls):
-            if dataclasses.is_dataclass(arm) and isinstance(data, dict):
-                return _build(arm, data)
-    return data
+    return build(RunConfig, data)

@@ -1,7 +1,7 @@
 """Secrets in overrides never reach Prefect's parameters, MLflow params or manifests.
 
 The CLI splits ``--set`` overrides: those whose name or value looks like a credential (see
-``pipeline.schema.redact``) travel to the flow through the environment of this process, not as
+``pipeline.schema.config.redact``) travel to the flow through the environment of this process, not as
 flow parameters (which Prefect stores and shows); everything that is recorded goes through
 ``redact``. A deployment passes secrets the same way: an environment variable of its job
 (``BERTFLOW_SECRET_OVERRIDES``, e.g. from a Prefect Secret block or the pool's job variables).

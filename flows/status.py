@@ -8,9 +8,10 @@ import os
 from typing import Any
 
 from flows.checks import LOCK_NAME, is_local, local_path
+from flows.figures import format_figure, key_figures
 from flows.presets import RunConfig
-from flows.reporting import format_figure, key_figures
-from flows.stages import stage_names, stage_state
+from flows.runner import stage_state
+from flows.table import get_stage, stage_names
 
 
 def _running(root: str) -> str | None:
@@ -86,7 +87,7 @@ def collect_status(
                 "state": state,
                 "why": s.reasons,
                 "url": s.url,
-                "figures": key_figures(name, m.counts) if m else {},
+                "figures": key_figures(get_stage(name).figures, m.counts) if m else {},
                 "seconds": round(m.seconds, 1) if m else None,
                 "mlflow_run": runs.get(name, ""),
             }

@@ -21,6 +21,7 @@ ManifestError = _manifest.ManifestError
 clear_stage = _manifest.clear_stage
 describe_file = _manifest.describe_file
 fingerprint_input = _manifest.fingerprint_input
+has_manifest = _manifest.has_manifest
 list_files = _manifest.list_files
 manifest_url = _manifest.manifest_url
 read_manifest = _manifest.read_manifest
@@ -45,6 +46,7 @@ __all__ = [
     "config_digest",
     "describe_file",
     "fingerprint_input",
+    "has_manifest",
     "join_url",
     "list_files",
     "manifest_url",

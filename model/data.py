@@ -10,7 +10,7 @@ The streaming loader (``model/stream.py``) reads example shards (``pipeline.sche
   with the shard and row named;
 - :func:`apply_dynamic_masking`: undo the shard's static mask (``masked_ids`` are the original
   tokens) and re-mask through the injected masking rule (``mask_fn``; the one rule lives in
-  ``pipeline.masking``, which ``model/`` may not import: ``flows/train_entry.py`` passes it in);
+  ``pipeline.examples.masking``, which ``model/`` may not import: ``flows/train_entry.py`` passes it in);
 - :func:`collate`: pad to the longest example of the batch rounded up to a multiple of 8, or to
   the smallest of a fixed set of bucket lengths (XLA compiles one graph per shape).
 

@@ -24,7 +24,7 @@ log steps. Rank 0 (on a TPU pod slice: host 0) alone logs and writes; on a multi
 host still takes part in what may be collective (moving weights and optimizer state to the CPU)
 and in the same order, because SPMD runs one program on all hosts; the orchestrator passes ``log_fn`` (e.g. to
 MLflow) and ``mask_fn`` (the one masking rule); this module imports neither a tracker nor
-``pipeline.masking``.
+``pipeline.examples.masking``.
 """
 
 from __future__ import annotations
@@ -254,7 +254,7 @@ def setup(
                     f"the host's {backend.local_devices} XLA devices"
                 )
     if _dynamic(config, examples) and mask_fn is None:
-        raise ValueError("dynamic masking needs mask_fn (flows.train_entry builds it from the vocabulary)")
+        raise ValueError("dynamic masking needs mask_fn (flows.proc.train_entry builds it from the vocabulary)")
     counts = examples.counts
     pad_id = pad_id if pad_id is not None else int(counts.get("pad_id", model_config.pad_token_id))
 

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import unicodedata
 
-from synth.wiki import NEGATIVE, POSITIVE
-from synth.world import Block, Entity, World, derive_rng, fact_object, fix_articles, phrase, pick_fact
+from synth.phrases import fact_object, fix_articles, phrase, pick_fact
+from synth.words import NEGATIVE, POSITIVE
+from synth.world import Block, Entity, World, derive_rng
 
 WILDLIFE = (
     "A {a} went past them, looking for {d}.",

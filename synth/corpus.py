@@ -31,9 +31,10 @@ import fsspec
 
 from synth.books import book_for
 from synth.glue_sets import glue_files
+from synth.mediawiki import XML_FOOTER, page_xml, xml_header
 from synth.tagging import conll_text, ner_sentences, swag_csv, swag_rows
 from synth.tasks import squad_sets, squad_v2_sets, sst2_rows
-from synth.wiki import XML_FOOTER, block_pages, page_xml, xml_header
+from synth.wiki import block_pages
 from synth.world import World, derive_rng
 
 WIKI_SHARE = 0.75

@@ -1,7 +1,7 @@
 """Small GLUE sets about the invented world, in each task's official TSV layout.
 
 Every pair task is built from the world's facts (subject, relation, object) and their varied
-phrasings (:data:`synth.world.PHRASES`, :data:`synth.world.QUESTIONS`):
+phrasings (:data:`synth.phrases.PHRASES`, :data:`synth.phrases.QUESTIONS`):
 - the *same fact* in two phrasings: a paraphrase (MRPC 1, STS-B 4-5, QQP duplicate, entailment);
 - the *same relation with another object*, taken from another entity of the same relation:
   a contradiction (MNLI), not a paraphrase, STS-B 2-3;
@@ -21,18 +21,8 @@ from collections.abc import Callable
 from typing import Any
 
 from synth.books import CARGOES
-from synth.world import (
-    ANIMALS,
-    OCCUPATIONS,
-    QUESTIONS,
-    Entity,
-    World,
-    derive_rng,
-    fact_object,
-    facts,
-    phrase,
-    phrasings,
-)
+from synth.phrases import QUESTIONS, fact_object, facts, phrase, phrasings
+from synth.world import ANIMALS, OCCUPATIONS, Entity, World, derive_rng
 
 DOWNSTREAM_BLOCKS = 10
 

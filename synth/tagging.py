@@ -22,7 +22,8 @@ import io
 import re
 
 from synth.glue_sets import DOWNSTREAM_BLOCKS, _split_of, fact_pool, kind_species
-from synth.world import COLOURS, OCCUPATIONS, SHIP_TYPES, Entity, World, derive_rng, fact_object, facts, phrase
+from synth.phrases import fact_object, facts, phrase
+from synth.world import COLOURS, OCCUPATIONS, SHIP_TYPES, Entity, World, derive_rng
 
 TYPES = {
     "person": "PER",

@@ -25,8 +25,10 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from synth.wiki import NEGATIVE, POSITIVE, Article
-from synth.world import QUESTIONS, Entity, World, derive_rng, fact_object, facts, phrase
+from synth.phrases import QUESTIONS, fact_object, facts, phrase
+from synth.wiki import Article
+from synth.words import NEGATIVE, POSITIVE
+from synth.world import Entity, World, derive_rng
 
 DOWNSTREAM_BLOCKS = 10
 FILLER_SECTION = {

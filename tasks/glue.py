@@ -48,6 +48,7 @@ from tasks.finetune import (
     write_text,
 )
 from tasks.heads import BertForSequenceClassification
+from tasks.registry import GlueLayout, Task, family_tasks
 
 logger = logging.getLogger("bertflow.finetune")
 
@@ -56,81 +57,14 @@ class GlueDataError(ValueError):
     """A malformed GLUE file; the message names the file, the line and the column."""
 
 
-@dataclasses.dataclass(frozen=True)
-class GlueTask:
-    name: str  # canonical: "sst2"
-    folder: str  # GLUE's folder (and submission file) name: "SST-2"
-    text_a: str  # column names
-    text_b: str | None
-    label: str
-    labels: tuple[str, ...] | None  # None: regression
-    metrics: tuple[str, ...]
-    dev_files: tuple[str, ...] = ("dev.tsv",)
-    test_files: tuple[str, ...] = ("test.tsv",)
-    submissions: tuple[str, ...] | None = None  # one per test file; default (folder,)
-    positional_columns: tuple[str, ...] = ()  # train/dev have no header: these names, in order
-    skip_malformed: bool = False
-    index_column: str = "index"  # in test files
-
-    @property
-    def is_regression(self) -> bool:
-        return self.labels is None
-
-    @property
-    def num_labels(self) -> int:
-        return 1 if self.labels is None else len(self.labels)
-
-
-TASKS: dict[str, GlueTask] = {
-    t.name: t
-    for t in (
-        GlueTask(
-            "cola",
-            "CoLA",
-            "sentence",
-            None,
-            "label",
-            ("0", "1"),
-            ("mcc",),
-            positional_columns=("source", "label", "original_label", "sentence"),
-        ),
-        GlueTask("sst2", "SST-2", "sentence", None, "label", ("0", "1"), ("accuracy",)),
-        GlueTask("mrpc", "MRPC", "#1 String", "#2 String", "Quality", ("0", "1"), ("f1", "accuracy")),
-        GlueTask("stsb", "STS-B", "sentence1", "sentence2", "score", None, ("pearson", "spearman")),
-        GlueTask(
-            "qqp",
-            "QQP",
-            "question1",
-            "question2",
-            "is_duplicate",
-            ("0", "1"),
-            ("f1", "accuracy"),
-            skip_malformed=True,
-            index_column="id",
-        ),
-        GlueTask(
-            "mnli",
-            "MNLI",
-            "sentence1",
-            "sentence2",
-            "gold_label",
-            ("contradiction", "entailment", "neutral"),
-            ("accuracy",),
-            dev_files=("dev_matched.tsv", "dev_mismatched.tsv"),
-            test_files=("test_matched.tsv", "test_mismatched.tsv", "diagnostic.tsv"),
-            submissions=("MNLI-m", "MNLI-mm", "AX"),
-        ),
-        GlueTask("qnli", "QNLI", "question", "sentence", "label", ("entailment", "not_entailment"), ("accuracy",)),
-        GlueTask("rte", "RTE", "sentence1", "sentence2", "label", ("entailment", "not_entailment"), ("accuracy",)),
-        GlueTask("wnli", "WNLI", "sentence1", "sentence2", "label", ("0", "1"), ("accuracy",)),
-    )
-}
+TASKS: dict[str, GlueLayout] = {name: t.layout for name, t in family_tasks("glue").items()}
+"""The GLUE tasks' layouts, from the registry (``tasks.registry``)."""
 
 # Prefixes of the dev sets' metric names: the first dev file selects the best epoch.
 DEV_PREFIXES = ("eval_", "eval_mm_")
 
 
-def get_task(task: str) -> GlueTask:
+def get_task(task: str) -> GlueLayout:
     """A task by its canonical or GLUE name, case and '-'/'_' ignored: "SST-2", "sst2", "sts_b"."""
     key = task.lower().replace("-", "").replace("_", "")
     if key not in TASKS:
@@ -167,7 +101,7 @@ def _lines(url: str):
                 yield lineno, text.split("\t")
 
 
-def read_split(url: str, task: GlueTask | str, split: str = "train") -> GlueSplit:
+def read_split(url: str, task: GlueLayout | str, split: str = "train") -> GlueSplit:
     """Read one GLUE TSV file. ``split`` is "train", "dev" or "test" (test: no labels)."""
     task = get_task(task) if isinstance(task, str) else task
     if split not in ("train", "dev", "test"):
@@ -236,7 +170,7 @@ def _parse_row(task, split, columns, needed, header, fields, row_number) -> Glue
 
 
 # -- features and metrics -------------------------------------------------------------------------
-def encode_examples(tokenizer, examples: list[GlueExample], task: GlueTask, max_seq_length: int) -> list[Feature]:
+def encode_examples(tokenizer, examples: list[GlueExample], task: GlueLayout, max_seq_length: int) -> list[Feature]:
     """[CLS] A [SEP] (B [SEP]) token ids, longest-first truncated; labels as ids or floats."""
     tokenizer.enable_truncation(max_seq_length, strategy="longest_first")
     try:
@@ -255,7 +189,7 @@ def encode_examples(tokenizer, examples: list[GlueExample], task: GlueTask, max_
     return features
 
 
-def compute_metrics(task: GlueTask, preds: list, labels: list) -> dict[str, float]:
+def compute_metrics(task: GlueLayout, preds: list, labels: list) -> dict[str, float]:
     """The task's official metrics plus ``score``, their mean (the task's GLUE score)."""
     fns: dict[str, Callable] = {
         "accuracy": M.accuracy,
@@ -269,13 +203,13 @@ def compute_metrics(task: GlueTask, preds: list, labels: list) -> dict[str, floa
     return out
 
 
-def predictions_from_logits(task: GlueTask, logits: list[list[float]]) -> list:
+def predictions_from_logits(task: GlueLayout, logits: list[list[float]]) -> list:
     if task.is_regression:
         return [row[0] for row in logits]
     return [max(range(len(row)), key=row.__getitem__) for row in logits]
 
 
-def format_prediction(task: GlueTask, pred, clip: bool = False) -> str:
+def format_prediction(task: GlueLayout, pred, clip: bool = False) -> str:
     """A label string, or a regression score at full precision (``repr``: it reads back to the
     same float, so the reported correlations can be recomputed from the file). ``clip``: into
     STS-B's [0, 5], as the GLUE server takes it."""
@@ -348,16 +282,9 @@ def run_glue(
             rows.append(f"{ex.index}\t{format_prediction(spec, pred)}\t{label}")
         name = "predictions.tsv" if i == 0 else "predictions_mm.tsv"
         write_text(join_url(output_url, name), "\n".join(rows) + "\n")
-    submissions = spec.submissions or (spec.folder,)
     for name, split in zip(test_names, test_splits):
-        features = encode(split)
-        logits = predict(model, features, eval_batch, ["logits"], device)["logits"]
-        rows = ["index\tprediction"] + [
-            f"{ex.index}\t{format_prediction(spec, p, clip=True)}"
-            for ex, p in zip(split.examples, predictions_from_logits(spec, logits))
-        ]
-        stem = submissions[spec.test_files.index(name)]
-        write_text(join_url(output_url, "submission", f"{stem}.tsv"), "\n".join(rows) + "\n")
+        logits = predict(model, encode(split), eval_batch, ["logits"], device)["logits"]
+        write_submission(spec, output_url, name, split.examples, predictions_from_logits(spec, logits))
 
     extra = {
         "num_labels": spec.num_labels,
@@ -408,6 +335,34 @@ def run_glue(
     )
 
 
+def write_submission(
+    spec: GlueLayout, output_url: str, test_file: str, examples: list[GlueExample], predictions: list
+) -> str:
+    """GLUE's ``index\tprediction`` file for one test file (``submission/CoLA.tsv``, MNLI's
+    ``MNLI-m.tsv`` ...); returns its URL."""
+    stem = (spec.submissions or (spec.folder,))[spec.test_files.index(test_file)]
+    rows = ["index\tprediction"] + [
+        f"{ex.index}\t{format_prediction(spec, p, clip=True)}" for ex, p in zip(examples, predictions)
+    ]
+    url = join_url(output_url, "submission", f"{stem}.tsv")
+    write_text(url, "\n".join(rows) + "\n")
+    return url
+
+
 def manifest_config(config: FinetuneConfig, task: str) -> dict:
     """The config run_glue records in its manifest (the flow compares it to skip a finished run)."""
     return {**dataclasses.asdict(config), "task": get_task(task).name}
+
+
+def run_task(
+    task: Task,
+    config: FinetuneConfig,
+    data_url: str,
+    model_url: str,
+    output_url: str,
+    log_fn: LogFn | None = None,
+    save_model: bool = True,
+    unit: dict | None = None,
+) -> Manifest:
+    """The registry's entry point (``Task.run``): :func:`run_glue` for the task's layout."""
+    return run_glue(config, task.name, data_url, model_url, output_url, log_fn=log_fn, save_model=save_model)

@@ -44,6 +44,7 @@ from tasks.finetune import (
 )
 from tasks.heads import BertForTokenClassification
 from tasks.metrics import conlleval
+from tasks.registry import Task
 
 logger = logging.getLogger("bertflow.finetune")
 _TAG = re.compile(r"^(O|[BIES]-\S+)$")
@@ -276,3 +277,25 @@ def run_ner(
     name = "conll2003" if feature_mix is None else "conll2003_features"
     config_dict = {**dataclasses.asdict(config), "task": name, **({"feature_mix": feature_mix} if feature_mix else {})}
     return write_manifest(f"finetune-{name}", output_url, config_dict, inputs, counts, seconds=seconds)
+
+
+def run_task(
+    task: Task,
+    config: FinetuneConfig,
+    data_url: str,
+    model_url: str,
+    output_url: str,
+    log_fn: LogFn | None = None,
+    save_model: bool = True,
+    unit: dict | None = None,
+) -> Manifest:
+    """The registry's entry point (``Task.run``)."""
+    return run_ner(
+        config,
+        data_url,
+        model_url,
+        output_url,
+        log_fn=log_fn,
+        save_model=save_model,
+        feature_mix=(unit or {}).get("feature_mix"),
+    )

@@ -51,6 +51,7 @@ from tasks.finetune import (
 )
 from tasks.heads import BertForQuestionAnswering
 from tasks.metrics import squad_evaluate
+from tasks.registry import Task
 
 logger = logging.getLogger("bertflow.finetune")
 
@@ -508,3 +509,19 @@ def run_squad(
 def manifest_config(config: FinetuneConfig, version: str = "1.1") -> dict:
     """The config run_squad records in its manifest (the flow compares it to skip a finished run)."""
     return {**dataclasses.asdict(config), "task": "squad1" if version == "1.1" else "squad2"}
+
+
+def run_task(
+    task: Task,
+    config: FinetuneConfig,
+    data_url: str,
+    model_url: str,
+    output_url: str,
+    log_fn: LogFn | None = None,
+    save_model: bool = True,
+    unit: dict | None = None,
+) -> Manifest:
+    """The registry's entry point (``Task.run``)."""
+    return run_squad(
+        config, data_url, model_url, output_url, version=task.options["version"], log_fn=log_fn, save_model=save_model
+    )

@@ -36,6 +36,7 @@ from tasks.finetune import (
 )
 from tasks.heads import BertForMultipleChoice
 from tasks.metrics import accuracy
+from tasks.registry import Task
 
 logger = logging.getLogger("bertflow.finetune")
 ENDINGS = ("ending0", "ending1", "ending2", "ending3")
@@ -183,3 +184,17 @@ def run_swag(
     return write_manifest(
         "finetune-swag", output_url, {**dataclasses.asdict(config), "task": "swag"}, inputs, counts, seconds=seconds
     )
+
+
+def run_task(
+    task: Task,
+    config: FinetuneConfig,
+    data_url: str,
+    model_url: str,
+    output_url: str,
+    log_fn: LogFn | None = None,
+    save_model: bool = True,
+    unit: dict | None = None,
+) -> Manifest:
+    """The registry's entry point (``Task.run``)."""
+    return run_swag(config, data_url, model_url, output_url, log_fn=log_fn, save_model=save_model)

@@ -8,7 +8,7 @@ and installs it on every worker at start-up (slower starts, no image to build).
 
 from pathlib import Path
 
-from setuptools import setup
+from setuptools import find_packages, setup
 
 HERE = Path(__file__).resolve().parent
 requirements = [
@@ -21,7 +21,7 @@ setup(
     name="bertflow-beam-worker",
     version="0.1.0",
     description="bertflow's Beam jobs (corpus, examples) for Dataflow/Flink/Spark workers",
-    packages=["pipeline"],
+    packages=find_packages(include=["pipeline", "pipeline.*"]),
     install_requires=requirements,
     python_requires=">=3.11",
 )

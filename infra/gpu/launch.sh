@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Launch the pretrain stage on this node of a GPU cluster: torchrun over the node's GPUs,
-# several nodes through a static rendezvous on node 0 (flows.cluster + flows.launch).
+# several nodes through a static rendezvous on node 0 (flows.proc.cluster + flows.proc.launch).
 set -euo pipefail
 # shellcheck source=infra/lib.sh source-path=SCRIPTDIR/../..
 source "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
@@ -69,7 +69,7 @@ if [[ "$RANK_" == 0 && -z "$MLFLOW" && "$ROOT" == *://* ]]; then
   die "missing required argument --mlflow-uri (or MLFLOW_TRACKING_URI): a gs:// root has no local MLflow database"
 fi
 
-args=(-m flows.cluster --preset "$PRESET" --root "$ROOT" --nproc-per-node "$NPROC")
+args=(-m flows.proc.cluster --preset "$PRESET" --root "$ROOT" --nproc-per-node "$NPROC")
 [[ -n "$MLFLOW" ]] && args+=(--mlflow-uri "$MLFLOW")
 [[ -n "$EXAMPLES" ]] && args+=(--input "examples=$EXAMPLES")
 [[ -n "$VOCAB" ]] && args+=(--input "vocab=$VOCAB")
@@ -79,6 +79,6 @@ export BERTFLOW_NNODES="$NNODES" BERTFLOW_NODE_RANK="$RANK_" BERTFLOW_RDZV_ENDPO
 export BERTFLOW_RDZV_ID="$RDZV_ID" BERTFLOW_BACKEND="${BERTFLOW_BACKEND:-cuda}"
 [[ "$DRY_RUN" == 1 ]] && echo "+ export BERTFLOW_NNODES=$NNODES BERTFLOW_NODE_RANK=$RANK_ BERTFLOW_RDZV_ENDPOINT=$ENDPOINT BERTFLOW_RDZV_ID=$RDZV_ID BERTFLOW_BACKEND=$BERTFLOW_BACKEND"
 run "$PY" "${args[@]}"
-if [[ "$DRY_RUN" == 1 ]]; then  # what flows.cluster would start on this node (reads no input)
+if [[ "$DRY_RUN" == 1 ]]; then  # what flows.proc.cluster would start on this node (reads no input)
   "$PY" "${args[@]}" --dry-run | sed 's/^/# /'
 fi

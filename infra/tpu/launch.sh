@@ -10,7 +10,7 @@ usage() {
 Usage: infra/tpu/launch.sh --name NAME --zone ZONE --project PROJECT --root gs://BUCKET/RUN
                            --mlflow-uri URL [options]
 
-Runs `python -m flows.cluster` on every host (`tpu-vm ssh --worker=all`), in the background
+Runs `python -m flows.proc.cluster` on every host (`tpu-vm ssh --worker=all`), in the background
 (log: ~/bertflow-pretrain.log on each host). Host 0 (the TPU's agent-worker-number) runs
 `bertflow stage pretrain` (preflight, MLflow run, manifest); the other hosts run the same
 training process. The XLA backend (PJRT_DEVICE=TPU, BERTFLOW_BACKEND=xla), SPMD over the
@@ -75,7 +75,7 @@ require "$MLFLOW" "--mlflow-uri (or MLFLOW_TRACKING_URI)"
 [[ -z "$VOCAB" ]] || gs_url "$VOCAB" --vocab
 [[ -z "$ENV_FILE" || -f "$ENV_FILE" ]] || die "--env-file $ENV_FILE does not exist"
 
-args=(-m flows.cluster --preset "$PRESET" --root "$ROOT" --mlflow-uri "$MLFLOW")
+args=(-m flows.proc.cluster --preset "$PRESET" --root "$ROOT" --mlflow-uri "$MLFLOW")
 [[ -n "$EXAMPLES" ]] && args+=(--input "examples=$EXAMPLES")
 [[ -n "$VOCAB" ]] && args+=(--input "vocab=$VOCAB")
 for s in "${SETS[@]}"; do args+=(--set "$s"); done

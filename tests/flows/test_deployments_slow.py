@@ -146,7 +146,7 @@ def test_pretrain_tiny_runs_on_a_worker_and_a_rerun_shows_skipped_stages(server,
 
     second = run_deployment(server, "pretrain/tiny", {"root": str(root), "overrides": SHORT})
     assert second["state"] == "COMPLETED"
-    from flows.stages import CHAIN
+    from flows.table import CHAIN
 
     stage_states = {k: v for k, v in second["tasks"].items() if k.split("/")[0] in CHAIN}
     assert stage_states and set(stage_states.values()) == {"Skipped"}, second["tasks"]
@@ -211,8 +211,8 @@ def test_downstream_units_fan_out_as_runs_of_their_deployment(server, tiny_root,
     parent = runs[run_id]
     assert parent["state"] == "COMPLETED", (parent, (tmp_path / "worker.log").read_text()[-3000:])
     units = {r["parameters"]["unit_id"]: r for i, r in runs.items() if r["deployment"] == "finetune-unit/default"}
-    from flows.downstream import plan_units
     from flows.presets import load_config
+    from tasks.units import plan_units
 
     planned = [u["unit_id"] for u in plan_units("sst2", load_config("tiny", overrides).finetune)]
     assert sorted(units) == sorted(planned) and all(r["state"] == "COMPLETED" for r in units.values())

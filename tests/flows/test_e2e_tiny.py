@@ -4,9 +4,10 @@ import json
 
 import pyarrow.parquet as pq
 
-from flows.downstream import plan_units
-from flows.presets import load_config, parse_overrides
+from flows.overrides import parse_overrides
+from flows.presets import load_config
 from pipeline.schema.manifest import read_manifest
+from tasks.units import plan_units
 
 
 def test_every_stage_wrote_its_outputs_and_manifest(chain):

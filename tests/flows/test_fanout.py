@@ -17,12 +17,12 @@ pytest.importorskip("prefect")  # the XLA tier's own environment has no prefect
 from prefect import flow
 from prefect.task_runners import ThreadPoolTaskRunner
 
-from flows.downstream import plan_units
 from flows.fanout import _set_path, fan_out
+from flows.prefect_tasks import session
 from flows.presets import load_config
-from flows.pretrain_flow import session
-from flows.stages import stage_names
+from flows.table import stage_names
 from pipeline.schema.manifest import read_manifest
+from tasks.units import plan_units
 
 OVERRIDES = {"finetune_tasks": ["sst2"], "finetune.grid.learning_rates": [5e-4, 1e-3], "finetune.epochs": 1}
 
@@ -36,12 +36,24 @@ def finetune_only(root: str, model: str, uri: str) -> list[str]:
 
 
 class UnitKiller(threading.Thread):
-    """Finds the first ``flows.stage_entry`` process running a unit, reads which unit its spec
-    names, and SIGKILLs it."""
+    """Finds the first ``flows.proc.stage_entry`` process running a unit, reads which unit its spec
+    names, waits until that unit is training (its MLflow run has a first ``train_loss``), and
+    SIGKILLs it."""
 
-    def __init__(self):
+    def __init__(self, uri: str):
         super().__init__(daemon=True)
+        self.uri = uri
         self.killed = None
+
+    def _training(self, unit_id: str) -> bool:
+        from mlflow.tracking import MlflowClient
+
+        client = MlflowClient(tracking_uri=self.uri)
+        exp = client.get_experiment_by_name("bertflow")
+        if exp is None:
+            return False
+        runs = client.search_runs([exp.experiment_id], filter_string=f"tags.`bertflow.unit` = '{unit_id}'")
+        return any(client.get_metric_history(r.info.run_id, "train_loss") for r in runs)
 
     def run(self):
         deadline = time.monotonic() + 300
@@ -49,16 +61,20 @@ class UnitKiller(threading.Thread):
             for pid in filter(str.isdigit, os.listdir("/proc")):
                 try:
                     cmd = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
-                    if b"flows.stage_entry" not in cmd:
+                    if b"flows.proc.stage_entry" not in cmd:
                         continue
                     spec = json.loads(open(cmd[cmd.index(b"--spec") + 1].decode()).read())
                 except (OSError, ValueError, IndexError):
                     continue
-                if spec.get("unit"):
-                    time.sleep(1.0)  # let it start working
-                    os.kill(int(pid), signal.SIGKILL)
-                    self.killed = spec["unit"]["unit_id"]
-                    return
+                if not spec.get("unit"):
+                    continue
+                unit_id = spec["unit"]["unit_id"]
+                while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
+                    if self._training(unit_id):
+                        os.kill(int(pid), signal.SIGKILL)
+                        self.killed = unit_id
+                        return
+                    time.sleep(0.1)
             time.sleep(0.05)
 
 
@@ -86,8 +102,8 @@ def test_units_fan_out_and_a_failed_unit_is_retried_alone(chain, tmp_path, prefe
     units = root / "finetune" / "sst2" / "units"
     planned = [u["unit_id"] for u in plan_units("sst2", load_config("tiny", OVERRIDES).finetune)]
     assert len(planned) == 2
-    killer = UnitKiller()
-    killer.start()  # SIGKILLs the first unit process it sees (as the kernel's OOM killer would)
+    killer = UnitKiller(uri)
+    killer.start()  # SIGKILLs the first unit process it sees training (as the kernel's OOM killer would)
     state = finetune_only(str(root), model, uri, return_state=True)
     killer.join(timeout=5)
     assert state.is_completed(), state.message

@@ -57,7 +57,7 @@ def _kill_during(stage: str, delay: float, root, cli, env) -> None:
     children = _descendants(proc.pid)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    ours = {c: cmd for c in children if "flows.stage_entry" in (cmd := _cmdline(c)) or "torchrun" in cmd}
+    ours = {c: cmd for c in children if "flows.proc.stage_entry" in (cmd := _cmdline(c)) or "torchrun" in cmd}
     end = time.monotonic() + 60  # a training process checkpoints first (SIGTERM from its dead parent)
     while any(_alive(c) for c in ours) and time.monotonic() < end:
         time.sleep(0.5)

@@ -1,6 +1,7 @@
 import pytest
 
-from flows.presets import load_config, parse_overrides
+from flows.overrides import parse_overrides
+from flows.presets import load_config
 from pipeline.schema.config import ConfigError, flatten
 
 

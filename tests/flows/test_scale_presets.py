@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from flows.checks import BackendUnavailableError, check_backend, check_data
-from flows.cluster import host_index
-from flows.launch import Nodes, build_command, nodes_from_env
-from flows.presets import ConfigError, accelerator_backend, load_config
+from flows.hooks import BackendUnavailableError, check_backend, check_data
+from flows.presets import accelerator_backend, load_config
+from flows.proc.cluster import host_index
+from flows.proc.launch import Nodes, build_command, nodes_from_env
+from pipeline.schema.config import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]
 SAMPLE = REPO / "data" / "sample"
@@ -116,7 +117,7 @@ def test_node_layout_from_the_environment():
     with pytest.raises(ValueError, match=r"BERTFLOW_NODE_RANK: must lie in \[0, 2\)"):
         nodes_from_env({"BERTFLOW_NNODES": "2", "BERTFLOW_NODE_RANK": "2", "BERTFLOW_RDZV_ENDPOINT": "h:1"})
     assert build_command({"a": 1}, 2)[3:5] == ["--standalone", "--nproc_per_node=2"]  # one node: as before
-    assert build_command({"a": 1}, 1)[1:3] == ["-m", "flows.train_entry"]
+    assert build_command({"a": 1}, 1)[1:3] == ["-m", "flows.proc.train_entry"]
     cmd = build_command({"a": 1}, 1, Nodes(2, 1, "h0:29500", "job7"))  # 1 GPU per node still needs torchrun
     assert cmd[1:3] == ["-m", "torch.distributed.run"]
     assert cmd[3:9] == [
@@ -134,17 +135,17 @@ def test_node_layout_from_the_environment():
 def test_a_second_xla_host_runs_the_trainer(capsys, monkeypatch):
     """A pod slice's host >= 1 trains (model/ confines writes to process index 0): it launches the
     same XLA training spec as host 0's flow, never the flow itself."""
-    import flows.cluster
-    import flows.launch
-    from flows.cluster import main
+    import flows.proc.cluster
+    import flows.proc.launch
+    from flows.proc.cluster import main
 
     monkeypatch.setenv("BERTFLOW_BACKEND", "xla")
     monkeypatch.setenv("TPU_WORKER_ID", "1")  # what infra/tpu/launch.sh sets from the TPU metadata
     for name in ("BERTFLOW_NODE_RANK", "BERTFLOW_NNODES", "JOB_COMPLETION_INDEX"):
         monkeypatch.delenv(name, raising=False)
     launched = []
-    monkeypatch.setattr(flows.cluster, "trainer_spec", lambda args: {"preset": args.preset, "root": args.root})
-    monkeypatch.setattr(flows.launch, "launch_pretrain", lambda spec: launched.append(spec) or 0)
+    monkeypatch.setattr(flows.proc.cluster, "trainer_spec", lambda args: {"preset": args.preset, "root": args.root})
+    monkeypatch.setattr(flows.proc.launch, "launch_pretrain", lambda spec: launched.append(spec) or 0)
     assert main(["--preset", "large", "--root", "gs://b/large"]) == 0, capsys.readouterr().err
     assert launched == [{"preset": "large", "root": "gs://b/large"}]  # the trainer, not the flow
     assert "host 1 of 1: trainer" in capsys.readouterr().out

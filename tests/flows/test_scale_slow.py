@@ -7,7 +7,7 @@ sample, and the Beam jobs stay byte-identical with one worker or two.
 import pytest
 
 from flows.presets import load_config
-from flows.stages import run_stage
+from flows.runner import run_stage
 from pipeline.schema.manifest import read_manifest
 from synth.corpus import write_corpus
 

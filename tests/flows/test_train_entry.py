@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from flows.train_entry import EXIT_RESUME_REFUSED, main, masking_from
+from flows.proc.protocol import EXIT_RESUME_REFUSED
+from flows.proc.train_entry import main, masking_from
 from model.config import PhaseConfig, PretrainConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "model"))

@@ -156,7 +156,7 @@ def test_tpu_launch_runs_the_xla_stage_on_all_hosts_with_gs_paths(tmp_path):
     assert "PJRT_DEVICE=TPU" in remote and "BERTFLOW_BACKEND=xla" in remote
     assert "agent-worker-number" in remote  # each host learns its index from the TPU metadata
     python = shlex.split(remote.split(".venv/bin/python", 1)[1].split(">", 1)[0])
-    assert python[:2] == ["-m", "flows.cluster"]
+    assert python[:2] == ["-m", "flows.proc.cluster"]
     assert python[python.index("--root") + 1] == "gs://bkt/runs/large"
     assert "examples=gs://bkt/runs/large/examples" in python
     assert "pretrain.phases.0.steps=1000" in python and python[python.index("--preset") + 1] == "large"
@@ -219,8 +219,8 @@ def test_gpu_launch_passes_nodes_rank_and_rendezvous_to_torchrun():
         "--nproc_per_node=8",
     ):
         assert arg in cmd, cmd
-    assert cmd[cmd.index("-m", 3) :][:2] == ["-m", "flows.train_entry"]
-    [py] = [c for c in commands(worker.stdout) if "flows.cluster" in c]
+    assert cmd[cmd.index("-m", 3) :][:2] == ["-m", "flows.proc.train_entry"]
+    [py] = [c for c in commands(worker.stdout) if "flows.proc.cluster" in c]
     assert py[py.index("--root") + 1] == "gs://bkt/runs/large" and "examples=gs://bkt/ex" in py
 
     head = sh("infra/gpu/launch.sh", *common, "--node-rank", "0")

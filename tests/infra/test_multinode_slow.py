@@ -13,7 +13,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "model"))
 from pretrain_shards import write_example_stage
 
-from flows.launch import launch_pretrain
+from flows.proc.launch import launch_pretrain
 
 pytestmark = pytest.mark.slow
 

@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from model.config import BertConfig
-from pipeline.masking import VocabIds, create_masked_lm_predictions
+from pipeline.examples.masking import VocabIds, create_masked_lm_predictions
 from pipeline.schema.manifest import write_manifest
 from pipeline.schema.parquet import example_schema
 
@@ -28,7 +28,7 @@ MODEL = BertConfig(
 
 
 class MaskRule:
-    """The one masking rule (pipeline.masking) in the loader's mask_fn shape, as train_entry builds it."""
+    """The one masking rule (pipeline.examples.masking) in the loader's mask_fn shape, as train_entry builds it."""
 
     def __init__(self, prob: float = 0.15):
         self.vocab, self.prob = VocabIds.from_vocab(VOCAB), prob

@@ -1,4 +1,4 @@
-"""Several training processes through the real launcher (flows.launch -> torchrun -> train_entry):
+"""Several training processes through the real launcher (flows.proc.launch -> torchrun -> train_entry):
 2 processes with gloo end with identical weights, saw disjoint data, and match 1 process with the
 same global batch; SIGTERM to the launcher checkpoints and stops the whole tree."""
 
@@ -12,7 +12,8 @@ import pytest
 import torch
 from pretrain_shards import MODEL, write_example_stage
 
-from flows.launch import EXIT_PREEMPTED, build_command, launch_pretrain, training_env
+from flows.proc.launch import build_command, launch_pretrain, training_env
+from flows.proc.protocol import EXIT_TERMINATED
 from model.checkpoint import find_latest_checkpoint
 from model.config import BertConfig, PhaseConfig, PretrainConfig
 
@@ -48,7 +49,7 @@ def keys(path):
 
 
 def test_command_and_threads():
-    assert build_command({}, 1)[1:3] == ["-m", "flows.train_entry"]
+    assert build_command({}, 1)[1:3] == ["-m", "flows.proc.train_entry"]
     cmd = build_command({"a": 1}, 2)
     assert cmd[1:5] == ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
     if "OMP_NUM_THREADS" not in os.environ:
@@ -113,7 +114,7 @@ def test_sigterm_stops_the_whole_tree_after_a_checkpoint(examples, tmp_path):
             s, nproc=2, env={"BERTFLOW_TRACE_DATA": str(trace), "OMP_NUM_THREADS": "1"}, output=out, grace_s=60
         )
     log = (tmp_path / "out.log").read_text()
-    assert code == EXIT_PREEMPTED, log
+    assert code == EXIT_TERMINATED, log
     assert find_latest_checkpoint(str(tmp_path / "run")) is not None, log
     for r in (0, 1):
         pid = int((trace / f"rank{r}.pid").read_text())
@@ -142,7 +143,7 @@ def test_a_killed_launcher_leaves_no_orphan_trainer(examples, tmp_path):
     trace = tmp_path / "trace"
     trace.mkdir()
     code = (
-        "import json, sys; from flows.launch import launch_pretrain; "
+        "import json, sys; from flows.proc.launch import launch_pretrain; "
         "sys.exit(launch_pretrain(json.loads(sys.argv[1]), 1, {'BERTFLOW_TRACE_DATA': sys.argv[2]}))"
     )
     launcher = subprocess.Popen(

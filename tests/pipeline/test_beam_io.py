@@ -3,7 +3,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from pipeline.beam_io import WriteShards, fill_empty_shards, parquet_rows, shard_name, stable_shard
+from pipeline.beam.io import WriteShards, fill_empty_shards, parquet_rows, shard_name, stable_shard
 
 SCHEMA = pa.schema([("id", pa.string()), ("value", pa.int64())])
 

@@ -11,18 +11,16 @@ import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.testing.test_pipeline import TestPipeline as BeamTestPipeline
 
-import pipeline.corpus as corpus
-from pipeline.config import BeamConfig, CorpusConfig
-from pipeline.corpus import (
-    CleanToFragments,
-    CorpusInputError,
-    build_document,
-    page_record,
-    run_corpus,
-    sentence_reject,
-)
-from pipeline.corpus_dedup import DedupAndWrite
-from pipeline.readers import Page
+import pipeline.corpus.job as corpus
+from pipeline.beam.config import BeamConfig
+from pipeline.corpus.clean import CleanToFragments
+from pipeline.corpus.config import CorpusConfig
+from pipeline.corpus.dedup import DedupAndWrite
+from pipeline.corpus.documents import build_document, page_record
+from pipeline.corpus.filters import sentence_reject
+from pipeline.corpus.inputs import CorpusInputError
+from pipeline.corpus.job import run_corpus
+from pipeline.corpus.records import Page
 from pipeline.schema.manifest import read_manifest
 
 CFG = CorpusConfig(min_sentence_chars=12, min_doc_sentences=2, num_shards=2)

@@ -6,10 +6,10 @@ import tracemalloc
 
 import pyarrow as pa
 
-import pipeline.corpus_decide as cd
-from pipeline.config import CorpusConfig
-from pipeline.corpus_decide import KEY_SCHEMA, decide_drops, key_row, read_drops
-from pipeline.shards import RunWriter
+import pipeline.corpus.decide as cd
+from pipeline.beam.shards import RunWriter
+from pipeline.corpus.config import CorpusConfig
+from pipeline.corpus.decide import KEY_SCHEMA, decide_drops, key_row, read_drops
 
 CFG = CorpusConfig()
 
@@ -161,7 +161,7 @@ def test_decision_memory_does_not_grow_with_the_corpus(tmp_path, monkeypatch):
     monkeypatch.setattr(cd, "KEY_RUN_BYTES", 32 << 10)
     monkeypatch.setattr(cd, "KEY_ROW_GROUP", 64)  # what a merge reads of each run at once
     monkeypatch.setattr(cd, "KEY_MERGE_BYTES", 64 << 10)
-    monkeypatch.setattr("pipeline.shards.CONVERT_ROWS", 64)
+    monkeypatch.setattr("pipeline.beam.shards.CONVERT_ROWS", 64)
     peaks = []
     default = pa.default_memory_pool()
     try:

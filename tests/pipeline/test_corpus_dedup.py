@@ -6,10 +6,12 @@ import random
 
 import pyarrow.parquet as pq
 
-from pipeline.config import BeamConfig, CorpusConfig
-from pipeline.corpus import build_paragraphs, run_corpus
-from pipeline.corpus_decide import paragraph_drops
-from pipeline.corpus_dedup import apply_drops, doc_digest, paragraph_hash
+from pipeline.beam.config import BeamConfig
+from pipeline.corpus.config import CorpusConfig
+from pipeline.corpus.decide import paragraph_drops
+from pipeline.corpus.dedup import apply_drops, doc_digest, paragraph_hash
+from pipeline.corpus.documents import build_paragraphs
+from pipeline.corpus.job import run_corpus
 from pipeline.schema.manifest import read_manifest
 from synth.dumps import page_xml, write_dump
 
@@ -38,8 +40,8 @@ def test_build_paragraphs_groups_kept_sentences():
 
 
 def test_digest_and_hashes_from_the_dedup_keys_are_the_same():
-    from pipeline.corpus import _build_paragraphs
-    from pipeline.corpus_dedup import norms_digest, norms_hash
+    from pipeline.corpus.dedup import norms_digest, norms_hash
+    from pipeline.corpus.documents import _build_paragraphs
 
     record = {
         "doc_id": "wiki:1",
@@ -161,9 +163,9 @@ def test_corpus_paragraph_dedup_in_the_job(tmp_path):
 
 
 def test_merging_many_runs_in_groups_gives_the_same_shards(tmp_path, monkeypatch):
-    import pipeline.corpus_dedup as cd
-    from pipeline.filters import reject_row
-    from pipeline.shards import KEY, RunWriter
+    import pipeline.corpus.dedup as cd
+    from pipeline.beam.shards import KEY, RunWriter
+    from pipeline.corpus.filters import reject_row
 
     rng = random.Random(0)
     runs = []
@@ -186,7 +188,7 @@ def test_merging_many_runs_in_groups_gives_the_same_shards(tmp_path, monkeypatch
 
 
 def test_spread_units_hands_off_only_files_that_cannot_be_split():
-    from pipeline.corpus import HANDOFF, spread_units
+    from pipeline.corpus.read import HANDOFF, spread_units
 
     whole, ranged, book = (
         ("wiki", "a.xml.bz2", None, None, 0, 1),
@@ -206,11 +208,11 @@ def test_single_file_handed_off_gives_the_same_corpus(tmp_path, monkeypatch):
     here, so many), every worker cleans some; same bytes, counts and rejects as 1 worker."""
     import glob
 
-    import pipeline.corpus as corpus
+    import pipeline.corpus.read as corpus_read
 
     wiki = sorted(glob.glob("data/sample/wiki/*.xml.bz2"))
     assert len(wiki) == 1
-    monkeypatch.setattr(corpus, "BATCH_BYTES", 20_000)  # forked workers inherit it
+    monkeypatch.setattr(corpus_read, "BATCH_BYTES", 20_000)  # forked workers inherit it
     outputs = []
     for workers in (1, 2):
         cfg = dataclasses.replace(CFG, sources=("wiki",), beam=BeamConfig(num_workers=workers))
@@ -222,11 +224,11 @@ def test_single_file_handed_off_gives_the_same_corpus(tmp_path, monkeypatch):
         )
     assert outputs[0] == outputs[1]
     assert outputs[0][1]["wiki_documents"] > 300
-    unit = corpus.spread_units(corpus.plan_units("wiki", wiki, cfg), 2)
-    assert unit == [("wiki", wiki[0], None, None, 0, corpus.HANDOFF)]
+    unit = corpus_read.spread_units(corpus_read.plan_units("wiki", wiki, cfg), 2)
+    assert unit == [("wiki", wiki[0], None, None, 0, corpus_read.HANDOFF)]
     # The batches round-trip: what a reader writes is what the cleaners read.
     records = [{"doc_id": f"wiki:{i}", "source": "wiki", "title": f"T{i}", "text": "x" * 9000} for i in range(5)]
-    writer = corpus._RecordBatches(str(tmp_path / "work"))
+    writer = corpus_read._RecordBatches(str(tmp_path / "work"))
     urls = [u for r in records for u in writer.add(r)] + writer.close()
     assert len(urls) == 2  # written once 20,000 characters are held: 3 records, then the last 2
-    assert [r for u in urls for r in corpus._ReadBatch().process(u)] == records
+    assert [r for u in urls for r in corpus_read._ReadBatch().process(u)] == records

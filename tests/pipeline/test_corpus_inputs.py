@@ -6,11 +6,14 @@ import dataclasses
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.config import ConfigError, CorpusConfig
-from pipeline.corpus import CorpusInputError, build_document, check_corpus_inputs, page_record, run_corpus
-from pipeline.filters import minhash, near_duplicates
-from pipeline.readers import Page
-from pipeline.sentences import book_paragraphs, strip_boilerplate
+from pipeline.corpus.config import CorpusConfig
+from pipeline.corpus.documents import build_document, page_record
+from pipeline.corpus.filters import minhash, near_duplicates
+from pipeline.corpus.inputs import CorpusInputError, check_corpus_inputs
+from pipeline.corpus.job import run_corpus
+from pipeline.corpus.records import Page
+from pipeline.corpus.sentences import book_paragraphs, strip_boilerplate
+from pipeline.schema.config import ConfigError
 from synth.dumps import page_xml, write_dump
 
 CFG = CorpusConfig(num_shards=1)
@@ -160,7 +163,7 @@ def test_near_dedup_in_the_job_counts_and_rejects(tmp_path):
 
 
 def test_multistream_dump_split_over_workers_gives_the_same_output(tmp_path):
-    from pipeline.config import BeamConfig
+    from pipeline.beam.config import BeamConfig
     from synth.dumps import pages_xml, write_multistream
 
     (tmp_path / "w").mkdir()
@@ -177,7 +180,7 @@ def test_multistream_dump_split_over_workers_gives_the_same_output(tmp_path):
 
 
 def test_preview_documents_and_rejects(raw, tmp_path):
-    from pipeline.preview import format_preview, preview_corpus
+    from pipeline.corpus.preview import format_preview, preview_corpus
 
     (raw / "wiki" / "r.xml").write_text(
         "<mediawiki>" + page_xml(9, "Redir", "#REDIRECT [[Cats]]", redirect="Cats") + "</mediawiki>"

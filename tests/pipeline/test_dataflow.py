@@ -10,7 +10,10 @@ runner builds it for submission. Needs the ``gcp`` extra (``apache-beam[gcp]``, 
 
 import pytest
 
-from pipeline.config import BeamConfig, ConfigError, CorpusConfig, ExamplesConfig
+from pipeline.beam.config import BeamConfig
+from pipeline.corpus.config import CorpusConfig
+from pipeline.examples.config import ExamplesConfig
+from pipeline.schema.config import ConfigError
 
 pytest.importorskip("apache_beam.runners.dataflow.internal.apiclient", reason="needs apache-beam[gcp] (the gcp extra)")
 
@@ -66,7 +69,7 @@ def check_worker_pool(env):
 
 
 def test_the_corpus_job_builds_and_validates_for_dataflow():
-    from pipeline.corpus import build_corpus_pipeline
+    from pipeline.corpus.job import build_corpus_pipeline
 
     cfg = CorpusConfig(num_shards=256, beam=BeamConfig(**DATAFLOW, options=OFFLINE))
     files = {
@@ -91,7 +94,7 @@ def test_the_corpus_job_builds_and_validates_for_dataflow():
 
 
 def test_the_examples_job_builds_and_validates_for_dataflow():
-    from pipeline.examples import build_examples_pipeline
+    from pipeline.examples.job import build_examples_pipeline
 
     vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [chr(c) for c in range(ord("a"), ord("z") + 1)]
     cfg = ExamplesConfig(
@@ -108,7 +111,7 @@ def test_the_examples_job_builds_and_validates_for_dataflow():
 
 
 def test_dataflow_rejects_a_bad_project_id_before_submitting():
-    from pipeline.corpus import build_corpus_pipeline
+    from pipeline.corpus.job import build_corpus_pipeline
 
     cfg = CorpusConfig(beam=BeamConfig(**{**DATAFLOW, "project": "Not A Project"}, options=OFFLINE))
     with pytest.raises(ValueError, match="Invalid Project ID"):
@@ -116,7 +119,7 @@ def test_dataflow_rejects_a_bad_project_id_before_submitting():
 
 
 def test_a_dataflow_job_refuses_local_paths_before_any_work(tmp_path):
-    from pipeline.corpus import build_corpus_pipeline
+    from pipeline.corpus.job import build_corpus_pipeline
 
     cfg = CorpusConfig(beam=BeamConfig(**DATAFLOW))
     with pytest.raises(ValueError, match="output .* is a local path"):
@@ -146,8 +149,9 @@ def test_dataflow_settings_are_checked_at_load_naming_the_field(missing, field):
 def test_flink_and_spark_options_pass_straight_through_from_overrides():
     from apache_beam.options.pipeline_options import FlinkRunnerOptions, SparkRunnerOptions
 
-    from flows.presets import load_config, parse_overrides
-    from pipeline.beam_io import pipeline_options
+    from flows.overrides import parse_overrides
+    from flows.presets import load_config
+    from pipeline.beam.io import pipeline_options
 
     cfg = load_config(
         "base",
@@ -177,7 +181,8 @@ def test_run_sh_dry_run_prints_the_stage_commands_with_valid_dataflow_settings()
     import subprocess
     from pathlib import Path
 
-    from flows.presets import load_config, parse_overrides
+    from flows.overrides import parse_overrides
+    from flows.presets import load_config
 
     script = Path(__file__).resolve().parents[2] / "infra" / "dataflow" / "run.sh"
     if shutil.which("shellcheck"):
@@ -282,7 +287,7 @@ def test_the_setup_file_route_builds_the_workers_package(tmp_path):
 
     from apache_beam.portability.api import beam_runner_api_pb2
 
-    from pipeline.corpus import build_corpus_pipeline
+    from pipeline.corpus.job import build_corpus_pipeline
 
     repo = Path(__file__).resolve().parents[2]
     shutil.copytree(repo / "pipeline", tmp_path / "pipeline", ignore=shutil.ignore_patterns("__pycache__"))
@@ -304,5 +309,11 @@ def test_the_setup_file_route_builds_the_workers_package(tmp_path):
         requires = next(
             sdist.extractfile(m).read().decode() for m in sdist.getmembers() if m.name.endswith("requires.txt")
         )
-    assert {"setup.py", "requirements.txt", "pipeline/corpus.py", "pipeline/examples.py", "pipeline/schema.py"} <= names
+    assert {
+        "setup.py",
+        "requirements.txt",
+        "pipeline/corpus/job.py",
+        "pipeline/examples/job.py",
+        "pipeline/schema/manifest.py",
+    } <= names
     assert "pyarrow==25.0.1" in requires and "torch" not in requires

@@ -5,10 +5,11 @@ import sys
 
 import pytest
 
-import pipeline.dump_reader as dr
-from pipeline.config import BeamConfig, CorpusConfig
-from pipeline.corpus import run_corpus
-from pipeline.dumps import iter_wiki
+import pipeline.corpus.wiki_reader as dr
+from pipeline.beam.config import BeamConfig
+from pipeline.corpus.config import CorpusConfig
+from pipeline.corpus.job import run_corpus
+from pipeline.corpus.wiki_reader import read_wiki
 from synth.dumps import FOOTER, HEADER, pages_xml, stream_ends, write_multistream
 
 
@@ -30,13 +31,13 @@ def test_every_reader_yields_the_same_items(tmp_path):
     pages[12] = pages[12].replace("</page>", "")
     plain.write_bytes((HEADER + "".join(pages) + FOOTER).encode().replace(b"Thing 21</title>", b"Thing 21\xff</title>"))
     for source, args in [(url, ()), (url, (ends[1], ends[3])), (url, (None, None, 1 << 20, 1, 3)), (str(plain), ())]:
-        items = {mode: list(iter_wiki(source, *args, reader=mode)) for mode in ("thread", "inline", "process")}
+        items = {mode: list(read_wiki(source, *args, reader=mode)) for mode in ("thread", "inline", "process")}
         assert items["process"] == items["thread"] == items["inline"]
-    everything = list(iter_wiki(url, reader="process"))
+    everything = list(read_wiki(url, reader="process"))
     reasons = [i.reason for i in everything if not hasattr(i, "page_id")]
     assert reasons == ["malformed_xml", "truncated_file"]
     assert len([i for i in everything if hasattr(i, "page_id")]) == 99  # the last stream lost to the cut
-    reasons = [i.reason for i in iter_wiki(str(plain), reader="process") if not hasattr(i, "page_id")]
+    reasons = [i.reason for i in read_wiki(str(plain), reader="process") if not hasattr(i, "page_id")]
     assert reasons == ["unclosed_page", "invalid_utf8"]
 
 
@@ -44,7 +45,7 @@ def test_a_reader_process_that_dies_is_an_error_naming_the_file(tmp_path, monkey
     url, _ = faulty_dump(tmp_path)
     monkeypatch.setattr(sys, "executable", "/bin/false")  # exits 1 before writing anything
     with pytest.raises(RuntimeError, match="reader process of .*w-multistream.xml.bz2.*exit code 1"):
-        list(iter_wiki(url, reader="process"))
+        list(read_wiki(url, reader="process"))
 
 
 def test_reader_mode_follows_the_cores_per_worker(monkeypatch):

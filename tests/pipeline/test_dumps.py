@@ -5,8 +5,9 @@ import tracemalloc
 
 import pytest
 
-from pipeline.dumps import index_url, iter_wiki, plan_reads, stream_offsets
-from pipeline.readers import Page, ReadEvent, is_wiki_file
+from pipeline.corpus.inputs import is_wiki_file
+from pipeline.corpus.records import Page, ReadEvent
+from pipeline.corpus.wiki import index_url, iter_wiki, plan_reads, stream_offsets
 from synth.dumps import (
     FOOTER,
     HEADER,
@@ -123,7 +124,7 @@ def test_memory_is_flat_in_dump_size(tmp_path):
     peak_big = peak_bytes(lambda: sum(1 for _ in iter_wiki(str(big))))
     # the bound is flat: how full the reader thread's window happens to be (up to its queue, one
     # chunk being made and one being read) is scheduling, not dump size; the big dump is ~8 MB of XML
-    from pipeline.dumps import CHUNK, PREFETCH_CHUNKS
+    from pipeline.corpus.wiki import CHUNK, PREFETCH_CHUNKS
 
     assert peak_big < peak_small + (PREFETCH_CHUNKS + 2) * CHUNK
     assert big.stat().st_size > 4 * small.stat().st_size * 0.9
@@ -190,7 +191,7 @@ def test_bz2_of_a_single_page_dump_reads(tmp_path):
 
 
 def test_prefetched_chunks_are_the_same_and_faults_arrive_in_place():
-    from pipeline.dumps import prefetched
+    from pipeline.corpus.wiki import prefetched
 
     def chunks(fail_at=None):
         for i in range(50):

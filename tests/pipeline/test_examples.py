@@ -9,19 +9,16 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.config import BeamConfig, ExamplesConfig, VocabConfig
-from pipeline.example_view import histogram_bin, histogram_bins
-from pipeline.examples import (
-    decode_examples,
-    example_key,
-    num_buckets_for,
-    plan_token_work,
-    run_examples,
-    token_work,
-)
+from pipeline.beam.config import BeamConfig
+from pipeline.examples.config import ExamplesConfig
+from pipeline.examples.job import example_key, num_buckets_for, run_examples
+from pipeline.examples.tokens import plan_token_work, token_work
+from pipeline.examples.view import decode_examples, histogram_bin, histogram_bins
 from pipeline.schema.manifest import ManifestError, read_manifest, write_manifest
 from pipeline.schema.parquet import DOCUMENT_SCHEMA, example_schema
-from pipeline.wordpiece import read_vocab, run_vocab
+from pipeline.vocab.config import VocabConfig
+from pipeline.vocab.job import run_vocab
+from pipeline.vocab.tokenizer import read_vocab
 
 WORDS = (
     "river town guild salt ship heron mountain north south poet merchant weaving copper "

@@ -6,8 +6,8 @@ import threading
 
 import pytest
 
-from pipeline.dumps import iter_wiki
-from pipeline.fetch import FetchError, fetch_wiki, parse_checksums, select_dump_files
+from pipeline.corpus.fetch import FetchError, fetch_wiki, parse_checksums, select_dump_files
+from pipeline.corpus.wiki import iter_wiki
 from synth.dumps import pages_xml, write_multistream
 
 DATE = "20261101"

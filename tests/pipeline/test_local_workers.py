@@ -1,4 +1,4 @@
-"""The local runner's forked workers (pipeline.local_workers): same results as Beam's own
+"""The local runner's forked workers (pipeline.beam.local_workers): same results as Beam's own
 workers, really forked, runs back to back in one process, errors surfaced, nothing left behind."""
 
 import os
@@ -9,9 +9,9 @@ import pytest
 from apache_beam.internal.cloudpickle import cloudpickle
 from apache_beam.metrics import Metrics
 
-from pipeline.beam_io import counters, local_runner, make_pipeline
-from pipeline.config import BeamConfig
-from pipeline.local_workers import ForkingFnApiRunner, can_fork
+from pipeline.beam.config import BeamConfig
+from pipeline.beam.io import counters, local_runner, make_pipeline
+from pipeline.beam.local_workers import ForkingFnApiRunner, can_fork
 
 pytestmark = pytest.mark.skipif(not can_fork(), reason="forked workers need Linux")
 

@@ -9,7 +9,7 @@ import sys
 import pyarrow as pa
 import pytest
 
-from pipeline.masking import (
+from pipeline.examples.masking import (
     VocabIds,
     create_instances_from_document,
     create_masked_lm_predictions,
@@ -236,7 +236,7 @@ def test_rng_is_stable_and_keyed():
         example_rng(1, "wiki:42", 0, 128).random(),
     }
     assert first not in others and len(others) == 4
-    code = "from pipeline.masking import example_rng; print(example_rng(12345, 'wiki:42', 0, 128).random())"
+    code = "from pipeline.examples.masking import example_rng; print(example_rng(12345, 'wiki:42', 0, 128).random())"
     for hashseed in ("1", "2"):
         out = subprocess.run(
             [sys.executable, "-c", code],

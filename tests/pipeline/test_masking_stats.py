@@ -12,7 +12,7 @@ import random
 
 import pytest
 
-from pipeline.masking import (
+from pipeline.examples.masking import (
     VocabIds,
     create_instances_from_document,
     create_masked_lm_predictions,

@@ -5,7 +5,10 @@ import gzip
 
 import pytest
 
-from pipeline.readers import CorpusReadError, Page, expand_inputs, iter_books, iter_pages, read_book
+from pipeline.corpus.books import iter_books, read_book
+from pipeline.corpus.inputs import expand_inputs
+from pipeline.corpus.records import CorpusReadError, Page
+from pipeline.corpus.wiki import iter_pages
 
 NS10 = "http://www.mediawiki.org/xml/export-0.10/"
 

@@ -6,11 +6,12 @@ import random
 
 import pytest
 
-from pipeline.config import ConfigError, ExamplesConfig
-from pipeline.examples import TokenizeToBuckets, unmark, word_marked_vocab
-from pipeline.masking import VocabIds, create_masked_lm_predictions
-from pipeline.segment import Segmenter, continuation_flags, has_cjk
-from pipeline.wordpiece import special_tokens
+from pipeline.examples.config import ExamplesConfig
+from pipeline.examples.masking import VocabIds, create_masked_lm_predictions
+from pipeline.examples.segment import Segmenter, continuation_flags, has_cjk
+from pipeline.examples.tokens import TokenizeToBuckets, unmark, word_marked_vocab
+from pipeline.schema.config import ConfigError
+from pipeline.vocab.tokenizer import special_tokens
 
 
 def test_continuation_flags_follow_the_word_spans():

@@ -2,7 +2,7 @@
 
 import pytest
 
-from pipeline.sentences import book_paragraphs, split_sentences
+from pipeline.corpus.sentences import book_paragraphs, split_sentences
 
 
 @pytest.mark.parametrize(
@@ -116,7 +116,7 @@ def test_book_paragraphs_windows_newlines_and_empty():
 def test_candidates_found_from_their_first_character_are_the_regex_matches():
     import random
 
-    from pipeline.sentences import _CANDIDATE, _candidates
+    from pipeline.corpus.sentences import _CANDIDATE, _candidates
 
     rng = random.Random(5)
     pieces = [

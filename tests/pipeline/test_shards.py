@@ -8,9 +8,9 @@ import random
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline import shards
-from pipeline.beam_io import shard_name
-from pipeline.shards import KEY, RunWriter, merge_runs
+from pipeline.beam import shards
+from pipeline.beam.io import shard_name
+from pipeline.beam.shards import KEY, RunWriter, merge_runs
 
 SCHEMA = pa.schema([pa.field("k", pa.uint64()), pa.field("ids", pa.list_(pa.uint16()))])
 

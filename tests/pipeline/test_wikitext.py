@@ -1,11 +1,10 @@
 """Wikitext cleaning: each construct on tricky hand-written markup, and linear time."""
 
 import re
-import time
 
 import pytest
 
-from pipeline.wikitext import clean_wikitext, strip_braces
+from pipeline.corpus.wikitext import clean_wikitext, strip_braces
 
 
 def clean(text: str) -> str:
@@ -144,24 +143,24 @@ def test_empty_and_redirect_like_text():
         "''" * 50000,
     ],
 )
-def test_adversarial_input_is_fast(text):
-    start = time.perf_counter()
-    clean_wikitext(text)
-    assert time.perf_counter() - start < 2.0
+def test_adversarial_input_leaves_no_markup(text):
+    """Pathological nesting and unclosed openers: no error, no markup left (their speed is
+    measured by benchmarks/bench_wikitext.py)."""
+    paragraphs = clean_wikitext(text)
+    assert all(isinstance(p, str) for p in paragraphs)
+    assert not any(m in p for p in paragraphs for m in ("{{", "}}", "[[", "]]", "<ref", "{|", "''"))
 
 
-def test_throughput_is_linear():
+def test_a_page_repeated_cleans_to_its_paragraphs_repeated():
+    """Cleaning is local: N copies of a page give N copies of its paragraphs (the linear time
+    this allows is measured by benchmarks/bench_wikitext.py)."""
     page = (
         "{{Infobox x|a={{b|c}}}}\n'''Word''' is a [[thing|things]] in [[Place]].<ref>{{cite|x}}</ref> "
-        "More prose &amp; text here.\n\n{|\n| a || b\n|}\n== Section ==\nSome more prose. "
+        "More prose &amp; text here.\n\n{|\n| a || b\n|}\n== Section ==\nSome more prose.\n\n"
     )
-    small, big = page * 200, page * 2000
-    t0 = time.perf_counter()
-    clean_wikitext(small)
-    t1 = time.perf_counter()
-    clean_wikitext(big)
-    t2 = time.perf_counter()
-    assert (t2 - t1) < 30 * max(t1 - t0, 1e-3)  # 10x the text, not 100x the time
+    one = clean_wikitext(page)
+    assert one == ["Word is a things in Place. More prose & text here.", "Some more prose."]
+    assert clean_wikitext(page * 200) == one * 200
 
 
 # -- residue found on real pages (issue 6) --------------------------------------------------------
@@ -211,7 +210,7 @@ def test_unicode_nfc_and_control_characters():
 
 def test_unclosed_and_nested_braces_are_linear():
     """Operations, not seconds: the scanner's search count grows linearly with the openers."""
-    import pipeline.wikitext as wt
+    import pipeline.corpus.wikitext as wt
 
     calls = []
     real = wt._next_token
@@ -243,7 +242,7 @@ def test_token_search_from_braces_and_line_starts_is_the_regex_search():
     from every position (random markup: braces, tables, colons, spaces, newlines)."""
     import random
 
-    from pipeline.wikitext import _BRACE_TOKEN, _next_token
+    from pipeline.corpus.wikitext import _BRACE_TOKEN, _next_token
 
     rng = random.Random(3)
     pieces = ["{", "}", "{{", "}}}", "{|", "|}", "|", ":", " ", "\t", "\n", "a", "b c", "\n:{|", "\n |}"]

@@ -12,19 +12,13 @@ import pyarrow.parquet as pq
 import pytest
 from tokenizers import Tokenizer, pre_tokenizers
 
-from pipeline.config import ConfigError, VocabConfig
+from pipeline.schema.config import ConfigError
 from pipeline.schema.manifest import ManifestError, read_manifest, write_manifest
 from pipeline.schema.parquet import DOCUMENT_SCHEMA
-from pipeline.wordpiece import (
-    _normalizer,
-    build_text_tokenizer,
-    build_tokenizer,
-    count_alphabet,
-    in_sample,
-    read_vocab,
-    run_vocab,
-    train_vocab,
-)
+from pipeline.vocab.config import VocabConfig
+from pipeline.vocab.job import in_sample, run_vocab
+from pipeline.vocab.tokenizer import bert_normalizer, build_text_tokenizer, build_tokenizer, read_vocab
+from pipeline.vocab.wordpiece import count_alphabet, train_vocab
 
 SYLLABLES = [
     "ka",
@@ -149,7 +143,7 @@ def test_count_alphabet_matches_the_pre_tokenizer():
         "tab\tsep,comma;semi — dash…",
     ]
     chars, inner, n = count_alphabet(text, lowercase=True, batch_size=7)
-    norm, pre = _normalizer(True), pre_tokenizers.BertPreTokenizer()
+    norm, pre = bert_normalizer(True), pre_tokenizers.BertPreTokenizer()
     want_chars, want_inner = collections.Counter(), set()
     for s in text:
         for word, _ in pre.pre_tokenize_str(norm.normalize_str(s)):

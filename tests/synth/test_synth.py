@@ -14,7 +14,8 @@ import fsspec
 import pytest
 
 from synth.corpus import SAMPLE_DIR, parse_size, write_corpus, write_downstream, write_sample
-from synth.world import PHRASES, World
+from synth.phrases import PHRASES
+from synth.world import World
 
 NS = "{http://www.mediawiki.org/xml/export-0.10/}"
 SIZE = 300_000
@@ -358,11 +359,26 @@ def test_wnli_and_swag_dev_rows_are_told_only_by_what_the_corpus_teaches(corpus)
 def test_cola_unacceptable_rows_are_no_phrasing_of_a_fact():
     """A corruption that happens to give a valid phrasing ("X died in 1827" from "X died in the
     year 1827") would be an acceptable sentence marked unacceptable: none is left."""
+    import re
+
     from synth.glue_sets import cola_rows, fact_pool
-    from synth.world import fact_object, phrasings
+    from synth.phrases import PHRASES
+    from synth.world import Entity
+
+    def rendered(template: str, subject: str, value) -> str:
+        """The test's own rendering of a phrasing (not the generator's): the template filled in,
+        numbers from 10,000 with thousands commas, "a" -> "an" before a vowel."""
+        obj = (
+            value.name
+            if isinstance(value, Entity)
+            else f"{value:,}"
+            if isinstance(value, int) and value >= 10000
+            else str(value)
+        )
+        return re.sub(r"\b([Aa]) (?=[aeiouAEIOU])", r"\1n ", template.replace("{s}", subject).replace("{o}", obj))
 
     world = World(3)
-    good = set().union(*(phrasings(rel, e.name, fact_object(v)) for e, rel, v in fact_pool(world)))
+    good = {rendered(t, e.name, v) for e, rel, v in fact_pool(world) for t in PHRASES[rel]}
     for split in ("train", "dev"):
         rows = cola_rows(world, split, 400)
         bad = [r[3] for r in rows if r[1] == 0]
@@ -372,7 +388,7 @@ def test_cola_unacceptable_rows_are_no_phrasing_of_a_fact():
 
 def test_sst2_dev_rows_turn_on_adjectives_no_train_row_has(downstream):
     from synth.tasks import dev_adjectives
-    from synth.wiki import NEGATIVE, POSITIVE
+    from synth.words import NEGATIVE, POSITIVE
 
     out, _ = downstream
     dev_words = dev_adjectives(3)

@@ -7,12 +7,13 @@ import shutil
 import pytest
 import torch
 
-import flows.downstream as D
 from model.bert import BertModel
 from model.config import BertConfig
 from tasks.config import FeatureConfig, FinetuneConfig, GridConfig
 from tasks.features import FeatureBasedTagger, hidden_states, mix_states, mix_width
 from tasks.finetune import load_encoder, load_tokenizer
+from tasks.results import summarize
+from tasks.units import run_downstream
 
 CONFIG = BertConfig(
     vocab_size=99,
@@ -70,10 +71,10 @@ def test_feature_based_run_lists_each_mix(tmp_path, tiny_model_url):
         grid=GridConfig(seeds=(1,)),
         features=FeatureConfig(layer_mixes=("last", "sum_all"), lstm_hidden=8),
     )
-    manifest = D.run_downstream("conll2003_features", config, str(tmp_path), tiny_model_url, str(tmp_path / "out"))
+    manifest = run_downstream("conll2003_features", config, str(tmp_path), tiny_model_url, str(tmp_path / "out"))
     results = json.loads((tmp_path / "out" / "results.json").read_text())
     assert set(results["mixes"]) == {"last", "sum_all"} and manifest.counts["units"] == 2
-    summary = D.summarize({"conll2003_features": str(tmp_path / "out")}, str(tmp_path / "all"))
+    summary = summarize({"conll2003_features": str(tmp_path / "out")}, str(tmp_path / "all"))
     assert set(summary["tasks"][0]["mixes"]) == {"last", "sum_all"}
     table = (tmp_path / "all" / "results.md").read_text()
     assert "| conll2003_features [last] |" in table and "| conll2003_features [sum_all] |" in table

@@ -1,0 +1,71 @@
+"""Running some of the chain's stages in a flow, and what follows them: the results table and
+the registered model. Both flows (``pretrain`` and the per-stage ones) call :func:`run_stages`
+then :func:`finish`, so what a stage row says (units to fan out, a model to publish) decides
+what happens, never a stage's name.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flows.calls import StageResult
+from flows.fanout import fan_out
+from flows.figures import key_figures
+from flows.prefect_tasks import (
+    Tracking,
+    register_model_task,
+    results_table_task,
+    stage_options,
+    stage_task,
+    summary,
+    unwrap,
+)
+from flows.presets import RunConfig
+from flows.table import get_stage
+
+
+def run_stages(names: list[str], cfg: RunConfig, root: str, forced: set[str] | bool, tracking: Tracking,
+               given: dict[str, str] | None = None) -> list[StageResult]:  # fmt: skip
+    """Run (or skip) the stages ``names`` in order: each one task, a stage made of units fanned
+    out unit by unit (all such stages at once, after the others). ``forced``: the stages to rerun
+    (True: all of them)."""
+
+    def is_forced(name: str) -> bool:
+        return forced if isinstance(forced, bool) else name in forced
+
+    plain = [n for n in names if get_stage(n).units is None]
+    fanned = [n for n in names if get_stage(n).units is not None]
+    results = [
+        unwrap(stage_task.with_options(**stage_options(n))(n, cfg, root, is_forced(n), tracking, given)) for n in plain
+    ]
+    if fanned:
+        results += fan_out(fanned, cfg, root, forced if isinstance(forced, bool) else set(forced), tracking, given)
+    return results
+
+
+def finish(preset: str, root: str, cfg: RunConfig, tracking: Tracking, results: list[StageResult], start: float,
+           register_skipped: bool) -> dict[str, Any]:  # fmt: skip
+    """After the stages: the downstream results table (when a downstream task ran), a registered
+    version of the model (when the stage that publishes it ran; ``register_skipped``: also when it
+    was skipped and the registry has none), the parent run's key figures; the flow's summary."""
+    downstream = [r for r in results if get_stage(r.stage).task]
+    if downstream:
+        results_table_task(cfg, root, tracking)
+    registered = None
+    model = next((r for r in results if get_stage(r.stage).publishes_model), None)
+    if model is not None and (model.status == "done" or (register_skipped and not _has_versions(tracking, cfg))):
+        registered = register_model_task(cfg, model, downstream, tracking)
+    tracker = tracking.tracker()
+    for r in results:
+        figures = key_figures(get_stage(r.stage).figures, r.counts)
+        tracker.log_metrics(tracking.parent_run_id, {f"{r.stage.replace('/', '.')}.{k}": v for k, v in figures.items()})
+    return summary(preset, root, tracking, cfg, results, registered, start)
+
+
+def _has_versions(tracking: Tracking, cfg: RunConfig) -> bool:
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return bool(tracking.tracker().client.search_model_versions(f"name='{cfg.model_name}'"))
+    except MlflowException:
+        return False

@@ -1,0 +1,341 @@
+"""The Prefect tasks every flow uses, and the session a flow run holds.
+
+Each stage is one Prefect task around a plain call (``flows.runner.run_stage``) with the retries
+of its row, its own MLflow child run under the flow's parent run, and a Prefect markdown
+artifact listing what it wrote. Our own manifests decide skipping (Prefect's result cache is
+off); a skipped stage ends in a Completed state named ``Skipped``. bertflow's log lines (the
+training and fine-tuning processes' included) reach the Prefect API; training progress is a
+Prefect progress artifact. The flows import this module; it imports no flow.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from prefect import task
+from prefect.artifacts import create_markdown_artifact
+from prefect.cache_policies import NO_CACHE
+from prefect.states import Completed
+
+from flows.checks import RootLock, preflight
+from flows.figures import format_figure, key_figures
+from flows.presets import RunConfig, as_dict, load_config
+from flows.reporting import log_stage_artifacts, stage_markdown
+from flows.runner import run_stage
+from flows.table import (
+    CHAIN,
+    STAGES,
+    StageResult,
+    get_stage,
+    producer,
+    stage_config,
+    stage_inputs,
+    stage_names,
+    stage_url,
+)
+from flows.tracking import ENV_RUN_ID, ENV_TRACKING_URI, Tracker, default_tracking_uri, git_commit
+from pipeline.schema.config import config_digest
+from pipeline.schema.manifest import ManifestError, fingerprint_input
+from pipeline.schema.storage import join_url
+
+log = logging.getLogger("bertflow.flow")
+
+EXPERIMENT = "bertflow"
+
+
+def default_root(preset: str) -> str:
+    return os.path.abspath(os.path.join("runs", preset))
+
+
+@dataclass(frozen=True)
+class Tracking:
+    """Where a flow's stages log: the tracking URI, the experiment and the flow's parent run."""
+
+    uri: str
+    experiment_id: str
+    parent_run_id: str
+
+    def tracker(self) -> Tracker:
+        t = Tracker(self.uri)
+        t.experiment_id = self.experiment_id
+        return t
+
+
+@contextmanager
+def session(
+    name: str,
+    preset: str,
+    root: str | None,
+    overrides: dict | None,
+    mlflow_uri: str | None,
+    groups: tuple[str, ...] = CHAIN,
+    given: dict[str, str] | None = None,
+):
+    """Config, checks, the root's lock, the parent MLflow run and log forwarding, for one flow run."""
+    from flows.secrets import merge_secret_overrides
+
+    cfg = load_config(preset, merge_secret_overrides(overrides))
+    root = root or default_root(preset)
+    tracking_uri = mlflow_uri or os.environ.get("MLFLOW_TRACKING_URI") or default_tracking_uri(root)
+    preflight(cfg, root, stage_names(cfg, groups), tracking_uri, given)
+    with RootLock(root), _prefect_logs():
+        tracker = Tracker(tracking_uri)
+        tracker.use_experiment(EXPERIMENT, artifact_root=join_url(root, "mlartifacts"))
+        killed = tracker.mark_killed_runs(root)
+        if killed:
+            log.warning("marked %d run(s) of %s left RUNNING by a killed process as KILLED", len(killed), root)
+        tags = {
+            "bertflow.preset": preset,
+            "bertflow.root": root,
+            "bertflow.git_commit": git_commit(),
+            "bertflow.config_fingerprint": config_digest(as_dict(cfg)),
+            "prefect.flow_run_id": _flow_run_id(),
+        }
+        parent = tracker.start_run(name, tags=tags)
+        tracker.log_params(parent, {"preset": preset, "root": root, **as_dict(cfg)})
+        ok = False
+        try:
+            yield cfg, root, Tracking(tracking_uri, tracker.experiment_id, parent)
+            ok = True
+        finally:
+            tracker.end_run(parent, ok)
+
+
+def _flow_run_id() -> str:
+    from prefect.runtime import flow_run
+
+    return str(flow_run.id or "")
+
+
+@contextmanager
+def _prefect_logs():
+    """Send the ``bertflow`` loggers' records to the Prefect API while a flow runs."""
+    from prefect.logging.handlers import APILogHandler
+
+    logger = logging.getLogger("bertflow")
+    handler = APILogHandler()
+    logger.addHandler(handler)
+    if logger.level == logging.NOTSET or logger.level > logging.INFO:
+        logger.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+
+
+def stage_options(stage: str) -> dict[str, Any]:
+    """A stage task's options from its row. The row's timeout is enforced on its process
+    (``flows.proc.launch``): a Prefect timeout cannot interrupt a task blocked in a worker thread."""
+    return {"retries": get_stage(stage).retries, "retry_delay_seconds": 10}
+
+
+def unwrap(value: Any) -> StageResult:
+    """A stage task's result: a skipped stage returns its ``Skipped`` state, holding the result."""
+    from prefect.states import State
+
+    return value.result() if isinstance(value, State) else value
+
+
+@task(name="stage", task_run_name="{stage}", cache_policy=NO_CACHE)
+def stage_task(
+    stage: str,
+    cfg: RunConfig,
+    root: str,
+    force: bool,
+    tracking: Tracking,
+    given: dict[str, str] | None = None,
+    aggregate_only: bool = False,
+) -> StageResult:
+    """Run one stage inside an MLflow child run and publish what it wrote."""
+    from prefect.runtime import task_run
+
+    tracker = tracking.tracker()
+    run_id = tracker.start_run(
+        stage, parent_id=tracking.parent_run_id, tags={"bertflow.stage": stage, "bertflow.root": root}
+    )
+    ok = False
+    try:
+        env = {ENV_RUN_ID: run_id, ENV_TRACKING_URI: tracking.uri}
+        # a retry resumes (pretraining from its last checkpoint): only the first attempt starts over
+        first_attempt = (task_run.run_count or 1) <= 1
+        result = run_stage(
+            stage,
+            cfg,
+            root,
+            force=force and first_attempt,
+            log_fn=lambda m, step: tracker.log_metrics(run_id, m, step),
+            env=env,
+            given=given,
+            on_progress=_progress_artifact(stage) if get_stage(stage).where == "training" else None,
+            aggregate_only=aggregate_only,
+        )
+        _log_stage(tracker, run_id, stage, cfg, result)
+        create_markdown_artifact(
+            key=stage.replace("/", "-").replace("_", "-").lower() + "-output",
+            markdown=stage_markdown(result),
+            description=f"{stage}: what the stage wrote",
+        )
+        ok = True
+        if result.status == "skipped":
+            return Completed(name="Skipped", message=f"{stage} is up to date: {result.url}", data=result)
+        return result
+    finally:
+        tracker.end_run(run_id, ok)
+
+
+def _log_stage(tracker: Tracker, run_id: str, stage: str, cfg: RunConfig, result: StageResult) -> None:
+    try:
+        tracker.log_params(run_id, stage_config(stage, cfg, result.inputs))
+    except (ManifestError, FileNotFoundError, KeyError) as exc:
+        log.warning("stage %s: params not logged (%s)", stage, exc)
+    tracker.set_tags(run_id, {"bertflow.status": result.status, "bertflow.url": result.url})
+    fingerprints = {}
+    for name, url in result.inputs.items():
+        try:
+            fingerprints[name] = fingerprint_input(url)
+        except (FileNotFoundError, ManifestError):
+            pass
+    tracker.log_datasets(run_id, result.inputs, fingerprints)
+    tracker.log_metrics(run_id, {f"stage.{k}": v for k, v in result.counts.items()})
+    tracker.log_metrics(run_id, {"stage_seconds": result.seconds})
+    log_stage_artifacts(tracker, run_id, get_stage(stage), result)
+
+
+def _progress_artifact(stage: str):
+    """A Prefect progress artifact for a training stage, updated at most every 2 s."""
+    from prefect.artifacts import create_progress_artifact, update_progress_artifact
+
+    from flows.proc.protocol import notify_progress
+
+    artifact_id = create_progress_artifact(
+        0.0, key=stage.replace("/", "-") + "-progress", description=f"{stage}: steps done"
+    )
+    last = [0.0]
+
+    def update(done: int, total: int) -> None:
+        notify_progress(stage, done, total)
+        now = time.monotonic()
+        if total and (now - last[0] > 2.0 or done >= total):
+            last[0] = now
+            update_progress_artifact(artifact_id, 100.0 * done / total)
+
+    return update
+
+
+@task(name="results-table", cache_policy=NO_CACHE)
+def results_table_task(cfg: RunConfig, root: str, tracking: Tracking) -> dict:
+    """The per-model table over every downstream task (median/min/max over seeds, the GLUE
+    average), written next to the task folders and shown in Prefect and MLflow."""
+    import fsspec
+
+    from tasks.results import summarize
+
+    out = join_url(root, "finetune")
+    summary = summarize({t: stage_url(root, f"finetune/{t}") for t in cfg.finetune_tasks}, out, model=cfg.model_name)
+    with fsspec.open(join_url(out, "results.md"), "r") as f:
+        markdown = f.read()
+    tracking.tracker().log_text(tracking.parent_run_id, markdown, "results.md")
+    create_markdown_artifact(key="downstream-results", markdown=markdown, description="downstream results")
+    if summary.get("glue_average") is not None:
+        tracking.tracker().log_metrics(tracking.parent_run_id, {"glue_average": summary["glue_average"]})
+    return summary
+
+
+@task(name="register-model", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=5)
+def register_model_task(cfg: RunConfig, model: StageResult, downstream: list[StageResult], tracking: Tracking) -> dict:
+    """Log the model as a pyfunc model, register a version, move ``champion`` if it scores better."""
+    import mlflow
+
+    from flows.mlflow_model import log_bert_model
+    from tasks.registry import get_task
+
+    tracker = tracking.tracker()
+    mlflow.set_tracking_uri(tracking.uri)
+    mlflow.set_registry_uri(tracking.uri)
+    info = log_bert_model(tracking.parent_run_id, _local_copy(model.url))
+    _ensure_registered(tracker, cfg.model_name)
+    # register_model (not create_model_version) passes the logged model's id: a tracking server
+    # refuses a models:/ source without it
+    version = mlflow.register_model(info.model_uri, cfg.model_name, tags=_version_tags(cfg, model, downstream))
+    metrics = [(r, get_task(get_stage(r.stage).task).metric) for r in downstream]
+    scores = [r.counts[m] for r, m in metrics if m in r.counts]
+    score = sum(scores) / len(scores) if scores else None
+    alias = tracker.set_alias_by_score(cfg.model_name, str(version.version), score)
+    log.info("registered %s version %s (%s, score %s)", cfg.model_name, version.version, alias, score)
+    return {"version": str(version.version), "alias": alias, "score": score}
+
+
+def _ensure_registered(tracker: Tracker, name: str) -> None:
+    from mlflow.exceptions import MlflowException
+
+    try:
+        tracker.client.get_registered_model(name)
+    except MlflowException:
+        tracker.client.create_registered_model(
+            name, description="BERT pretrained by bertflow (MLM + NSP); pyfunc: fill masks, embed text."
+        )
+
+
+def _version_tags(cfg: RunConfig, model: StageResult, downstream: list[StageResult]) -> dict[str, str]:
+    """Tags that lead from a model version back to its data: every upstream stage's URL and
+    fingerprint (the dump files, the vocab, the shards, the checkpoint), and the raw inputs."""
+    tags = {"preset": cfg.preset, "bertflow.model_url": model.url}
+    root = model.url.rsplit("/", 1)[0]
+    for name in STAGES:
+        url = stage_url(root, name)
+        tags[f"lineage.{name}.url"] = url
+        try:
+            tags[f"lineage.{name}.fingerprint"] = fingerprint_input(url)
+        except (FileNotFoundError, ManifestError):
+            pass
+        for input_name, input_url in stage_inputs(name, cfg, root).items():
+            if producer(input_name) is None:  # raw data, not an earlier stage's output
+                tags[f"lineage.raw.{input_name}"] = input_url
+    for r in downstream:
+        for k, v in key_figures(get_stage(r.stage).figures, r.counts).items():
+            tags[f"{get_stage(r.stage).task}.{k}"] = format_figure(v)
+    return tags
+
+
+def _local_copy(url: str) -> str:
+    """A local folder holding ``url``'s files (MLflow logs artifacts from local paths)."""
+    if "://" not in url or url.startswith("file://"):
+        return url.removeprefix("file://")
+    import tempfile
+
+    import fsspec
+
+    fs, path = fsspec.core.url_to_fs(url)
+    local = tempfile.mkdtemp(prefix="bertflow-model-")
+    fs.get(path.rstrip("/") + "/", local + "/", recursive=True)
+    return local
+
+
+def summary(preset: str, root: str, tracking: Tracking, cfg: RunConfig, results: list[StageResult],
+            registered: dict | None, start: float) -> dict[str, Any]:  # fmt: skip
+    """What a flow run returns (and the CLI prints): every stage's status, time, figures, URL."""
+    return {
+        "preset": preset,
+        "root": root,
+        "tracking_uri": tracking.uri,
+        "parent_run_id": tracking.parent_run_id,
+        "model_name": cfg.model_name,
+        "model_version": registered["version"] if registered else None,
+        "model_alias": registered["alias"] if registered else None,
+        "seconds": time.time() - start,
+        "stages": [
+            {
+                "stage": r.stage,
+                "status": r.status,
+                "seconds": round(r.seconds, 1),
+                "figures": key_figures(get_stage(r.stage).figures, r.counts),
+                "url": r.url,
+            }
+            for r in results
+        ],
+    }

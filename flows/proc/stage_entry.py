@@ -1,0 +1,51 @@
+"""Entry point of a stage's own process: ``python -m flows.proc.stage_entry --spec FILE``.
+
+The flow starts it for the rows of the stage table that run in a process of their own (each
+downstream unit). The spec is JSON (``flows.runner.stage_spec``): the run config, the row's
+name, its input and output URLs, the unit. When the flow passed an MLflow run id through the environment,
+the stage logs its metrics to that run; only rank 0 logs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+from flows.calls import StageCall
+from flows.presets import config_from_dict
+from flows.proc.protocol import CHILD_LOG_FORMAT, progress_reporter, read_spec
+from flows.table import get_stage
+from flows.tracking import log_fn_from_env
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="run one row of the stage table in this process")
+    parser.add_argument("--spec", required=True, help="JSON file: stage, root, url, inputs, restart, config")
+    args = parser.parse_args(argv)
+    spec = read_spec(args.spec)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter(CHILD_LOG_FORMAT))  # the parent adds the time
+    logger = logging.getLogger("bertflow")  # every module of ours logs under bertflow.*
+    logger.handlers[:] = [handler]
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+    rank = int(os.environ.get("RANK", "0"))
+    log_fn = progress_reporter(log_fn_from_env()) if rank == 0 else None
+    call = StageCall(
+        stage=spec["stage"],
+        cfg=config_from_dict(spec["config"]),
+        root=spec["root"],
+        url=spec["url"],
+        inputs=spec["inputs"],
+        log_fn=log_fn,
+        restart=spec.get("restart", False),
+        unit=spec.get("unit"),
+    )
+    get_stage(call.stage).run(call)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,182 @@
+"""Beam building blocks shared by the data jobs: options, deterministic Parquet shards, counters.
+
+``WriteShards`` assigns each row to a shard from a stable digest of its key and sorts rows by key
+inside the shard, so the files are byte-identical whatever the runner's parallelism or the order
+in which workers meet the data (Beam's own ``WriteToParquet`` may put every row in one shard).
+Files are written with pyarrow through fsspec, so a local folder and ``gs://`` work alike.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import apache_beam as beam
+import fsspec
+import pyarrow as pa
+import pyarrow.parquet as pq
+from apache_beam.metrics.metric import MetricsFilter
+from apache_beam.options.pipeline_options import PipelineOptions
+
+from pipeline.beam.config import BeamConfig
+from pipeline.schema.storage import join_url
+
+log = logging.getLogger(__name__)
+
+
+def beam_args(cfg: BeamConfig, job_name: str | None = None) -> list[str]:
+    """The pipeline options of a BeamConfig as command-line words, in the order Beam reads them
+    (a later word wins): the runner, the typed fields, ``options``, then ``extra_args``."""
+    args = [f"--runner={cfg.runner}"]
+    if cfg.runner in ("FnApiRunner", "DirectRunner") and cfg.num_workers > 1:
+        args += [f"--direct_num_workers={cfg.num_workers}", "--direct_running_mode=multi_processing"]
+    if cfg.runner == "DataflowRunner":
+        if job_name:  # unique per submission: Dataflow refuses a second running job of one name
+            args.append(f"--job_name={job_name}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}")
+        args.append(f"--num_workers={cfg.num_workers}")
+        if cfg.max_num_workers:
+            args.append(f"--max_num_workers={cfg.max_num_workers}")
+    for name in ("project", "region", "temp_location", "machine_type", "sdk_container_image", "setup_file"):
+        if getattr(cfg, name):
+            args.append(f"--{name}={getattr(cfg, name)}")
+    for name, value in cfg.options.items():
+        for v in value if isinstance(value, (list, tuple)) else [value]:
+            if v is True:
+                args.append(f"--{name}")
+            elif v not in (None, False):
+                args.append(f"--{name}={v}")
+    return args + list(cfg.extra_args)
+
+
+def pipeline_options(cfg: BeamConfig, job_name: str | None = None) -> PipelineOptions:
+    """PipelineOptions for a BeamConfig: local FnApiRunner by default, any runner by its options."""
+    return PipelineOptions(beam_args(cfg, job_name))
+
+
+def local_runner(cfg: BeamConfig):
+    """The runner instance for a BeamConfig, or None to let Beam pick it from ``--runner``: the
+    local FnApiRunner at 2+ workers forks its workers from the driver (``cfg.fork_workers``)."""
+    if cfg.runner == "FnApiRunner" and cfg.num_workers > 1 and cfg.fork_workers:
+        from pipeline.beam.local_workers import ForkingFnApiRunner, can_fork
+
+        if can_fork():
+            return ForkingFnApiRunner()
+    return None
+
+
+def make_pipeline(cfg: BeamConfig, job_name: str | None = None) -> beam.Pipeline:
+    """A Beam pipeline with the options and the runner of a BeamConfig."""
+    return beam.Pipeline(runner=local_runner(cfg), options=pipeline_options(cfg, job_name))
+
+
+def check_runner_urls(cfg: BeamConfig, urls: dict[str, list[str]]) -> None:
+    """Refuse, before any work, local paths for a job whose workers run elsewhere (Dataflow's
+    workers cannot see this machine's disk); ``urls`` maps a name (an input, "output") to URLs."""
+    if cfg.runner != "DataflowRunner":
+        return  # Flink and Spark clusters may share a filesystem with this machine
+    for name, group in urls.items():
+        for url in group:  # by the protocol alone: making a gcsfs filesystem probes for credentials
+            if fsspec.core.split_protocol(url)[0] in (None, "file", "local"):
+                raise ValueError(
+                    f"{name} {url} is a local path, which {cfg.runner} workers cannot read or write: "
+                    "put it in gs:// (--root gs://bucket/run, --set data.wiki=gs://...)"
+                )
+
+
+def stable_shard(key: str, num_shards: int) -> int:
+    digest = hashlib.blake2b(key.encode("utf-8"), digest_size=8).digest()
+    return int.from_bytes(digest, "big") % num_shards
+
+
+def shard_name(index: int, num_shards: int, prefix: str = "part") -> str:
+    return f"{prefix}-{index:05d}-of-{num_shards:05d}.parquet"
+
+
+class _WriteShard(beam.DoFn):
+    def __init__(self, output_url: str, schema: pa.Schema, num_shards: int, sort_key):
+        self.output_url = output_url
+        self.schema = schema
+        self.num_shards = num_shards
+        self.sort_key = sort_key
+
+    def process(self, element):
+        index, rows = element
+        rows = sorted(rows, key=self.sort_key)
+        url = join_url(self.output_url, shard_name(index, self.num_shards))
+        write_rows(url, rows, self.schema)
+        yield url, len(rows)
+
+
+def write_rows(url: str, rows: list[dict[str, Any]], schema: pa.Schema) -> None:
+    """Write rows to one Parquet file (written whole, so no reader sees half a file)."""
+    table = pa.Table.from_pylist(rows, schema=schema)
+    fs, path = fsspec.core.url_to_fs(url)
+    fs.makedirs(fs._parent(path), exist_ok=True)
+    with fs.open(path, "wb") as f:
+        pq.write_table(table, f, compression="zstd")
+
+
+class WriteShards(beam.PTransform):
+    """Write dict rows as ``num_shards`` Parquet files under ``output_url``.
+
+    ``key_fn(row)`` must be unique and stable per row (a doc id, an example id): it picks the
+    shard and the order within it. Empty shards are not written here; call
+    :func:`fill_empty_shards` after the pipeline so the folder always holds exactly N files.
+    """
+
+    def __init__(
+        self,
+        output_url: str,
+        schema: pa.Schema,
+        num_shards: int,
+        key_fn: Callable[[dict], str],
+    ):
+        super().__init__()
+        self.output_url = output_url
+        self.schema = schema
+        self.num_shards = num_shards
+        self.key_fn = key_fn
+
+    def expand(self, pcoll):
+        n, key_fn = self.num_shards, self.key_fn
+        return (
+            pcoll
+            | "AssignShard" >> beam.Map(lambda row: (stable_shard(key_fn(row), n), row))
+            | "GroupByShard" >> beam.GroupByKey()
+            | "WriteShard" >> beam.ParDo(_WriteShard(self.output_url, self.schema, n, key_fn))
+        )
+
+
+def fill_empty_shards(output_url: str, schema: pa.Schema, num_shards: int) -> list[str]:
+    """Write an empty Parquet file for every shard index that received no rows."""
+    fs, _ = fsspec.core.url_to_fs(output_url)
+    urls = []
+    for i in range(num_shards):
+        url = join_url(output_url, shard_name(i, num_shards))
+        _, path = fsspec.core.url_to_fs(url)
+        if not fs.exists(path):
+            write_rows(url, [], schema)
+        urls.append(url)
+    return urls
+
+
+def parquet_rows(url: str) -> int:
+    """Row count from a Parquet file's footer (no data read)."""
+    fs, path = fsspec.core.url_to_fs(url)
+    with fs.open(path, "rb") as f:
+        return pq.ParquetFile(f).metadata.num_rows
+
+
+def counters(result, namespace: str | None = None) -> dict[str, int]:
+    """Committed Beam counter values of a finished pipeline, by name."""
+    flt = MetricsFilter()
+    if namespace:
+        flt = flt.with_namespace(namespace)
+    out: dict[str, int] = {}
+    for c in result.metrics().query(flt)["counters"]:
+        value = c.committed if c.committed is not None else c.attempted
+        out[c.key.metric.name] = out.get(c.key.metric.name, 0) + int(value or 0)
+    return out

@@ -1,0 +1,355 @@
+"""Stage 3: the Beam job that turns documents into MLM + NSP pretraining examples (Parquet).
+
+    Create(corpus files) -> TokenizeToBuckets (one token file per corpus file x bucket)
+    -> GroupByKey(bucket: file URLs only) -> CreateBucketExamples (sorted runs per length)
+    -> GroupByKey(length: run URLs only) -> MergeShards (balanced shards, at most 16 runs read
+    at once: longer runs first when there are more) -> _manifest.json
+
+Design choices:
+
+1. **Buckets for random-next.** NSP's "random next" needs *other* documents; the reference
+   draws them from the whole corpus held in memory. Each document goes to a bucket picked by a
+   stable digest of its ``doc_id``; a bucket's documents are sorted by ``doc_id`` and random-next
+   spans are drawn among them (``docs_per_bucket``, 4096 by default; fewer when documents are
+   long, see ``bucket_chars``). The output depends on the corpus and the config only, never on
+   the worker count or the order of arrival. The cost: random-next comes from a bucket, not the
+   whole corpus, and a bucket's tokens (uint16/uint32 arrays, not Python lists) sit in one
+   worker's memory at once.
+2. **No data through the shuffle.** Beam's ``GroupByKey`` only ever carries file URLs: the
+   tokenized documents reach their bucket through files, and the examples reach their shard
+   through key-sorted runs and a streaming merge (:mod:`pipeline.beam.shards`). Grouping the data
+   itself made the local runner (and each Dataflow worker) hold the whole output: ~4.5 KiB per
+   example. Memory is now bounded by a bucket and a few buffers, whatever the corpus size; the
+   cost is one extra write and read of the tokens and of the examples.
+3. **Stable order.** Each example has a uint64 key, a digest of ``doc_id|copy|index``: it fixes
+   the global order (the digest scatters a document's examples, as the reference shuffles its
+   instances), and the shards are consecutive ranges of that order, row counts within one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import time
+from typing import Any
+
+import apache_beam as beam
+import fsspec
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from apache_beam.metrics import Metrics
+
+from pipeline.beam.config import output_config
+from pipeline.beam.io import check_runner_urls, counters, fill_empty_shards, make_pipeline, parquet_rows, shard_name
+from pipeline.beam.shards import KEY, RunWriter, merge_runs_in_levels, use_lean_memory_pool
+from pipeline.examples.buckets import bucket_documents
+from pipeline.examples.config import ExamplesConfig
+from pipeline.examples.masking import VocabIds, create_instances_from_document, example_rng
+from pipeline.examples.tokens import NAMESPACE, TokenizeToBuckets, token_work, unmark, word_marked_vocab
+from pipeline.examples.view import histogram_bin, histogram_bins
+from pipeline.schema.manifest import (
+    Manifest,
+    clear_stage,
+    describe_file,
+    fingerprint_input,
+    list_files,
+    read_manifest,
+    write_manifest,
+)
+from pipeline.schema.parquet import example_schema
+from pipeline.schema.storage import join_url
+from pipeline.vocab.tokenizer import VOCAB_FILE, read_vocab, write_vocab
+
+WORK_DIR = "_work"
+"""Intermediate files (token files, sorted runs) under the stage folder; removed at the end."""
+COUNTERS = (
+    "documents",
+    "sentences",
+    "sentences_empty_after_tokenizing",
+    "docs_skipped_too_short",
+    "docs_single_sentence",
+    "duplicate_doc_ids_dropped",
+    "unk_tokens",
+    "document_tokens",
+)
+STATS = (
+    "examples",
+    "tokens",
+    "masked_tokens",
+    "random_next",
+    "multi_sentence_chunk",
+    "random_next_multi",
+    "eligible_tokens",
+)
+
+
+def num_buckets_for(num_documents: int, num_chars: int = 0, config: ExamplesConfig | None = None) -> int:
+    """Buckets for a corpus: ~``docs_per_bucket`` documents and at most ~``bucket_chars`` each."""
+    config = config or ExamplesConfig()
+    by_docs = math.ceil(num_documents / config.docs_per_bucket)
+    by_chars = math.ceil(num_chars / config.bucket_chars)
+    return max(1, by_docs, by_chars)
+
+
+def example_key(doc_id: str, copy: int, index: int) -> int:
+    """A stable uint64 key, digest of ``doc_id|copy|index``: the example's place in the order."""
+    ident = f"{doc_id}|{copy:04d}|{index:06d}"
+    return int.from_bytes(hashlib.blake2b(ident.encode("utf-8"), digest_size=8).digest(), "big")
+
+
+def seq_name(max_seq_length: int) -> str:
+    return f"seq{max_seq_length}"
+
+
+class CreateBucketExamples(beam.DoFn):
+    """(bucket, token file URLs) -> (seq name, (run URL, rows)) for each sorted run written."""
+
+    def __init__(self, config: ExamplesConfig, vocab: VocabIds, vocab_size: int, work_url: str):
+        self.config = config
+        self.vocab = vocab
+        self.vocab_size = vocab_size
+        self.work_url = work_url
+        self.duplicates = Metrics.counter(NAMESPACE, "duplicate_doc_ids_dropped")
+        self.stats = {
+            (n, stat): Metrics.counter(NAMESPACE, f"{seq_name(n)}.{stat}")
+            for n in config.max_seq_lengths
+            for stat in STATS
+        }
+        self.hist = {
+            n: [Metrics.counter(NAMESPACE, f"{seq_name(n)}.length_hist.{lo:04d}") for lo in histogram_bins(n)]
+            for n in config.max_seq_lengths
+        }
+
+    def setup(self):
+        use_lean_memory_pool()
+
+    def process(self, element):
+        bucket, urls = element
+        doc_ids, docs, duplicates = bucket_documents(list(urls))
+        self.duplicates.inc(duplicates)
+        cfg = self.config
+        special = (self.vocab.cls_id, self.vocab.sep_id)
+        marked = cfg.segmenter != "none"
+        vocab = word_marked_vocab(self.vocab, self.vocab_size) if marked else self.vocab
+        for length, max_predictions in zip(cfg.max_seq_lengths, cfg.max_predictions_per_seq, strict=True):
+            name = seq_name(length)
+            writer = RunWriter(
+                example_schema(self.vocab_size, length),
+                lambda r, name=name: join_url(self.work_url, name, f"b{bucket:05d}-r{r:04d}.parquet"),
+            )
+            for index, doc_id in enumerate(doc_ids):
+                for copy in range(cfg.dupe_factor):
+                    rng = example_rng(cfg.seed, doc_id, copy, length)
+                    instances = create_instances_from_document(
+                        index,
+                        docs,
+                        max_seq_length=length,
+                        short_seq_prob=cfg.short_seq_prob,
+                        masked_lm_prob=cfg.masked_lm_prob,
+                        max_predictions_per_seq=max_predictions,
+                        random_next_prob=cfg.random_next_prob,
+                        vocab=vocab,
+                        rng=rng,
+                        whole_word_mask=cfg.whole_word_mask,
+                        mask=cfg.masking == "static",
+                    )
+                    for k, row in enumerate(instances):
+                        if marked:
+                            unmark(row, self.vocab_size)
+                        self._count(length, row, special)
+                        row[KEY] = example_key(doc_id, copy, k)
+                        writer.add(row)
+            for run in writer.close():
+                yield name, run
+
+    def _count(self, length: int, row: dict[str, Any], special: tuple[int, int]) -> None:
+        stats = self.stats
+        n = len(row["input_ids"])
+        stats[length, "examples"].inc()
+        stats[length, "tokens"].inc(n)
+        stats[length, "eligible_tokens"].inc(n - 3)  # all but [CLS] and the two [SEP]
+        stats[length, "masked_tokens"].inc(len(row["masked_positions"]))
+        self.hist[length][histogram_bin(n, length)].inc()
+        if row["is_random_next"]:
+            stats[length, "random_next"].inc()
+        if row["multi_sentence_chunk"]:
+            stats[length, "multi_sentence_chunk"].inc()
+            if row["is_random_next"]:
+                stats[length, "random_next_multi"].inc()
+
+
+class MergeShards(beam.DoFn):
+    """(seq name, run URLs) -> (seq name, rows per shard): the balanced, key-ordered shards."""
+
+    def __init__(self, output_url: str, schemas: dict[str, pa.Schema], num_shards: int, work_url: str):
+        self.output_url = output_url
+        self.schemas = schemas
+        self.num_shards = num_shards
+        self.work_url = work_url
+
+    def setup(self):
+        use_lean_memory_pool()
+
+    def process(self, element):
+        name, runs = element
+        length = int(name[3:])
+        rows = merge_runs_in_levels(
+            sorted(runs),
+            join_url(self.work_url, "merge", name),
+            join_url(self.output_url, name),
+            self.schemas[name],
+            self.num_shards,
+            shard_name,
+            row_bytes=4 * length + 64,
+        )
+        yield name, rows
+
+
+class ExamplesFromDocuments(beam.PTransform):
+    """Tokenizing work (see :func:`token_work`) -> (seq name, rows per shard): the whole job."""
+
+    def __init__(
+        self,
+        config: ExamplesConfig,
+        vocab: list[str],
+        lowercase: bool,
+        num_buckets: int,
+        output_url: str,
+    ):
+        super().__init__()
+        self.config = config
+        self.vocab = vocab
+        self.lowercase = lowercase
+        self.num_buckets = num_buckets
+        self.output_url = output_url
+
+    def expand(self, parts):
+        cfg = self.config
+        work = join_url(self.output_url, WORK_DIR)
+        schemas = {seq_name(n): example_schema(len(self.vocab), n) for n in cfg.max_seq_lengths}
+        return (
+            parts
+            | "SpreadFiles" >> beam.Reshuffle()
+            | "TokenizeToBuckets"
+            >> beam.ParDo(TokenizeToBuckets(self.vocab, self.lowercase, self.num_buckets, work, cfg.segmenter))
+            | "GroupByBucket" >> beam.GroupByKey()
+            | "CreateExamples"
+            >> beam.ParDo(CreateBucketExamples(cfg, VocabIds.from_vocab(self.vocab), len(self.vocab), work))
+            | "GroupByLength" >> beam.GroupByKey()
+            | "MergeShards" >> beam.ParDo(MergeShards(self.output_url, schemas, cfg.num_shards, work))
+        )
+
+
+def corpus_size(doc_urls: list[str]) -> tuple[int, int]:
+    """(documents, characters) of document Parquet files, from footers and one int column."""
+    docs = chars = 0
+    for url in doc_urls:
+        fs, path = fsspec.core.url_to_fs(url)
+        with fs.open(path, "rb") as f:
+            pf = pq.ParquetFile(f)
+            docs += pf.metadata.num_rows
+            for batch in pf.iter_batches(columns=["num_chars"], batch_size=65536):
+                chars += int(pc.sum(batch.column(0)).as_py() or 0)
+    return docs, chars
+
+
+def build_examples_pipeline(
+    config: ExamplesConfig,
+    doc_urls: list[str],
+    vocab: list[str],
+    lowercase: bool,
+    num_buckets: int,
+    output_url: str,
+) -> beam.Pipeline:
+    """The examples job over the corpus files ``doc_urls``, built, not run, with the options of
+    ``config.beam`` (any runner: a test validates it for Dataflow without submitting)."""
+    check_runner_urls(config.beam, {"corpus": doc_urls, "output": [output_url]})
+    pipeline = make_pipeline(config.beam, job_name="bertflow-examples")
+    _ = (
+        pipeline
+        | "ListFiles" >> beam.Create(token_work(doc_urls, config.beam))
+        | "Examples" >> ExamplesFromDocuments(config, vocab, lowercase, num_buckets, output_url)
+    )
+    return pipeline
+
+
+def run_examples(config: ExamplesConfig, corpus_url: str, vocab_url: str, output_url: str) -> Manifest:
+    """Create the examples of a finished corpus stage with a finished vocab stage.
+
+    Writes ``output_url/seq<N>/part-*.parquet`` (``config.num_shards`` each), a copy of the
+    ``vocab.txt`` the ids refer to, and the manifest last.
+    """
+    start = time.time()
+    corpus = read_manifest(corpus_url)
+    vocab_manifest = read_manifest(vocab_url)
+    inputs = {"corpus": fingerprint_input(corpus_url), "vocab": fingerprint_input(vocab_url)}
+    vocab = read_vocab(join_url(vocab_url, VOCAB_FILE))
+    lowercase = bool(vocab_manifest.config.get("lowercase", True))
+    ids = VocabIds.from_vocab(vocab)
+    doc_urls = corpus.file_urls(".parquet")
+    num_documents, num_chars = corpus_size(doc_urls)
+    num_buckets = num_buckets_for(num_documents, num_chars, config)
+    clear_stage(output_url)
+
+    pipeline = build_examples_pipeline(config, doc_urls, vocab, lowercase, num_buckets, output_url)
+    result = pipeline.run()
+    result.wait_until_finish()
+    beam_counts = counters(result, NAMESPACE)
+    fs, work_path = fsspec.core.url_to_fs(join_url(output_url, WORK_DIR))
+    if fs.exists(work_path):
+        fs.rm(work_path, recursive=True)
+    write_vocab(vocab, join_url(output_url, VOCAB_FILE))
+
+    counts: dict[str, Any] = {
+        "documents_in_corpus": num_documents,
+        "chars_in_corpus": num_chars,
+        "num_buckets": num_buckets,
+        "vocab_size": len(vocab),
+        "vocab_fingerprint": inputs["vocab"],
+        "pad_id": vocab.index("[PAD]"),
+        "cls_id": ids.cls_id,
+        "sep_id": ids.sep_id,
+        "mask_id": ids.mask_id,
+        "unk_id": vocab.index("[UNK]"),
+    }
+    files = [describe_file(output_url, VOCAB_FILE)]
+    for n in config.max_seq_lengths:
+        name = seq_name(n)
+        fill_empty_shards(join_url(output_url, name), example_schema(len(vocab), n), config.num_shards)
+        rows = 0
+        for rel in list_files(output_url):
+            if rel.startswith(name + "/"):
+                file_rows = parquet_rows(join_url(output_url, rel))
+                files.append(describe_file(output_url, rel, rows=file_rows))
+                rows += file_rows
+        counts.update(shard_counts(name, n, rows, beam_counts))
+    for key in COUNTERS:
+        counts.setdefault(key, beam_counts.get(key, 0))  # a counter never incremented is absent
+    return write_manifest(
+        stage="examples",
+        stage_url=output_url,
+        config=output_config(config),
+        inputs=inputs,
+        counts=counts,
+        files=files,
+        seconds=time.time() - start,
+    )
+
+
+def shard_counts(name: str, length: int, rows: int, beam_counts: dict[str, int]) -> dict[str, float]:
+    """The manifest figures of one sequence length, from the Beam counters."""
+    out: dict[str, float] = {f"{name}.examples": rows}
+    for stat in STATS[1:]:
+        out[f"{name}.{stat}"] = beam_counts.get(f"{name}.{stat}", 0)
+    for lo in histogram_bins(length):
+        key = f"{name}.length_hist.{lo:04d}"
+        out[key] = beam_counts.get(key, 0)
+    out[f"{name}.random_next_share"] = out[f"{name}.random_next"] / rows if rows else 0.0
+    multi = out[f"{name}.multi_sentence_chunk"]
+    out[f"{name}.random_next_share_multi_sentence"] = out[f"{name}.random_next_multi"] / multi if multi else 0.0
+    tokens, eligible = out[f"{name}.tokens"], out[f"{name}.eligible_tokens"]
+    out[f"{name}.masked_share"] = out[f"{name}.masked_tokens"] / tokens if tokens else 0.0
+    out[f"{name}.masked_share_of_eligible"] = out[f"{name}.masked_tokens"] / eligible if eligible else 0.0
+    out[f"{name}.tokens_per_example"] = tokens / rows if rows else 0.0
+    return out

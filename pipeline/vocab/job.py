@@ -1,0 +1,89 @@
+"""Stage 2, the vocab job: the corpus's sentences (sampled by doc_id) to ``vocab.txt`` and ``tokenizer.json``."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Iterator
+
+import fsspec
+import pyarrow.parquet as pq
+
+from pipeline.beam.config import to_dict
+from pipeline.schema.manifest import Manifest, clear_stage, fingerprint_input, read_manifest, write_manifest
+from pipeline.schema.storage import join_url, write_atomically
+from pipeline.vocab.config import VocabConfig
+from pipeline.vocab.tokenizer import (
+    TOKENIZER_CONFIG_FILE,
+    TOKENIZER_FILE,
+    VOCAB_FILE,
+    build_tokenizer,
+    tokenizer_config,
+    write_vocab,
+)
+from pipeline.vocab.wordpiece import train_vocab_with_stats
+
+
+def in_sample(doc_id: str, fraction: float) -> bool:
+    """Whether a document is in a ``fraction`` sample, from a stable digest of its id."""
+    if fraction >= 1.0:
+        return True
+    digest = hashlib.blake2b(doc_id.encode("utf-8"), digest_size=8).digest()
+    return int.from_bytes(digest, "big") < fraction * 2**64
+
+
+class ParquetSentences:
+    """The sentences of document Parquet files, re-iterable (each ``iter`` reads them afresh).
+
+    Streams: a batch of documents at a time, column chunks read through a small buffer, so
+    memory does not grow with the corpus. ``sample_fraction`` keeps a stable sample of the
+    documents (:func:`in_sample`); ``max_sentences`` stops after that many."""
+
+    def __init__(self, urls: list[str], max_sentences: int = 0, sample_fraction: float = 1.0):
+        self.urls = list(urls)
+        self.max_sentences = max_sentences
+        self.sample_fraction = sample_fraction
+
+    def __iter__(self) -> Iterator[str]:
+        n = 0
+        for url in self.urls:
+            fs, path = fsspec.core.url_to_fs(url)
+            with fs.open(path, "rb") as f:
+                pf = pq.ParquetFile(f, pre_buffer=False, buffer_size=1 << 20)
+                for batch in pf.iter_batches(columns=["doc_id", "sentences"], batch_size=256):
+                    for doc_id, doc in zip(batch.column(0).to_pylist(), batch.column(1).to_pylist(), strict=True):
+                        if not in_sample(doc_id, self.sample_fraction):
+                            continue
+                        for sentence in doc:
+                            if self.max_sentences and n >= self.max_sentences:
+                                return
+                            n += 1
+                            yield sentence
+
+
+def run_vocab(config: VocabConfig, corpus_url: str, output_url: str) -> Manifest:
+    """Train the vocabulary on a finished corpus stage: vocab.txt, tokenizer.json, manifest."""
+    start = time.time()
+    corpus = read_manifest(corpus_url)
+    inputs = {"corpus": fingerprint_input(corpus_url)}
+    sentences = ParquetSentences(corpus.file_urls(".parquet"), config.max_sentences, config.sample_fraction)
+    clear_stage(output_url)
+
+    vocab, counts = train_vocab_with_stats(sentences, config)
+    write_vocab(vocab, join_url(output_url, VOCAB_FILE))
+    tok = build_tokenizer(vocab, config.lowercase)
+    write_atomically(join_url(output_url, TOKENIZER_FILE), tok.to_str(pretty=True))
+    write_atomically(
+        join_url(output_url, TOKENIZER_CONFIG_FILE),
+        json.dumps(tokenizer_config(config.lowercase), indent=2, sort_keys=True) + "\n",
+    )
+
+    return write_manifest(
+        stage="vocab",
+        stage_url=output_url,
+        config=to_dict(config),
+        inputs=inputs,
+        counts=counts,
+        seconds=time.time() - start,
+    )

@@ -1,0 +1,97 @@
+"""The BERT tokenizer of a vocabulary: Google's special tokens, normaliser, ``vocab.txt`` and ``tokenizer.json``.
+
+Built from the vocab stage's ``vocab.txt`` alone, so the examples stage, the export and the
+fine-tuning tokenise exactly as the vocabulary was trained."""
+
+from __future__ import annotations
+
+import fsspec
+from tokenizers import (
+    Tokenizer,
+    decoders,
+    models,
+    normalizers,
+    pre_tokenizers,
+    processors,
+)
+
+from pipeline.schema.storage import write_atomically
+
+PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
+PREFIX = "##"
+VOCAB_FILE = "vocab.txt"
+TOKENIZER_FILE = "tokenizer.json"
+TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
+"""What ``transformers.BertTokenizerFast.from_pretrained(vocab_dir)`` reads besides the two above."""
+
+
+def special_tokens(num_unused: int) -> list[str]:
+    """Google's leading entries: [PAD], [unused0..num_unused-1], [UNK], [CLS], [SEP], [MASK]."""
+    return [PAD] + [f"[unused{i}]" for i in range(num_unused)] + [UNK, CLS, SEP, MASK]
+
+
+def bert_normalizer(lowercase: bool) -> normalizers.Normalizer:
+    return normalizers.BertNormalizer(
+        clean_text=True, handle_chinese_chars=True, strip_accents=None, lowercase=lowercase
+    )
+
+
+def build_text_tokenizer(vocab: list[str], lowercase: bool) -> Tokenizer:
+    """The bare WordPiece tokenizer for corpus text: no template, no truncation, and literal
+    "[SEP]"/"[MASK]" in the text split like any other text (as the reference's FullTokenizer
+    does), so a corpus cannot smuggle special ids into an example's segments."""
+    ids = {t: i for i, t in enumerate(vocab)}
+    missing = [t for t in (PAD, UNK, CLS, SEP, MASK) if t not in ids]
+    if missing:
+        raise ValueError(f"vocabulary lacks the special tokens {missing}")
+    tok = Tokenizer(models.WordPiece(vocab=ids, unk_token=UNK, continuing_subword_prefix=PREFIX))
+    tok.normalizer = bert_normalizer(lowercase)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.decoder = decoders.WordPiece(prefix=PREFIX)
+    return tok
+
+
+def build_tokenizer(vocab: list[str], lowercase: bool, max_length: int = 512) -> Tokenizer:
+    """A BERT tokenizer on ``vocab``: what BertTokenizerFast loads from ``tokenizer.json``.
+
+    Encodes a pair as ``[CLS] A [SEP] B [SEP]`` with type ids 0/1, recognises the special
+    tokens in text, and truncates to ``max_length``.
+    """
+    tok = build_text_tokenizer(vocab, lowercase)
+    cls_id, sep_id = tok.token_to_id(CLS), tok.token_to_id(SEP)
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"{CLS} $A {SEP}",
+        pair=f"{CLS} $A {SEP} $B:1 {SEP}:1",
+        special_tokens=[(CLS, cls_id), (SEP, sep_id)],
+    )
+    tok.add_special_tokens([PAD, UNK, CLS, SEP, MASK])  # already in vocab: ids unchanged
+    tok.enable_truncation(max_length)
+    return tok
+
+
+def tokenizer_config(lowercase: bool, max_length: int = 512) -> dict:
+    """The Hugging Face tokenizer_config.json of a vocabulary: BERT's class and options."""
+    return {
+        "tokenizer_class": "BertTokenizer",
+        "do_lower_case": lowercase,
+        "tokenize_chinese_chars": True,
+        "strip_accents": None,
+        "model_max_length": max_length,
+        "unk_token": UNK,
+        "sep_token": SEP,
+        "pad_token": PAD,
+        "cls_token": CLS,
+        "mask_token": MASK,
+    }
+
+
+def write_vocab(vocab: list[str], url: str) -> None:
+    write_atomically(url, "".join(t + "\n" for t in vocab))
+
+
+def read_vocab(url: str) -> list[str]:
+    """A vocab.txt as a list (line number = id). Split on \\n only: tokens may hold U+2028 etc."""
+    fs, path = fsspec.core.url_to_fs(url)
+    with fs.open(path, "r", encoding="utf-8", newline="") as f:
+        text = f.read()
+    return text[:-1].split("\n") if text.endswith("\n") else text.split("\n")

@@ -1,0 +1,178 @@
+"""The downstream tasks, one row each: the one place that says what a task is.
+
+A row names the task, its family (the module of ``tasks/`` that runs it: ``tasks.<family>``
+defines ``run_task(task, config, data_url, model_url, output_url, log_fn, save_model, unit)``),
+where its official files are under the downstream data root, its headline metric and the factor
+that puts it in percent (the paper's tables, the GLUE average, the champion's score), the reader
+of its official files, its head, and the writer of its benchmark-server files when it has one.
+GLUE rows carry their file layout (columns, label set, dev and test files) as ``layout``.
+
+Everything that knows about downstream tasks reads :data:`TASKS`: the stage table (one
+``finetune/<task>`` row each), the config's validation, the grid and its aggregation
+(``tasks.units``), the results table and the GLUE average (``tasks.results``), the registered
+model's score. Adding a task is one row here plus its module (a new GLUE-format task: one
+layout). References to code are ``"module:attribute"`` strings, resolved when used
+(:func:`resolve`), so reading the registry never imports torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import importlib
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class GlueLayout:
+    """A GLUE task's files as the GLUE download script leaves them, and its official metrics."""
+
+    name: str  # canonical: "sst2" (the registry row's name)
+    folder: str  # GLUE's folder (and submission file) name: "SST-2"
+    text_a: str  # column names
+    text_b: str | None
+    label: str
+    labels: tuple[str, ...] | None  # None: regression
+    metrics: tuple[str, ...]
+    dev_files: tuple[str, ...] = ("dev.tsv",)
+    test_files: tuple[str, ...] = ("test.tsv",)
+    submissions: tuple[str, ...] | None = None  # one per test file; default (folder,)
+    positional_columns: tuple[str, ...] = ()  # train/dev have no header: these names, in order
+    skip_malformed: bool = False
+    index_column: str = "index"  # in test files
+
+    @property
+    def is_regression(self) -> bool:
+        return self.labels is None
+
+    @property
+    def num_labels(self) -> int:
+        return 1 if self.labels is None else len(self.labels)
+
+
+@dataclass(frozen=True)
+class Task:
+    """One downstream task (a row of :data:`TASKS`)."""
+
+    name: str
+    family: str
+    """The module that runs it, ``tasks.<family>``: glue | squad | ner | swag."""
+    folder: str
+    """Its official files under the downstream data root (``data.downstream``)."""
+    metric: str
+    """The headline metric: a key of a unit manifest's counts; the grid picks the best point by it."""
+    scale: float
+    """``metric * scale`` is the metric in percent: 100 for a fraction (accuracy, F1 of GLUE), 1
+    for a metric the official script reports in percent (SQuAD, conlleval)."""
+    reader: str
+    """``module:function`` that reads one split of the official files."""
+    head: str
+    """``module:class`` of the head on the encoder."""
+    submission: str = ""
+    """``module:function`` that writes the benchmark server's files (GLUE), or empty."""
+    glue_average: bool = False
+    """Counts in the paper's GLUE average (the nine GLUE tasks but WNLI)."""
+    feature_based: bool = False
+    """The frozen-encoder (feature-based) variant: the grid also spans ``finetune.features.layer_mixes``."""
+    layout: GlueLayout | None = None
+    """GLUE rows: the file layout."""
+    options: dict[str, Any] = field(default_factory=dict)
+    """Family options, e.g. {"version": "2.0"} for SQuAD v2.0."""
+
+    @property
+    def module(self) -> str:
+        return f"tasks.{self.family}"
+
+    def percent(self, value: float) -> float:
+        """The headline metric ``value`` (as the unit manifests count it) in percent."""
+        return value * self.scale
+
+    def run(
+        self,
+        config,
+        data_url: str,
+        model_url: str,
+        output_url: str,
+        log_fn=None,
+        save_model: bool = True,
+        unit: dict[str, Any] | None = None,
+    ):
+        """Fine-tune and evaluate once (one unit of the grid); returns the unit's manifest."""
+        run_task = resolve(f"{self.module}:run_task")
+        return run_task(self, config, data_url, model_url, output_url, log_fn=log_fn, save_model=save_model, unit=unit)
+
+
+def resolve(ref: str) -> Any:
+    """The object a ``module:attribute`` reference names (imports the module)."""
+    module, _, attr = ref.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def _glue(metric: str, layout: GlueLayout, average: bool = True) -> Task:
+    return Task(layout.name, "glue", f"glue/{layout.folder}", metric, 100.0, "tasks.glue:read_split",
+                "tasks.heads:BertForSequenceClassification", "tasks.glue:write_submission",
+                glue_average=average, layout=layout)  # fmt: skip
+
+
+def _squad(name: str, version: str) -> Task:
+    return Task(name, "squad", "squad", "eval_f1", 1.0, "tasks.squad:read_squad",
+                "tasks.heads:BertForQuestionAnswering", options={"version": version})  # fmt: skip
+
+
+def _ner(name: str, feature_based: bool = False) -> Task:
+    head = "tasks.features:FeatureBasedTagger" if feature_based else "tasks.heads:BertForTokenClassification"
+    return Task(name, "ner", "conll2003", "eval_f1", 1.0, "tasks.ner:read_conll", head, feature_based=feature_based)
+
+
+# fmt: off
+_NLI = ("entailment", "not_entailment")
+TASKS: dict[str, Task] = {t.name: t for t in (
+    _glue("eval_mcc", GlueLayout("cola", "CoLA", "sentence", None, "label", ("0", "1"), ("mcc",),
+                                 positional_columns=("source", "label", "original_label", "sentence"))),
+    _glue("eval_accuracy", GlueLayout("sst2", "SST-2", "sentence", None, "label", ("0", "1"), ("accuracy",))),
+    _glue("eval_f1", GlueLayout("mrpc", "MRPC", "#1 String", "#2 String", "Quality", ("0", "1"), ("f1", "accuracy"))),
+    _glue("eval_spearman", GlueLayout("stsb", "STS-B", "sentence1", "sentence2", "score", None,
+                                      ("pearson", "spearman"))),
+    _glue("eval_f1", GlueLayout("qqp", "QQP", "question1", "question2", "is_duplicate", ("0", "1"), ("f1", "accuracy"),
+                                skip_malformed=True, index_column="id")),
+    _glue("eval_accuracy",  # matched dev; mismatched is eval_mm_accuracy
+          GlueLayout("mnli", "MNLI", "sentence1", "sentence2", "gold_label", ("contradiction", "entailment", "neutral"),
+                     ("accuracy",), dev_files=("dev_matched.tsv", "dev_mismatched.tsv"),
+                     test_files=("test_matched.tsv", "test_mismatched.tsv", "diagnostic.tsv"),
+                     submissions=("MNLI-m", "MNLI-mm", "AX"))),
+    _glue("eval_accuracy", GlueLayout("qnli", "QNLI", "question", "sentence", "label", _NLI, ("accuracy",))),
+    _glue("eval_accuracy", GlueLayout("rte", "RTE", "sentence1", "sentence2", "label", _NLI, ("accuracy",))),
+    _glue("eval_accuracy", GlueLayout("wnli", "WNLI", "sentence1", "sentence2", "label", ("0", "1"), ("accuracy",)),
+          average=False),
+    _squad("squad1", "1.1"),
+    _squad("squad2", "2.0"),
+    _ner("conll2003"),
+    _ner("conll2003_features", feature_based=True),
+    Task("swag", "swag", "swag", "eval_accuracy", 100.0, "tasks.swag:read_swag", "tasks.heads:BertForMultipleChoice"),
+)}
+# fmt: on
+
+
+class UnknownTaskError(KeyError):
+    """A task name the registry does not have; the message lists the known ones and the closest."""
+
+    def __str__(self) -> str:  # KeyError quotes its message otherwise
+        return str(self.args[0])
+
+
+def get_task(name: str) -> Task:
+    if name not in TASKS:
+        close = difflib.get_close_matches(name, TASKS, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise UnknownTaskError(f"unknown downstream task {name!r}{hint}; known: {', '.join(sorted(TASKS))}")
+    return TASKS[name]
+
+
+def family_tasks(family: str) -> dict[str, Task]:
+    return {n: t for n, t in TASKS.items() if t.family == family}
+
+
+def describe() -> list[dict[str, Any]]:
+    """The registry as plain rows (docs, ``bertflow config``)."""
+    return [{k: v for k, v in dataclasses.asdict(t).items() if k != "layout"} for t in TASKS.values()]

@@ -10,8 +10,9 @@ sets (built from the first blocks) are about entities the corpus describes, at a
 blocks are built in order, never in parallel (about a millisecond each).
 
 Facts are ``(subject, relation, object)`` triples. Every relation has several phrasings
-(:data:`synth.phrases.PHRASES`) and questions (:data:`synth.phrases.QUESTIONS`), so the same fact recurs in varied words in
-wiki articles, books and SQuAD contexts: what a masked language model can learn.
+(:data:`synth.phrases.PHRASES`) and questions (:data:`synth.phrases.QUESTIONS`), so the same
+fact recurs in varied words in wiki articles, books and SQuAD contexts: what a masked language
+model can learn.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ import pytest
 from pipeline.schema.manifest import read_manifest
 
 pytestmark = pytest.mark.slow
-MORE_STEPS = "pretrain.phases.1.steps=40"  # resumes the chain's checkpoints for 10 steps: new weights
+OTHER_WEIGHTS = "pretrain.learning_rate=9e-4"  # not one of the chain's overrides (theirs come last)
 
 
 def _copy(chain, tmp_path):
@@ -57,7 +57,7 @@ def _wait_for(predicate, proc, timeout=900):
 def test_a_run_killed_after_the_export_is_registered_by_the_next(chain, cli, cli_env, tmp_path):
     root = _copy(chain, tmp_path)
     assert [v for v, _ in _versions(root)] == [1]
-    args = ["--set", MORE_STEPS]
+    args = ["--set", OTHER_WEIGHTS]
     out = subprocess.run(cli(["stage", "pretrain", "--preset", "tiny", *args], root), env=cli_env,
                          capture_output=True, text=True, timeout=1200)  # fmt: skip
     assert out.returncode == 0, out.stderr[-4000:]
@@ -87,7 +87,7 @@ def test_a_run_killed_after_the_export_is_registered_by_the_next(chain, cli, cli
 
 def test_a_store_locked_during_the_export_is_waited_for(chain, cli, cli_env, tmp_path):
     root = _copy(chain, tmp_path)
-    args = ["--set", MORE_STEPS, "--set", "pretrain.phases.1.steps=45"]
+    args = ["--set", "pretrain.learning_rate=8e-4"]
     out = subprocess.run(cli(["stage", "pretrain", "--preset", "tiny", *args], root), env=cli_env,
                          capture_output=True, text=True, timeout=1200)  # fmt: skip
     assert out.returncode == 0, out.stderr[-4000:]

@@ -18,22 +18,24 @@ scheduler state, the RNG states that drive dropout, the loader's position, phase
 steps straight and N/2 + crash + resume + N/2 give bit-identical weights on CPU (tested). What a
 checkpoint of a different config may do is decided in ``model/resume.py``.
 
-Backend-neutral: the loop talks to a :class:`model.backend.Backend` and gets its batches from a
-:class:`model.feed.StepFeed` (XLA SPMD: ``MpDeviceLoader``). Metrics stay on the device between
-log steps. Rank 0 (on a TPU pod slice: host 0) alone logs and writes; on a multi-host slice every
-host still takes part in what may be collective (moving weights and optimizer state to the CPU)
-and in the same order, because SPMD runs one program on all hosts; the orchestrator passes ``log_fn`` (e.g. to
-MLflow) and ``mask_fn`` (the one masking rule); this module imports neither a tracker nor
-``pipeline.masking``.
+Backend-neutral: the loop asks a :class:`model.backend.Backend` every question whose answer
+differs between CPU, CUDA (one process, DDP, FSDP) and XLA — the micro-batches' loss weights,
+gradient sync during accumulation, the global gradient norm, the whole model and optimizer state
+for checkpoints, batch widths, the MLM head, the end of a step — and never branches on which
+one runs. It gets its batches from a :class:`model.feed.StepFeed` (XLA SPMD: ``MpDeviceLoader``).
+Metrics stay on the device between log steps. Rank 0 (on a TPU pod slice: host 0) alone logs
+and writes; every process calls whatever may be collective (gathering weights and optimizer
+state), in the same order. The orchestrator passes ``log_fn`` (e.g. to MLflow, rank 0 only),
+``callbacks`` (``model/callbacks.py``: every process; e.g. the data trace of the tests) and
+``mask_fn`` (the one masking rule); this module imports neither a tracker nor ``pipeline.masking``
+and reads no environment variable.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import math
-import os
 import random
 import signal
 import threading
@@ -44,9 +46,10 @@ from typing import Any
 import fsspec
 import torch
 
-from model.backend import Backend, setup_backend, unwrap
+from model.backend import Backend, setup_backend
 from model.bert import BertForPreTraining, count_parameters, mlm_correct
-from model.checkpoint import checkpoint_url, load_latest_good, prune_checkpoints, save_checkpoint, to_cpu
+from model.callbacks import Callbacks
+from model.checkpoint import checkpoint_url, load_latest_good, prune_checkpoints, save_checkpoint
 from model.config import BertConfig, PhaseConfig, PretrainConfig
 from model.contract import (
     Manifest,
@@ -58,7 +61,7 @@ from model.contract import (
     read_manifest,
     write_manifest,
 )
-from model.data import IGNORE_INDEX, MaskFn, shard_urls, stable_seed
+from model.data import MaskFn, shard_urls, stable_seed
 from model.export import load_hf_state_dict, load_pretrained, save_pretrained
 from model.feed import StepFeed
 from model.metrics import Window, peak_tflops, step_flops, summary
@@ -78,6 +81,7 @@ __all__ = [
     "finish",
     "Session",
     "TrainState",
+    "Callbacks",
     "Preempted",
     "ResumeError",
     "manifest_config",
@@ -161,7 +165,23 @@ class Session:
     pad_id: int
     mask_fn: MaskFn | None = None
     log_fn: LogFn | None = None
+    callbacks: Callbacks = dataclasses.field(default_factory=Callbacks)
+    peak: float = 0.0
+    """The device's peak TFLOP/s for MFU (0: unknown, no MFU logged)."""
     t_start: float = dataclasses.field(default_factory=time.time)
+    fit_started: float = 0.0
+    """``time.perf_counter()`` when this session's ``fit`` started."""
+    seconds_before: float = 0.0
+    """Training seconds of the sessions before this one (from the checkpoint)."""
+
+    @property
+    def phase_ends(self) -> set[int]:
+        """The global steps that end a phase (their checkpoints are never pruned)."""
+        return {sum(p.steps for p in self.config.phases[: i + 1]) for i in range(len(self.config.phases))}
+
+    def training_seconds(self) -> float:
+        """Training time over all sessions, up to now."""
+        return self.seconds_before + time.perf_counter() - self.fit_started
 
 
 def run_pretrain(
@@ -174,13 +194,15 @@ def run_pretrain(
     mask_fn: MaskFn | None = None,
     init_from: str = "",
     pad_id: int | None = None,
+    callbacks: Callbacks | None = None,
 ) -> Manifest:
     """Pretrain BERT on the example stage at ``examples_url``; write checkpoints and final weights.
 
     Continues from the latest good checkpoint under ``output_url`` when its config allows
     (``model/resume.py``); ``restart=True`` clears ``output_url`` first. ``init_from``: a BERT
     folder in Hugging Face layout whose weights start the run (continued pretraining).
-    ``mask_fn`` is needed for dynamic masking. ``log_fn(metrics, step)`` runs on rank 0.
+    ``mask_fn`` is needed for dynamic masking. ``log_fn(metrics, step)`` runs on rank 0;
+    ``callbacks`` (``model.callbacks.Callbacks``) on every process.
     """
     session = setup(
         config,
@@ -192,6 +214,7 @@ def run_pretrain(
         mask_fn=mask_fn,
         init_from=init_from,
         pad_id=pad_id,
+        callbacks=callbacks,
     )
     fit(session)
     return finish(session)
@@ -222,6 +245,7 @@ def setup(
     mask_fn: MaskFn | None = None,
     init_from: str = "",
     pad_id: int | None = None,
+    callbacks: Callbacks | None = None,
 ) -> Session:
     """Check everything that can fail before training, build the model and resume or start."""
     t_start = time.time()
@@ -280,7 +304,7 @@ def setup(
         log.info("initialised from %s", init_from)
     model.to(backend.device)
     model.tie_weights()
-    model.sparse_prediction = backend.name != "xla"  # XLA wants static shapes
+    model.sparse_prediction = backend.sparse_head  # XLA wants static shapes: the dense head
     record = run_record(config, model_config, examples_fp, data_parts, init_from)
     state = TrainState(run_digest=exact_digest(record), record=record)
     found = load_latest_good(output_url)
@@ -318,6 +342,8 @@ def setup(
         pad_id,
         mask_fn,
         log_fn,
+        callbacks or Callbacks(),
+        peak_tflops(config.peak_tflops, backend.device, backend.precision),
         t_start,
     )
 
@@ -354,12 +380,7 @@ def _check_resume(url: str, saved: dict, fresh: TrainState) -> TrainState:
 
 def _restore(found, model, optimizer, scheduler, backend: Backend, state: TrainState, config: PretrainConfig) -> None:
     url, _, saved = found
-    if backend.parallel == "fsdp" and backend.world_size > 1:
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
-
-        set_optimizer_state_dict(model, optimizer, saved["optimizer"], options=StateDictOptions(full_state_dict=True))
-    else:
-        optimizer.load_state_dict(saved["optimizer"])
+    backend.load_optimizer_state(model, optimizer, saved["optimizer"])
     scheduler.load_state_dict(saved["scheduler"])
     # the current config's hyper-parameters and schedule (identical values on an exact resume)
     lam = scheduler.lr_lambdas[0]
@@ -380,58 +401,6 @@ def _restore(found, model, optimizer, scheduler, backend: Backend, state: TrainS
     log.info("resuming from %s (step %d)", url, state.global_step)
 
 
-def _sharded(s: Session) -> bool:
-    return s.backend.parallel == "fsdp" and s.backend.world_size > 1
-
-
-def _full_model(s: Session) -> torch.nn.Module | None:
-    """A CPU model with all weights on rank 0 (None elsewhere); a collective under FSDP, and on
-    an XLA pod slice, where every host fetches the weights (a transfer of SPMD data may run a
-    program on all hosts) and host 0 keeps them."""
-    if s.backend.multihost:
-        weights = to_cpu(unwrap(s.model).state_dict())
-        if not s.backend.is_main:
-            return None
-        model = BertForPreTraining(s.model_config)
-        model.load_state_dict(weights)
-        model.tie_weights()
-        return model
-    if not _sharded(s):
-        return unwrap(s.model) if s.backend.is_main else None
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-    full = get_model_state_dict(s.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    if not s.backend.is_main:
-        return None
-    model = BertForPreTraining(s.model_config)
-    model.load_state_dict(full, strict=False)  # the tied decoder weight comes with the embeddings
-    model.tie_weights()
-    return model
-
-
-def _optimizer_state(s: Session) -> dict:
-    if s.backend.multihost:  # every host fetches (see _full_model)
-        return to_cpu(s.optimizer.state_dict())
-    if not _sharded(s):
-        return s.optimizer.state_dict()
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
-
-    return get_optimizer_state_dict(
-        s.model, s.optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
-    )
-
-
-def _buckets(backend: Backend, length: int) -> tuple[int, ...]:
-    """Fixed pad lengths on XLA (a compiled graph each); empty elsewhere (round up to 8).
-    On several hosts only the phase's length: every host's slice of a global batch must have the
-    same width, and a host sees only its own examples."""
-    if backend.name != "xla":
-        return ()
-    if backend.multihost:
-        return (length,)
-    return tuple(sorted({max(16, -(-length // 4 // 8) * 8), max(16, -(-length // 2 // 8) * 8), length}))
-
-
 def make_loader(s: Session, phase: PhaseConfig, held_out: bool = False) -> StreamingLoader:
     """The phase's training loader (all shards but the reserved one) or its held-out loader."""
     urls = shard_urls(s.examples, phase.max_seq_length)
@@ -447,7 +416,7 @@ def make_loader(s: Session, phase: PhaseConfig, held_out: bool = False) -> Strea
         buffer_size=s.config.loader_buffer,
         vocab_size=s.model_config.vocab_size,
         pad_id=s.pad_id,
-        buckets=_buckets(s.backend, phase.max_seq_length),
+        buckets=s.backend.buckets(phase.max_seq_length),
         shuffle=not held_out,
         max_predictions=_max_predictions(s.examples, phase.max_seq_length),
     )
@@ -464,16 +433,22 @@ def make_loader(s: Session, phase: PhaseConfig, held_out: bool = False) -> Strea
 
 
 # -- fit --------------------------------------------------------------------------------------------
+@dataclasses.dataclass
+class PhaseRun:
+    """One phase being trained: what ``_fit_phase`` and its steps share."""
+
+    phase: PhaseConfig
+    index: int
+    feed: StepFeed
+    window: Window
+    stop: StopSignals
+
+
 def fit(s: Session) -> None:
     """Train every remaining step of every phase; on SIGTERM/SIGINT checkpoint, then raise Preempted."""
     cfg, st, be = s.config, s.state, s.backend
-    phase_ends = {sum(p.steps for p in cfg.phases[: i + 1]) for i in range(len(cfg.phases))}
-    session_start, seconds_before = time.perf_counter(), st.seconds
-    peak = peak_tflops(cfg.peak_tflops, be.device, be.precision)
-    trace = os.environ.get("BERTFLOW_TRACE_DATA")  # debugging/tests: what each rank saw and holds
-    if trace:
-        with open(os.path.join(trace, f"rank{be.data_rank}.pid"), "w") as f:
-            f.write(str(os.getpid()))
+    s.fit_started, s.seconds_before = time.perf_counter(), st.seconds
+    s.callbacks.on_fit_start(be.data_rank)
     with StopSignals() as stop:
         for phase_index in range(st.phase_index, len(cfg.phases)):
             phase = cfg.phases[phase_index]
@@ -497,103 +472,66 @@ def fit(s: Session) -> None:
                 st.global_step + 1,
                 st.global_step + phase.steps - st.phase_step,
             )
-            window = Window(be.device)
             feed = StepFeed(loader, be)
             try:
-                _fit_phase(
-                    s, phase, phase_index, feed, window, stop, phase_ends, trace, peak, seconds_before, session_start
-                )
+                _fit_phase(s, PhaseRun(phase, phase_index, feed, Window(be.device), stop))
             finally:
                 feed.close()
-    st.seconds = seconds_before + time.perf_counter() - session_start
-    if trace:  # every rank's weights, to check that the replicas agree
-        model = _full_model(s) if _sharded(s) else unwrap(s.model)
-        if model is not None:
-            torch.save(
-                {k: v.detach().cpu() for k, v in model.state_dict().items()},
-                os.path.join(trace, f"rank{be.data_rank}.weights.pt"),
-            )
+    st.seconds = s.training_seconds()
+    cb = s.callbacks
+    cb.on_fit_end(be.replica(s.model, s.model_config) if cb.wants_weights else None)
 
 
-def _fit_phase(
-    s: Session,
-    phase: PhaseConfig,
-    phase_index: int,
-    feed: StepFeed,
-    window: Window,
-    stop: StopSignals,
-    phase_ends: set[int],
-    trace: str | None,
-    peak: float,
-    seconds_before: float,
-    session_start: float,
-) -> None:
+def _fit_phase(s: Session, run: PhaseRun) -> None:
     """The remaining steps of one phase."""
-    cfg, st, be = s.config, s.state, s.backend
+    cfg, st, be, phase = s.config, s.state, s.backend, run.phase
     while st.phase_step < phase.steps:
         lr = s.optimizer.param_groups[0]["lr"]
-        _train_step(s, feed, window)
-        if trace:
-            with open(os.path.join(trace, f"rank{be.data_rank}.txt"), "a") as f:
-                f.write(" ".join(f"{a}:{b}" for a, b in feed.last_keys.tolist()) + "\n")
+        _train_step(s, run)
+        s.callbacks.on_step(run.feed.last_keys)
         st.global_step += 1
         st.phase_step += 1
         st.examples_seen += phase.batch_size
-        st.loader_position = feed.position
+        st.loader_position = run.feed.position
         phase_end = st.phase_step == phase.steps
         if st.global_step % cfg.log_every == 0 or phase_end:
-            metrics = summary(window, be, lr, phase_index, peak)
-            metrics["epoch"] = feed.epoch
+            metrics = summary(run.window, be, lr, run.index, s.peak)
+            metrics["epoch"] = run.feed.epoch
             _report(s, metrics, phase)
-            window.reset()
+            run.window.reset()
         if cfg.eval_every and (st.global_step % cfg.eval_every == 0 or phase_end):
             st.last_eval = evaluate(s, phase)
             if be.is_main and s.log_fn is not None:
                 s.log_fn(st.last_eval, st.global_step)
-        stopping = be.any_rank(stop.requested is not None)
+        stopping = be.any_rank(run.stop.requested is not None)
         if st.global_step % cfg.checkpoint_every == 0 or phase_end or stopping:
-            st.seconds = seconds_before + time.perf_counter() - session_start
-            _checkpoint(s, phase.name, phase_ends)
+            st.seconds = s.training_seconds()
+            _checkpoint(s, phase.name)
         if stopping:
-            raise Preempted(stop.requested or signal.SIGTERM, st.global_step)
+            raise Preempted(run.stop.requested or signal.SIGTERM, st.global_step)
 
 
-def _train_step(s: Session, feed: StepFeed, window: Window) -> None:
+def _train_step(s: Session, run: PhaseRun) -> None:
     """One optimizer step over the micro-batches of this process's share of the global batch."""
     be, cfg = s.backend, s.config
-    micro = feed.next_step()
-    if be.name == "xla":  # SPMD: the device batch is the global one, its labels give global counts
-        counts = [(batch["labels"] != IGNORE_INDEX).sum().to(torch.float32) for batch, _ in micro]
-        total = torch.clamp(torch.stack(counts).sum(), min=1.0)
-        weights = [c / total for c in counts]
-    else:  # DDP/FSDP: this rank's micro-batches, the total over ranks; DDP averages over ranks
-        total = be.all_reduce_sum(torch.tensor(float(sum(info.masked for _, info in micro)), device=be.device))
-        total = torch.clamp(total, min=1.0)
-        weights = [torch.tensor(float(info.masked * be.world_size), device=be.device) / total for _, info in micro]
-    ddp = hasattr(s.train_model, "no_sync")
+    micro = run.feed.next_step()
+    weights = be.loss_weights(micro)  # global-batch MLM mean (see the module docstring)
     for i, (batch, info) in enumerate(micro):
-        last = i == len(micro) - 1
-        if _sharded(s):  # reduce-scatter gradients on the last micro-batch only
-            s.train_model.set_requires_gradient_sync(last)
-        sync = contextlib.nullcontext() if (not ddp or last) else s.train_model.no_sync()
-        with sync:
+        with be.grad_sync(s.train_model, last=i == len(micro) - 1):
             with be.autocast():
                 out = s.train_model(**batch)
-            # global-batch MLM mean (see the module docstring)
             loss = out.mlm_loss * weights[i] + out.nsp_loss / len(micro)
             loss.backward()
-        window.add_micro(
+        run.window.add_micro(
             out, batch, step_flops(s.model_config, info.rows, info.width, info.masked), info.tokens, examples=info.rows
         )
     max_norm = cfg.max_grad_norm if cfg.max_grad_norm > 0 else float("inf")
-    norm = torch.nn.utils.clip_grad_norm_(s.model.parameters(), max_norm)
-    if hasattr(norm, "full_tensor"):  # FSDP: a DTensor
-        norm = norm.full_tensor()
+    norm = be.grad_norm(torch.nn.utils.clip_grad_norm_(s.model.parameters(), max_norm))
     s.optimizer.step()
     s.scheduler.step()
     s.optimizer.zero_grad(set_to_none=True)
     be.step_done()
-    window.add_step(norm)
+    run.window.add_step(norm)
 
 
 def evaluate(s: Session, phase: PhaseConfig) -> dict[str, float]:
@@ -673,9 +611,10 @@ def _report(s: Session, metrics: dict[str, float], phase: PhaseConfig) -> None:
         s.log_fn(metrics, st.global_step)
 
 
-def _checkpoint(s: Session, phase_name: str, phase_ends: set[int]) -> None:
+def _checkpoint(s: Session, phase_name: str) -> None:
     be = s.backend
-    model, optim_state = _full_model(s), _optimizer_state(s)  # collectives under FSDP: every rank
+    # every process: collectives under FSDP, transfers on every host of a pod slice
+    model, optim_state = be.full_model(s.model, s.model_config), be.optimizer_state(s.model, s.optimizer)
     if be.is_main:
         url = checkpoint_url(s.output_url, phase_name, s.state.global_step)
         save_checkpoint(
@@ -688,7 +627,7 @@ def _checkpoint(s: Session, phase_name: str, phase_ends: set[int]) -> None:
                 "rng": {"python": random.getstate(), "torch": torch.get_rng_state(), "device": be.rng_state()},
             },
         )
-        prune_checkpoints(s.output_url, s.config.keep_checkpoints, keep=phase_ends)
+        prune_checkpoints(s.output_url, s.config.keep_checkpoints, keep=s.phase_ends)
     be.barrier()
 
 
@@ -697,7 +636,7 @@ def finish(s: Session) -> Manifest:
     """Write ``final/`` (HF layout) and the stage manifest, last."""
     be, st = s.backend, s.state
     final_url = join_url(s.output_url, "final")
-    model = _full_model(s)
+    model = be.full_model(s.model, s.model_config)
     if be.is_main:
         save_pretrained(model, final_url)
     be.barrier()

@@ -93,6 +93,12 @@ class Backend:
     name: ClassVar[str] = "cpu"
     sparse_head: ClassVar[bool] = True
     """Project only the masked positions in the MLM head (data-dependent shapes)."""
+    unpad_default: ClassVar[bool] = False
+    """``pretrain.unpad=auto``: on CPU the padded step measured faster (docs/pretraining.md)."""
+    compile_default: ClassVar[bool] = False
+    """``pretrain.compile=auto``: on CPU the explicit oneDNN path is the fast one (model/kernels.py)."""
+    feed_ahead: ClassVar[bool] = False
+    """Copy each step's batches to the device one step ahead (no copy on the CPU: nothing to gain)."""
     mesh: ClassVar[object] = None
     """XLA SPMD: the device mesh batches are sharded over (None: one device, no sharding)."""
 
@@ -126,8 +132,25 @@ class Backend:
 
     # -- device ------------------------------------------------------------------------------
     def put_batch(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Move a (host-local) batch to the device."""
+        """Move a (host-local) batch to the device (a packed batch's ``Packing`` too; its ints stay)."""
         return {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
+
+    def prefetch(self, batch: dict[str, torch.Tensor]):
+        """Start moving ``batch`` to the device; :meth:`ready` hands it over when the step uses it."""
+        return self.put_batch(batch)
+
+    def ready(self, prefetched) -> dict[str, torch.Tensor]:
+        return prefetched
+
+    def compile(self, model: nn.Module) -> nn.Module:
+        """``pretrain.compile``: the model's regions through ``torch.compile`` (model/compile.py)."""
+        from model.compile import compile_regions
+
+        return compile_regions(model)
+
+    def _scalar(self, value: float) -> torch.Tensor:
+        """A float32 scalar on the device, from a host value."""
+        return torch.tensor(value, device=self.device)
 
     def step_done(self) -> None:
         """Call after each optimizer step (XLA cuts and runs the step's graph here)."""
@@ -156,9 +179,9 @@ class Backend:
         """Per micro-batch ``(batch, info)``, the weight of its MLM mean in the global-batch mean:
         its masked tokens over those of the whole global batch (host counts, all-reduced), times
         the processes, as DDP averages gradients over ranks."""
-        total = self.all_reduce_sum(torch.tensor(float(sum(info.masked for _, info in micro)), device=self.device))
+        total = self.all_reduce_sum(self._scalar(float(sum(info.masked for _, info in micro))))
         total = torch.clamp(total, min=1.0)
-        return [torch.tensor(float(info.masked * self.world_size), device=self.device) / total for _, info in micro]
+        return [self._scalar(float(info.masked * self.world_size)) / total for _, info in micro]
 
     # -- the model across processes (model/parallel.py) ---------------------------------------
     def wrap(self, model: nn.Module) -> nn.Module:
@@ -209,9 +232,39 @@ class Backend:
 
 @dataclass
 class CudaBackend(Backend):
-    """One GPU per process (``LOCAL_RANK``); NCCL between processes."""
+    """One GPU per process (``LOCAL_RANK``); NCCL between processes. A step without host syncs:
+    batches from pinned memory copied on a side stream one step ahead, host scalars as fill
+    kernels, the unpadded path (its indices from the loader) compiled by default."""
 
     name: ClassVar[str] = "cuda"
+    unpad_default: ClassVar[bool] = True
+    compile_default: ClassVar[bool] = True
+    feed_ahead: ClassVar[bool] = True
+
+    def __post_init__(self):
+        super().__post_init__()
+        self._copies = None  # the side stream of host-to-device copies, made on first use
+
+    def _scalar(self, value: float) -> torch.Tensor:
+        # a fill kernel: ``torch.tensor(x, device="cuda")`` copies from pageable memory and syncs
+        return torch.full((), value, dtype=torch.float32, device=self.device)
+
+    def prefetch(self, batch: dict[str, torch.Tensor]):
+        if self._copies is None:
+            self._copies = torch.cuda.Stream(self.device)
+        with torch.cuda.stream(self._copies):
+            out = {k: v.pin_memory().to(self.device, non_blocking=True) for k, v in batch.items()}
+        return out, self._copies.record_event()
+
+    def ready(self, prefetched) -> dict[str, torch.Tensor]:
+        batch, copied = prefetched
+        stream = torch.cuda.current_stream(self.device)
+        stream.wait_event(copied)
+        for v in batch.values():  # the compute stream uses memory the copy stream allocated
+            for t in vars(v).values() if not torch.is_tensor(v) else (v,):
+                if torch.is_tensor(t):
+                    t.record_stream(stream)
+        return batch
 
     def wait(self) -> None:
         torch.cuda.synchronize(self.device)
@@ -239,6 +292,9 @@ class XlaBackend(Backend):
     @property
     def local_devices(self) -> int:
         return max(1, self.devices // self.data_world) if self.mesh is not None else 1
+
+    def compile(self, model: nn.Module) -> nn.Module:
+        raise ValueError("pretrain.compile: XLA compiles each bucket's graph by itself (pretrain.xla_cache)")
 
     @property
     def multihost(self) -> bool:
@@ -334,13 +390,13 @@ def resolve_precision(backend: str, precision: str) -> str:
     return precision
 
 
-def setup_backend(name: str, precision: str = "auto", parallel: str = "ddp") -> Backend:
+def setup_backend(name: str, precision: str = "auto", parallel: str = "ddp", xla_cache: str = "") -> Backend:
     """The backend for this process; joins the process group when torchrun started several.
 
     ``RANK`` / ``WORLD_SIZE`` / ``LOCAL_RANK`` are read from the environment (torchrun sets them);
     with none set this is a single process of rank 0. On XLA the data rank / world are the host's
-    process index / count (``model.xla.process``), and several hosts join a gloo group
-    (``model.xla.join_hosts``).
+    process index / count (``model.xla.process``), several hosts join a gloo group
+    (``model.xla.join_hosts``), and ``xla_cache`` (a folder) holds the persistent compilation cache.
     """
     rank = int(os.environ.get("RANK", "0"))
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
@@ -352,6 +408,7 @@ def setup_backend(name: str, precision: str = "auto", parallel: str = "ddp") -> 
                 "several XLA processes per host (torchrun) are not used: run one process per host, which "
                 "drives all devices through SPMD (on a pod slice: the same command on every host)"
             )
+        xla.persistent_cache(xla_cache)
         mesh = xla.spmd_mesh()
         data_rank, data_world = xla.process()
         if data_world > 1:
@@ -364,6 +421,11 @@ def setup_backend(name: str, precision: str = "auto", parallel: str = "ddp") -> 
         torch.backends.cudnn.allow_tf32 = True
     if world_size > 1 and not torch.distributed.is_initialized():
         torch.distributed.init_process_group("nccl" if name == "cuda" else "gloo")
-    strategy = (STRATEGIES[parallel] if world_size > 1 else OneProcess)(device, world_size)
+    strategy = (STRATEGIES[parallel] if world_size > 1 else OneProcess)(device, world_size, precision)
     cls = CudaBackend if name == "cuda" else Backend
     return cls(device, precision, rank, world_size, local_rank, parallel=strategy)
+
+
+def choose(setting: str, default: bool) -> bool:
+    """An ``auto | on | off`` option (``model.config.SWITCH``): ``default`` for auto."""
+    return default if setting == "auto" else setting == "on"

@@ -6,14 +6,16 @@ questions about data parallelism to it, so the loop never asks which one runs:
 - :class:`OneProcess`: nothing to share; every collective is the identity.
 - :class:`Replicated` (DDP): the model replicated on every rank, gradients all-reduced in
   buckets during the backward pass, ``no_sync`` on every accumulation micro-batch but the last.
-- :class:`Sharded` (FSDP2, ``fully_shard`` on every encoder layer and the root): parameters,
+- :class:`Sharded` (FSDP2, ``fully_shard`` on every encoder layer and the root; under bf16 a
+  ``MixedPrecisionPolicy`` of bf16 parameters and fp32 gradient reduction): parameters,
   gradients and optimizer state sharded over the ranks (DTensors); gradients reduce-scattered
   on the last micro-batch only (``set_requires_gradient_sync``); the gradient norm is a DTensor
   whose ``full_tensor()`` is the global norm; checkpoints and the export gather a full state
   dict (``torch.distributed.checkpoint.state_dict``), so they are the same files as under DDP.
 
 Design choice: the metric and agreement collectives (``all_reduce_sum``, ``any_rank``,
-``barrier``) live here too, because they span exactly the processes that share the model.
+``barrier``) live here too, because they span exactly the processes that share the model; the
+stop-signal agreement asked every step goes over a CPU (gloo) group, never through the GPUs.
 """
 
 from __future__ import annotations
@@ -37,8 +39,9 @@ class OneProcess:
 
     name = "none"
 
-    def __init__(self, device: torch.device, world_size: int = 1):
-        self.device, self.world_size = device, world_size
+    def __init__(self, device: torch.device, world_size: int = 1, precision: str = "fp32"):
+        self.device, self.world_size, self.precision = device, world_size, precision
+        self._hosts = None
 
     def wrap(self, model: nn.Module) -> nn.Module:
         return model
@@ -77,11 +80,21 @@ class OneProcess:
         return t
 
     def any_rank(self, flag: bool) -> bool:
+        """Over a CPU (gloo) group: asked every step, it must not wait for the GPUs' queue."""
         if self._spans():
-            t = torch.tensor([1.0 if flag else 0.0], device=self.device if self.device.type == "cuda" else "cpu")
-            torch.distributed.all_reduce(t)
+            t = torch.tensor([1.0 if flag else 0.0])
+            torch.distributed.all_reduce(t, group=self._host_group())
             return bool(t.item() > 0)
         return flag
+
+    def _host_group(self):
+        """The default group when it is gloo (CPU); beside NCCL a gloo group of the same ranks,
+        made on first use (every rank asks at the same step)."""
+        if self.device.type != "cuda":
+            return None
+        if self._hosts is None:
+            self._hosts = torch.distributed.new_group(backend="gloo")
+        return self._hosts
 
     def barrier(self) -> None:
         if self._spans():
@@ -111,10 +124,19 @@ class Sharded(Replicated):
     def wrap(self, model: nn.Module) -> nn.Module:
         from torch.distributed.fsdp import fully_shard
 
+        kw = {"mp_policy": self.mixed_precision()} if self.precision == "bf16" else {}
         for layer in model.bert.encoder.layer:
-            fully_shard(layer)
-        fully_shard(model)
+            fully_shard(layer, **kw)
+        fully_shard(model, **kw)
         return model
+
+    def mixed_precision(self):
+        """bf16: parameters all-gathered and computed in bf16, gradients reduce-scattered in fp32 onto
+        the fp32 shards (the master weights the optimizer steps); autocast still keeps the ops that
+        need fp32 (softmax, LayerNorm, the losses) in fp32."""
+        from torch.distributed.fsdp import MixedPrecisionPolicy
+
+        return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
 
     def grad_sync(self, train_model: nn.Module, last: bool):
         train_model.set_requires_gradient_sync(last)  # reduce-scatter on the last micro-batch only

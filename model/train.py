@@ -38,7 +38,6 @@ import logging
 import math
 import random
 import signal
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -46,7 +45,7 @@ from typing import Any
 import fsspec
 import torch
 
-from model.backend import Backend, setup_backend
+from model.backend import Backend, choose, setup_backend
 from model.bert import BertForPreTraining, count_parameters, mlm_correct
 from model.callbacks import Callbacks
 from model.checkpoint import checkpoint_url, load_latest_good, prune_checkpoints, save_checkpoint
@@ -66,7 +65,8 @@ from model.export import load_hf_state_dict, load_pretrained, save_pretrained
 from model.feed import StepFeed
 from model.metrics import Window, peak_tflops, step_flops, summary
 from model.optim import build_optimizer, warmup_linear_schedule
-from model.resume import FREE, ResumeError, compare, exact_digest, run_record
+from model.resume import FREE, ResumeError, TrainState, check_resume, exact_digest, restore, run_record
+from model.signals import Preempted, StopSignals
 from model.stream import LoaderSpec, StreamingLoader
 
 log = logging.getLogger("bertflow.pretrain")
@@ -86,64 +86,6 @@ __all__ = [
     "ResumeError",
     "manifest_config",
 ]
-
-
-class Preempted(RuntimeError):
-    """Training stopped on a signal after writing a checkpoint; rerun to resume."""
-
-    def __init__(self, signum: int, step: int):
-        super().__init__(f"stopped by {signal.Signals(signum).name} at step {step} (checkpoint written)")
-        self.signum, self.step = signum, step
-
-
-@dataclasses.dataclass
-class TrainState:
-    """Where training stands; saved in every checkpoint."""
-
-    global_step: int = 0
-    phase_index: int = 0
-    phase_step: int = 0  # steps done in the current phase
-    loader_position: int = 0  # local batches the phase's loader has served
-    examples_seen: int = 0
-    seconds: float = 0.0  # training time over all sessions
-    first_window: dict[str, float] | None = None
-    last_window: dict[str, float] | None = None
-    last_eval: dict[str, float] | None = None
-    run_digest: str = ""
-    record: dict[str, Any] | None = None  # the config that wrote it (model/resume.py)
-
-
-class StopSignals:
-    """Records SIGTERM/SIGINT instead of dying, so the loop can checkpoint first.
-
-    Installed only in the main thread (Python's rule); a second signal of the same kind while
-    stopping falls back to the default action.
-    """
-
-    def __init__(self):
-        self.requested: int | None = None
-        self._old: dict[int, Any] = {}
-
-    def _handle(self, signum, frame):
-        if self.requested is not None:  # asked twice: stop now
-            signal.signal(signum, self._old.get(signum, signal.SIG_DFL))
-            signal.raise_signal(signum)
-            return
-        self.requested = signum
-        log.warning(
-            "%s received: finishing this step, writing a checkpoint, then stopping", signal.Signals(signum).name
-        )
-
-    def __enter__(self):
-        if threading.current_thread() is threading.main_thread():
-            for s in (signal.SIGTERM, signal.SIGINT):
-                self._old[s] = signal.signal(s, self._handle)
-        return self
-
-    def __exit__(self, *exc):
-        for s, old in self._old.items():
-            signal.signal(s, old)
-        return False
 
 
 @dataclasses.dataclass
@@ -168,6 +110,8 @@ class Session:
     callbacks: Callbacks = dataclasses.field(default_factory=Callbacks)
     peak: float = 0.0
     """The device's peak TFLOP/s for MFU (0: unknown, no MFU logged)."""
+    unpad: bool = False
+    """Packed batches of real tokens (``pretrain.unpad`` resolved for the backend)."""
     t_start: float = dataclasses.field(default_factory=time.time)
     fit_started: float = 0.0
     """``time.perf_counter()`` when this session's ``fit`` started."""
@@ -249,7 +193,9 @@ def setup(
 ) -> Session:
     """Check everything that can fail before training, build the model and resume or start."""
     t_start = time.time()
-    backend = setup_backend(config.backend, config.precision, config.parallel)
+    backend = setup_backend(config.backend, config.precision, config.parallel, config.xla_cache)
+    unpad = choose(config.unpad, backend.unpad_default)
+    compiled = choose(config.compile, backend.compile_default and unpad)
     examples = read_manifest(examples_url)
     examples_fp = fingerprint_input(examples_url)
     data_world = backend.data_world  # processes (torchrun ranks, or the hosts of a TPU pod slice)
@@ -305,6 +251,8 @@ def setup(
     model.to(backend.device)
     model.tie_weights()
     model.sparse_prediction = backend.sparse_head  # XLA wants static shapes: the dense head
+    if compiled:  # lazily, at the first step; the modules and their state_dict keys stay
+        backend.compile(model)
     record = run_record(config, model_config, examples_fp, data_parts, init_from)
     state = TrainState(run_digest=exact_digest(record), record=record)
     found = load_latest_good(output_url)
@@ -314,7 +262,7 @@ def setup(
             f"(this host: {found[0] if found else 'none'}); rerun: they must continue the same step"
         )
     if found is not None:  # weights before wrapping: DDP broadcasts rank 0's, FSDP shards them
-        state = _check_resume(found[0], found[2], state)
+        state = check_resume(found[0], found[2], state)
         load_hf_state_dict(model, found[1], source=found[0])
     train_model = backend.wrap(model)  # FSDP swaps in sharded parameters: build the optimizer after
     optimizer = build_optimizer(
@@ -324,7 +272,7 @@ def setup(
     if backend.rank:  # distinct dropout per DDP rank (weights: rank 0's); XLA hosts share one program
         torch.manual_seed(stable_seed(config.seed, "rank", backend.rank))
     if found is not None:
-        _restore(found, model, optimizer, scheduler, backend, state, config)
+        restore(found, model, optimizer, scheduler, backend, state, config)
     train_model.train()
     return Session(
         config,
@@ -344,6 +292,7 @@ def setup(
         log_fn,
         callbacks or Callbacks(),
         peak_tflops(config.peak_tflops, backend.device, backend.precision),
+        unpad,
         t_start,
     )
 
@@ -362,45 +311,6 @@ def _micro_batches(phase: PhaseConfig, world_size: int, data_parts: int) -> int:
     return local // micro
 
 
-def _check_resume(url: str, saved: dict, fresh: TrainState) -> TrainState:
-    """The saved state, if its config may continue under the current one (``model/resume.py``)."""
-    state = TrainState(**saved["train"])
-    if state.run_digest != fresh.run_digest:
-        binding, tunable = compare(state.record or {}, fresh.record)
-        if binding:
-            raise ResumeError(
-                f"checkpoint {url} was written by a run with a different {', '.join(binding)}: it cannot "
-                "continue under this config. Rerun with --force pretrain (restart=true in the training "
-                "spec) to start this stage over"
-            )
-        log.warning("resuming %s under changed settings: %s", url, ", ".join(tunable))
-    state.run_digest, state.record = fresh.run_digest, fresh.record
-    return state
-
-
-def _restore(found, model, optimizer, scheduler, backend: Backend, state: TrainState, config: PretrainConfig) -> None:
-    url, _, saved = found
-    backend.load_optimizer_state(model, optimizer, saved["optimizer"])
-    scheduler.load_state_dict(saved["scheduler"])
-    # the current config's hyper-parameters and schedule (identical values on an exact resume)
-    lam = scheduler.lr_lambdas[0]
-    lam.warmup_steps, lam.total_steps = config.warmup_steps, config.total_steps
-    scheduler.base_lrs = [config.learning_rate] * len(optimizer.param_groups)
-    for i, group in enumerate(optimizer.param_groups):
-        group["initial_lr"] = config.learning_rate
-        group["lr"] = config.learning_rate * lam(scheduler.last_epoch)
-        group["betas"], group["eps"] = (config.beta1, config.beta2), config.eps
-        group["weight_decay"] = config.weight_decay if i == 0 else 0.0
-    if backend.rank == 0:  # the saved RNG states are rank 0's (on XLA: every host's, one SPMD program)
-        rng = saved["rng"]
-        random.setstate(rng["python"])
-        torch.set_rng_state(rng["torch"])
-        backend.set_rng_state(rng["device"])
-    else:  # other ranks: a fresh dropout stream per (rank, step); exact resume is for rank 0's
-        torch.manual_seed(stable_seed(config.seed, "rank", backend.rank, state.global_step))
-    log.info("resuming from %s (step %d)", url, state.global_step)
-
-
 def make_loader(s: Session, phase: PhaseConfig, held_out: bool = False) -> StreamingLoader:
     """The phase's training loader (all shards but the reserved one) or its held-out loader."""
     urls = shard_urls(s.examples, phase.max_seq_length)
@@ -417,6 +327,7 @@ def make_loader(s: Session, phase: PhaseConfig, held_out: bool = False) -> Strea
         vocab_size=s.model_config.vocab_size,
         pad_id=s.pad_id,
         buckets=s.backend.buckets(phase.max_seq_length),
+        unpad=s.unpad,
         shuffle=not held_out,
         max_predictions=_max_predictions(s.examples, phase.max_seq_length),
     )
@@ -472,7 +383,7 @@ def fit(s: Session) -> None:
                 st.global_step + 1,
                 st.global_step + phase.steps - st.phase_step,
             )
-            feed = StepFeed(loader, be)
+            feed = StepFeed(loader, be, ahead=be.feed_ahead)
             try:
                 _fit_phase(s, PhaseRun(phase, phase_index, feed, Window(be.device), stop))
             finally:
@@ -522,9 +433,8 @@ def _train_step(s: Session, run: PhaseRun) -> None:
                 out = s.train_model(**batch)
             loss = out.mlm_loss * weights[i] + out.nsp_loss / len(micro)
             loss.backward()
-        run.window.add_micro(
-            out, batch, step_flops(s.model_config, info.rows, info.width, info.masked), info.tokens, examples=info.rows
-        )
+        flops = step_flops(s.model_config, info.rows, info.width, info.masked, info.packed_tokens, info.pairs)
+        run.window.add_micro(out, batch, flops, info.tokens, examples=info.rows)
     max_norm = cfg.max_grad_norm if cfg.max_grad_norm > 0 else float("inf")
     norm = be.grad_norm(torch.nn.utils.clip_grad_norm_(s.model.parameters(), max_norm))
     s.optimizer.step()
@@ -546,7 +456,8 @@ def evaluate(s: Session, phase: PhaseConfig) -> dict[str, float]:
                 batch = be.put_batch(batch)
                 with be.autocast():
                     out = s.train_model(**batch)
-                correct, total = mlm_correct(out.prediction_logits, batch["labels"])
+                labels = out.mlm_labels if out.mlm_labels is not None else batch["labels"]
+                correct, total = mlm_correct(out.prediction_logits, labels)
                 label = batch["next_sentence_label"]
                 sums += torch.stack(
                     [

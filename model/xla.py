@@ -7,6 +7,8 @@ tests replace to play a host of a TPU pod slice without torch-xla (``tests/model
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
 
@@ -47,6 +49,24 @@ def join_hosts() -> None:
 
     if not torch.distributed.is_initialized():
         torch.distributed.init_process_group("gloo", init_method="xla://")
+
+
+def persistent_cache(folder: str) -> None:
+    """Keep compiled graphs in ``folder`` across runs (each padding bucket compiles once, ever);
+    must run before any XLA computation. Empty: no cache."""
+    if not folder:
+        return
+    import os
+
+    torch_xla_modules()
+    import torch_xla.runtime as xr
+
+    path = os.path.expanduser(folder)
+    os.makedirs(path, exist_ok=True)
+    try:
+        xr.initialize_cache(path, readonly=False)
+    except (AssertionError, RuntimeError) as exc:  # XLA already computed in this process (a second run)
+        logging.getLogger("bertflow.pretrain").warning("XLA persistent cache %s not set up: %s", path, exc)
 
 
 def spmd_mesh():

@@ -108,3 +108,46 @@ def test_loss_weights_make_the_global_batch_mean():
     labels[0, :3], labels[1, 0] = 1, 1  # XLA counts on the device: the same weights
     xla_micro = [({"labels": labels[:1]}, None), ({"labels": labels[1:]}, None)]
     assert [float(w) for w in XlaBackend(torch.device("cpu")).loss_weights(xla_micro)] == [0.75, 0.25]
+
+
+def test_the_feed_one_step_ahead_serves_the_same_steps(tmp_path):
+    """CUDA's feed builds and copies the next step's batches early; on the CPU the same code path
+    (prefetch, ready) serves exactly the plain feed's batches, keys and resume position."""
+    import numpy as np
+    from pretrain_shards import write_example_stage
+
+    from model.contract import read_manifest
+    from model.data import shard_urls
+    from model.feed import StepFeed
+    from model.stream import LoaderSpec, StreamingLoader
+
+    examples = write_example_stage(tmp_path, lengths=(16,), n=80, shards=2)
+    spec = LoaderSpec(urls=tuple(shard_urls(read_manifest(examples), 16)), batch_size=8, max_seq_length=16, seed=1)
+    be = setup_backend("cpu")
+    plain, ahead = (StepFeed(StreamingLoader(spec, micro_batches=2), be, ahead=a) for a in (False, True))
+    for _ in range(5):
+        a, b = plain.next_step(), ahead.next_step()
+        assert np.array_equal(plain.last_keys, ahead.last_keys) and len(a) == len(b) == 2
+        for (x, i), (y, j) in zip(a, b):
+            assert i == j and all(torch.equal(x[k], y[k]) for k in x)
+    assert plain.position == ahead.position == 5 and ahead.loader.position == 6  # read one step ahead
+
+
+def test_fsdp_under_bf16_shards_with_a_bf16_mixed_precision_policy(monkeypatch):
+    import torch.distributed.fsdp as fsdp
+
+    from model.bert import BertForPreTraining
+    from model.config import BertConfig
+    from model.parallel import Sharded
+
+    calls = []
+    monkeypatch.setattr(fsdp, "fully_shard", lambda module, **kw: calls.append((module, kw)))
+    cfg = BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=20)
+    model = BertForPreTraining(cfg)
+    Sharded(torch.device("cpu"), 2, "bf16").wrap(model)
+    assert [m for m, _ in calls] == [*model.bert.encoder.layer, model]
+    policy = calls[0][1]["mp_policy"]
+    assert policy.param_dtype == torch.bfloat16 and policy.reduce_dtype == torch.float32
+    calls.clear()
+    Sharded(torch.device("cpu"), 2, "fp32").wrap(model)
+    assert all(kw == {} for _, kw in calls)

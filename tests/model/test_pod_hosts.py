@@ -39,6 +39,7 @@ def fake_host(monkeypatch, index: int, count: int) -> list:
     fake_xm = types.SimpleNamespace(wait_device_ops=lambda: None, get_rng_state=lambda: 0, set_rng_state=lambda s: None)
     monkeypatch.setattr(xla_mod, "torch_xla_modules", lambda: (fake_xla, fake_xm))
     monkeypatch.setattr(xla_mod, "spmd_mesh", lambda: None)
+    monkeypatch.setattr(xla_mod, "persistent_cache", lambda folder: None)
     monkeypatch.setattr(xla_mod, "process", lambda: (index, count))
     monkeypatch.setattr(xla_mod, "join_hosts", lambda: joined.append(index))
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):

@@ -163,7 +163,8 @@ class PretrainConfig:
         check(
             not (self.compile == "on" and self.unpad == "off"),
             "pretrain.compile",
-            "on needs the unpadded path (pretrain.unpad on or auto): the padded one has data-dependent shapes",
+            "on needs the unpadded path (pretrain.unpad on or auto): the compiled step is the packed one, "
+            "whose shapes and indices all come from the loader",
         )
         check(
             self.backend != "xla" or (self.unpad != "on" and self.compile != "on"),

@@ -1,6 +1,10 @@
 """The CUDA paths (``pytest -m gpu``; each skips without a CUDA device): the flash varlen kernel
 against the reference, a packed bf16 step that never waits for the device, the pinned
-one-step-ahead feed, and compiled training on the GPU against eager."""
+one-step-ahead feed, and compiled training on the GPU against eager.
+
+The sync check runs whole optimizer steps under ``torch.cuda.set_sync_debug_mode("error")``: a
+synchronising call anywhere in them fails it, ours or one inside a torch kernel, and the error
+names the call. Written without a GPU to run it on: the first GPU run is its test too."""
 
 import pytest
 import torch

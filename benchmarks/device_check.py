@@ -311,7 +311,7 @@ def pretrain_small(args) -> dict:
                     f"{metrics.get('examples_per_sec', 0):8.0f} seq/s",
                     flush=True,
                 )
-            if elapsed > args.train_seconds:
+            if elapsed > args.train_seconds and step >= args.train_min_steps:
                 raise _TimeUp
 
         try:
@@ -391,6 +391,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--train-examples", type=int, default=100_000)
     p.add_argument("--train-warmup", type=int, default=200)
     p.add_argument("--train-log-every", type=int, default=50)
+    p.add_argument("--train-min-steps", type=int, default=0, help="train at least this many steps")
     p.add_argument("--pytest-timeout", type=float, default=120.0)
     p.add_argument("--no-pytest", action="store_true")
     args = p.parse_args(argv)
@@ -400,6 +401,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         args.warmup, args.steps, args.compile_backend = 1, 2, "eager"
         args.train_seconds, args.train_seq, args.train_batch = 2.0, 32, 8
         args.train_examples, args.train_warmup, args.train_log_every = 400, 2, 2
+        args.train_min_steps = 8  # two log windows and a held-out evaluation, however loaded the machine
         args.pytest_args = [
             os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests/model/test_gpu.py")
         ]

@@ -25,7 +25,7 @@ def test_smoke_runs_every_part_and_writes_the_report(device_check, tmp_path):
     result = device_check.main(["--smoke", "--device", "cpu", "--out", str(tmp_path)])
     saved = json.loads((tmp_path / "device_check.json").read_text())
     assert saved["environment"]["device"] == "cpu" and saved["steps"] == json.loads(json.dumps(result["steps"]))
-    assert result["pytest"]["returncode"] == 0 and "skipped" in result["pytest"]["summary"]  # no CUDA here
+    assert result["pytest"]["returncode"] == 0 and "skipped" in result["pytest"]["summary"], result["pytest"]  # no CUDA
     rows = {r["implementation"]: r for r in result["steps"]}
     assert set(rows) == set(device_check.IMPLEMENTATIONS)
     for name, row in rows.items():

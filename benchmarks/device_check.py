@@ -311,7 +311,8 @@ def pretrain_small(args) -> dict:
                     f"{metrics.get('examples_per_sec', 0):8.0f} seq/s",
                     flush=True,
                 )
-            if elapsed > args.train_seconds and step >= args.train_min_steps:
+            evaluated = any("eval_mlm_accuracy" in p for p in curve)  # the curve has a held-out point
+            if elapsed > args.train_seconds and step >= args.train_min_steps and evaluated:
                 raise _TimeUp
 
         try:

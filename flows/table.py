@@ -288,14 +288,15 @@ STAGES: dict[str, Stage] = {
             "export", "model",
             inputs=lambda cfg, root: {"pretrain": _at(root, "checkpoints"), "vocab": _at(root, "vocab")},
             config=_export_config, run=_run_export, provides="model", publishes_model=True,
-            code=("model.export", "model.bert", "model.config", "model.contract", "model.kernels", "pipeline.schema"),
+            code=("model.export", "model.bert", "model.packing", "model.config", "model.contract", "model.kernels",
+                  "pipeline.schema"),
             figures=("parameters",), retries=1, timeout_s=3600, preview=hooks.model_preview,
             doc="the final weights in Hugging Face layout (config.json, model.safetensors, vocab)",
         ),
     )
 }  # fmt: skip
-_FINETUNE_CODE = ("tasks", "model.bert", "model.config", "model.contract", "model.export", "model.kernels",
-                  "model.optim", "pipeline.schema")  # fmt: skip
+_FINETUNE_CODE = ("tasks", "model.bert", "model.packing", "model.config", "model.contract", "model.export",
+                  "model.kernels", "model.optim", "pipeline.schema")  # fmt: skip
 
 
 @cache

@@ -10,6 +10,9 @@ from dataclasses import dataclass
 
 from model.contract import check
 
+SWITCH = ("auto", "on", "off")
+"""The values of an option whose default depends on the backend."""
+
 
 @dataclass(frozen=True)
 class BertConfig:
@@ -118,6 +121,19 @@ class PretrainConfig:
     """Training processes on this host (``torchrun --nproc_per_node``: one per GPU; gloo on CPU)."""
     init_from: str = ""
     """A BERT folder in Hugging Face layout whose weights start the run (continued pretraining)."""
+    unpad: str = "auto"
+    """auto | on | off: drop [PAD] before the encoder and run it on the real tokens only, attention
+    over the packed sequences (flash ``varlen_attn`` on CUDA in bf16 without attention dropout, a
+    reference elsewhere), the MLM head on the masked tokens whose count comes from the loader: no
+    host sync in the step. auto: on for cuda, off for xla (static shapes: padded buckets) and cpu
+    (where the padded step measured faster: docs/pretraining.md). The same maths either way."""
+    compile: str = "auto"
+    """auto | on | off: ``torch.compile`` the embeddings, each encoder layer and the heads
+    (fullgraph, dynamic shapes; model/compile.py). Needs the unpadded path. auto: on for cuda
+    (on CPU inductor needs a C++ compiler; XLA compiles by itself: refused)."""
+    xla_cache: str = "~/.cache/bertflow/xla"
+    """torch-xla's persistent compilation cache (a local folder): each bucket's graph is compiled
+    once and reused by later runs and resumes; empty: no cache."""
 
     def __post_init__(self):
         check(len(self.phases) >= 1, "pretrain.phases", "needs at least one phase")
@@ -142,6 +158,19 @@ class PretrainConfig:
         check(self.peak_tflops >= 0, "pretrain.peak_tflops", "must be >= 0")
         check(self.keep_checkpoints >= 1, "pretrain.keep_checkpoints", "must be >= 1")
         check(self.max_grad_norm >= 0, "pretrain.max_grad_norm", "must be >= 0 (0: no clipping)")
+        check(self.unpad in SWITCH, "pretrain.unpad", f"{'|'.join(SWITCH)}, got {self.unpad!r}")
+        check(self.compile in SWITCH, "pretrain.compile", f"{'|'.join(SWITCH)}, got {self.compile!r}")
+        check(
+            not (self.compile == "on" and self.unpad == "off"),
+            "pretrain.compile",
+            "on needs the unpadded path (pretrain.unpad on or auto): the compiled step is the packed one, "
+            "whose shapes and indices all come from the loader",
+        )
+        check(
+            self.backend != "xla" or (self.unpad != "on" and self.compile != "on"),
+            "pretrain.unpad/compile",
+            "xla keeps the padded bucketed path and compiles each bucket by itself: leave them auto or off",
+        )
 
     @property
     def total_steps(self) -> int:

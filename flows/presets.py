@@ -53,14 +53,20 @@ class DataConfig:
     def __post_init__(self):
         for name, url in self.downstream_urls.items():
             if name not in TASKS:
-                raise ConfigError(f"data.downstream_urls.{name}: unknown task; known: {sorted(TASKS)}")
+                raise ConfigError(
+                    f"data.downstream_urls.{name}: unknown task{suggest(name, TASKS)}; known: {sorted(TASKS)}"
+                )
             if not isinstance(url, str) or not url:
                 raise ConfigError(f"data.downstream_urls.{name}: expected a URL string, got {url!r}")
 
 
 @dataclass(frozen=True)
 class RunConfig:
+    """One run: the preset it started from and every layer's config."""
+
     preset: str = "tiny"
+    """The preset these values came from (--preset; one of flows.presets.PRESETS); names the
+    default root ./runs/<preset>."""
     data: DataConfig = field(default_factory=DataConfig)
     corpus: CorpusConfig = field(default_factory=CorpusConfig)
     vocab: VocabConfig = field(default_factory=VocabConfig)
@@ -98,7 +104,7 @@ class RunConfig:
             )
         for t in self.finetune_tasks:
             if t not in TASKS:
-                raise ConfigError(f"finetune_tasks: unknown task {t!r}; known: {sorted(TASKS)}")
+                raise ConfigError(f"finetune_tasks: unknown task {t!r}{suggest(t, TASKS)}; known: {sorted(TASKS)}")
 
 
 def _tiny() -> RunConfig:

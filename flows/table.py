@@ -25,7 +25,7 @@ from flows import hooks
 from flows.calls import StageCall, StageResult
 from flows.presets import RunConfig, resolve_data
 from pipeline.beam.config import output_config
-from pipeline.schema.config import ConfigError
+from pipeline.schema.config import ConfigError, suggest
 from pipeline.schema.manifest import Manifest, read_manifest
 from pipeline.schema.storage import join_url
 
@@ -338,7 +338,7 @@ def get_stage(name: str) -> Stage:
     if name.startswith("finetune/"):
         return downstream_stage(name.split("/", 1)[1])
     if name not in STAGES:
-        raise KeyError(f"unknown stage {name!r}; stages: {', '.join(CHAIN)}")
+        raise KeyError(f"unknown stage {name!r}{suggest(name, CHAIN)}; stages: {', '.join(CHAIN)}")
     return STAGES[name]
 
 
@@ -367,7 +367,7 @@ def stage_inputs(stage: str, cfg: RunConfig, root: str, given: dict[str, str] | 
     inputs = get_stage(stage).inputs(cfg, root)
     for name, url in (given or {}).items():
         if name not in inputs:
-            raise KeyError(f"stage {stage} has no input {name!r}; inputs: {', '.join(inputs)}")
+            raise KeyError(f"stage {stage} has no input {name!r}{suggest(name, inputs)}; inputs: {', '.join(inputs)}")
         if url:
             inputs[name] = url
     return inputs

@@ -59,8 +59,11 @@ class GridConfig:
     """
 
     learning_rates: tuple[float, ...] = ()
+    """Learning rates of the grid (JSON list or comma-separated); empty: finetune.learning_rate."""
     batch_sizes: tuple[int, ...] = ()
+    """Batch sizes of the grid; empty: finetune.batch_size."""
     epochs: tuple[float, ...] = ()
+    """Epoch counts of the grid; empty: finetune.epochs."""
     seeds: tuple[int, ...] = ()
     """Seeds of every grid point; empty: ``finetune.seed`` alone."""
     workers: int = 1
@@ -112,7 +115,9 @@ class NerConfig:
     """Tags the model learns: "iob2" (files in IOB1 are converted; conlleval's chunks are the
     same) or "asis" (the file's own tags)."""
     train_file: str = "eng.train"
+    """File name of the training set under the task's data URL (CoNLL-2003's own name)."""
     dev_file: str = "eng.testa"
+    """File name of the dev set, scored to pick the best epoch and unit."""
     test_file: str = "eng.testb"
     """Optional: scored and written when present."""
 
@@ -129,6 +134,7 @@ class FeatureConfig:
     lstm_hidden: int = 768
     """Hidden size of each direction of the BiLSTM (the paper: 768)."""
     lstm_layers: int = 2
+    """Layers of the BiLSTM over the frozen features (the paper: 2)."""
 
     def __post_init__(self):
         check(len(self.layer_mixes) >= 1, "finetune.features.layer_mixes", "name at least one mix")
@@ -143,7 +149,9 @@ class SwagConfig:
     """SWAG multiple choice."""
 
     train_file: str = "train.csv"
+    """File name of the training set under the task's data URL (SWAG's own name)."""
     dev_file: str = "val.csv"
+    """File name of the dev set, scored to pick the best epoch and unit."""
     test_file: str = "test.csv"
     """Optional: predictions written when present."""
 
@@ -153,13 +161,23 @@ class FinetuneConfig:
     """One fine-tune/eval run of a pretrained model on a downstream task, and each task's options."""
 
     learning_rate: float = 2e-5
+    """Peak learning rate of a unit (AdamW, linear warm-up then decay), unless the grid sets it."""
     batch_size: int = 32
+    """Training examples per step, unless the grid sets it."""
     epochs: float = 3.0
+    """Passes over the training set (a fraction allowed), unless the grid sets it; dev is scored
+    after each and the best epoch kept."""
     max_seq_length: int = 128
+    """Longest input in tokens of the GLUE, NER and SWAG tasks (longer inputs are cut);
+    SQuAD's window too unless finetune.squad.max_seq_length is set."""
     warmup_proportion: float = 0.1
+    """Share of a unit's steps spent warming the learning rate up linearly from 0, in [0, 1]."""
     weight_decay: float = 0.01
+    """AdamW weight decay (not applied to biases and LayerNorm weights)."""
     seed: int = 42
+    """Seed of the head's initialisation, dropout and shuffling when the grid gives no seeds."""
     classifier_dropout: float = 0.1
+    """Dropout before the task head, in [0, 1)."""
     squad: SquadConfig = field(default_factory=SquadConfig)
     grid: GridConfig = field(default_factory=GridConfig)
     ner: NerConfig = field(default_factory=NerConfig)

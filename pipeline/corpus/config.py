@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from pipeline.beam.config import BeamConfig
-from pipeline.schema.config import check
+from pipeline.schema.config import check, suggest
 
 CORPUS_SOURCES = ("wiki", "books")
 BOOKS_LAYOUTS = ("paragraphs", "line_per_document")
@@ -74,7 +74,7 @@ class CorpusConfig:
             check(
                 source in CORPUS_SOURCES,
                 "corpus.sources",
-                f"unknown source {source!r}; expected some of {CORPUS_SOURCES}",
+                f"unknown source {source!r}{suggest(source, CORPUS_SOURCES)}; expected some of {CORPUS_SOURCES}",
             )
         check(self.min_sentence_chars >= 0, "corpus.min_sentence_chars", "must be >= 0")
         check(

@@ -105,6 +105,8 @@ class RunConfig:
         for t in self.finetune_tasks:
             if t not in TASKS:
                 raise ConfigError(f"finetune_tasks: unknown task {t!r}{suggest(t, TASKS)}; known: {sorted(TASKS)}")
+        if any(TASKS[t].family == "squad" for t in self.finetune_tasks):
+            self.finetune.squad.check_window(self.finetune.max_seq_length)
 
 
 def _tiny() -> RunConfig:
@@ -139,6 +141,9 @@ def _tiny() -> RunConfig:
             epochs=3,
             max_seq_length=64,
             grid=GridConfig(learning_rates=(5e-4, 1e-3), seeds=(1,)),
+            # a 64-token window holds a question of up to 16 pieces (the sample's are at most 13)
+            # + 3 + 32-token strides of context (the reference's 64/128 in a 384 window, scaled)
+            squad=SquadConfig(max_query_length=16, doc_stride=32),
         ),
         finetune_tasks=("sst2", "squad1", "conll2003"),
         model_name="bert-tiny",
@@ -179,7 +184,13 @@ def _small() -> RunConfig:
         ),
         # the bundled sets are small (1,000-2,000 training rows): more epochs than the paper's 2-4,
         # the best epoch on dev kept (measured: SQuAD F1 31.6 at 10 epochs vs 25.7 at 3, 800 steps)
-        finetune=FinetuneConfig(learning_rate=2e-4, batch_size=32, epochs=10, max_seq_length=128),
+        finetune=FinetuneConfig(
+            learning_rate=2e-4,
+            batch_size=32,
+            epochs=10,
+            max_seq_length=128,
+            squad=SquadConfig(max_query_length=32, doc_stride=64),  # 32 + 3 + 64 fits the 128 window
+        ),
         finetune_tasks=("sst2", "squad1", "conll2003"),
         model_name="bert-small",
     )

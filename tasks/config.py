@@ -22,9 +22,12 @@ class SquadConfig:
     """Window length in tokens ([CLS] question [SEP] context [SEP]); 0: ``finetune.max_seq_length``
     (the paper: 384)."""
     doc_stride: int = 128
-    """Tokens between the starts of two context windows of one question."""
+    """Tokens between the starts of two context windows of one question. The window must hold
+    max_query_length + 3 + doc_stride tokens (checked before any work), so every window has at
+    least doc_stride tokens of context and consecutive windows overlap or touch."""
     max_query_length: int = 64
-    """Question tokens kept (the rest cut)."""
+    """Question tokens kept, the rest cut (the reference's flag): whatever a question's length,
+    its windows keep at least doc_stride tokens of context."""
     n_best_size: int = 20
     """Start and end candidates per window considered when decoding a span."""
     max_answer_length: int = 30
@@ -47,6 +50,24 @@ class SquadConfig:
         check(self.max_query_length >= 1, "finetune.squad.max_query_length", "must be >= 1")
         check(self.n_best_size >= 1, "finetune.squad.n_best_size", "must be >= 1")
         check(self.max_answer_length >= 1, "finetune.squad.max_answer_length", "must be >= 1")
+
+    def window(self, run_max_seq_length: int) -> int:
+        """The window length in tokens: ``max_seq_length``, or the run's (``finetune.max_seq_length``)."""
+        return self.max_seq_length or run_max_seq_length
+
+    def check_window(self, run_max_seq_length: int) -> None:
+        """Raise a ConfigError naming the fields when the window cannot hold a full-length question,
+        [CLS] and two [SEP] and ``doc_stride`` tokens of context."""
+        window = self.window(run_max_seq_length)
+        need = self.max_query_length + 3 + self.doc_stride
+        where = "finetune.squad.max_seq_length" if self.max_seq_length else "finetune.max_seq_length"
+        check(
+            window >= need,
+            where,
+            f"a SQuAD window of {window} tokens cannot hold finetune.squad.max_query_length "
+            f"{self.max_query_length} + 3 special tokens + finetune.squad.doc_stride {self.doc_stride} "
+            f"tokens of context ({need}); lengthen the window or shorten max_query_length/doc_stride",
+        )
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,11 @@ class DataConfig:
     """A MediaWiki export (.xml/.xml.bz2), a folder of dump parts, or a glob. Empty: bundled sample."""
     books: str = ""
     """A folder with one UTF-8 .txt file per book. Empty: bundled sample."""
+    text: str = ""
+    """Documents as records: JSON Lines (.jsonl, .jsonl.gz, .jsonl.zst), Parquet, or a Hugging Face
+    datasets folder (save_to_disk's Arrow files, or its Parquet export); a file, folder or glob,
+    local or gs://. Read when corpus.sources includes "text" (fields: corpus.text_field,
+    text_id_field, text_title_field). Empty: none."""
     downstream: str = ""
     """A folder with the official layouts: glue/<Task>/*.tsv, squad/*.json, conll2003/eng.*, swag/*.csv
     (see docs/downstream.md). Empty: bundled sample."""
@@ -51,6 +56,8 @@ class DataConfig:
     work (flows.checks.preflight), never the bundled sample (the base and large presets)."""
 
     def __post_init__(self):
+        if not isinstance(self.text, str):
+            raise ConfigError(f"data.text: expected a URL string, got {self.text!r}")
         for name, url in self.downstream_urls.items():
             if name not in TASKS:
                 raise ConfigError(
@@ -105,6 +112,11 @@ class RunConfig:
         for t in self.finetune_tasks:
             if t not in TASKS:
                 raise ConfigError(f"finetune_tasks: unknown task {t!r}{suggest(t, TASKS)}; known: {sorted(TASKS)}")
+        if self.data.text and "text" not in self.corpus.sources:
+            raise ConfigError(
+                f"data.text: set to {self.data.text}, but corpus.sources {list(self.corpus.sources)} leaves the "
+                f"text source out: add it (--set corpus.sources={','.join([*self.corpus.sources, 'text'])})"
+            )
         if any(TASKS[t].family == "squad" for t in self.finetune_tasks):
             self.finetune.squad.check_window(self.finetune.max_seq_length)
 
@@ -286,6 +298,7 @@ def resolve_data(cfg: DataConfig) -> DataConfig:
     return DataConfig(
         wiki=cfg.wiki or str(sample / "wiki"),
         books=cfg.books or str(sample / "books"),
+        text=cfg.text,  # no bundled sample: a text corpus is the user's
         downstream=cfg.downstream or str(sample),
         downstream_urls=dict(cfg.downstream_urls),
         finetune_model=cfg.finetune_model,

@@ -120,6 +120,7 @@ def run_corpus(config: CorpusConfig, inputs: dict[str, str], output_url: str) ->
         else:
             out_files.append(describe_file(output_url, rel, rows=n))
     counts["rejects_written"] = rejects_written
+    check_sources_not_empty(config, files, counts, join_url(output_url, REJECTS_FOLDER))
     seconds = time.monotonic() - started
     manifest = write_manifest(
         stage="corpus",
@@ -139,6 +140,34 @@ def run_corpus(config: CorpusConfig, inputs: dict[str, str], output_url: str) ->
         join_url(output_url, REJECTS_FOLDER),
     )
     return manifest
+
+
+class EmptySourceError(RuntimeError):
+    """A source of the run yielded no document; the message names it, its files and why."""
+
+
+def check_sources_not_empty(
+    config: CorpusConfig, files: dict[str, list[str]], counts: dict[str, float], rejects_url: str
+) -> None:
+    """Raise :class:`EmptySourceError` for the first source with 0 documents (unless
+    ``corpus.allow_empty_sources``): its files, what was read and the top reject reasons, so a
+    run on inputs that all fail never ends "done"."""
+    if config.allow_empty_sources:
+        return
+    for name, urls in files.items():
+        if counts.get(f"{name}_documents", 0) > 0:
+            continue
+        reasons = sorted(
+            ((k.split(".", 1)[1], int(v)) for k, v in counts.items() if k.startswith(f"{name}.") and v),
+            key=lambda kv: (-kv[1], kv[0]),
+        )
+        why = ", ".join(f"{reason} {n}" for reason, n in reasons[:5]) or "no reject either"
+        shown = ", ".join(urls[:3]) + (f" and {len(urls) - 3} more" if len(urls) > 3 else "")
+        raise EmptySourceError(
+            f"corpus: the {name} source gave 0 documents: {int(counts.get(f'{name}_read', 0))} records read "
+            f"from {len(urls)} file(s) ({shown}); top reject reasons: {why} (rows with samples under "
+            f"{rejects_url}); fix the input, or set corpus.allow_empty_sources=true to let it be empty"
+        )
 
 
 def _counts(found: dict[str, int], files: dict[str, list[str]]) -> dict[str, float]:

@@ -63,7 +63,8 @@ def _build_paragraphs(record: dict, config: CorpusConfig):
     of every kept sentence when ``config.dedup_sentences`` (computed for the sentence dedup
     anyway; the document digest and paragraph hashes are made from it), else None."""
     rejects: collections.Counter = collections.Counter()
-    text, controls = scrub_controls(record["text"])  # NUL & co anywhere in any source: spaces
+    # NUL & co anywhere in any source: spaces (a dump's page went through the XML parser)
+    text, controls = scrub_controls(record["text"], xml=record["source"] == "wiki")
     if controls:
         rejects["control_chars"] += 1
     paragraphs = paragraphs_of(record, config, text)

@@ -1,4 +1,4 @@
-"""Stage 1, the corpus job: raw Wikipedia dumps and books to cleaned, deduplicated documents.
+"""Stage 1, the corpus job: raw Wikipedia dumps, books and text records to cleaned, deduplicated documents.
 
     check_corpus_inputs -> plan_units (files, multistream ranges) -> spread_units -> Create
     -> Reshuffle -> ReadUnits (pages / books / lines; rejects to runs; a handing-off reader's
@@ -20,7 +20,9 @@ Design choices:
 3. Nothing is lost silently: every record read is either a document or a reject with a reason
    (``{source}_read == documents + sum of RECORD_REJECTS``, checked by a test), every reject row
    goes to ``rejects/`` with a sample, and a fault in a file costs only what is unreadable
-   (:mod:`pipeline.corpus.wiki` resynchronises at the next page).
+   (:mod:`pipeline.corpus.wiki` resynchronises at the next page). A source whose files give 0
+   documents fails the stage before its manifest (:func:`check_sources_not_empty`), naming the
+   files and the top reject reasons; ``corpus.allow_empty_sources`` lets it be empty.
 4. Output is byte-identical whatever the parallelism: every dedup decision sorts by stable
    keys, and the shards are a merge of key-sorted runs (:mod:`pipeline.corpus.dedup`).
 5. ``rejects/`` is written beside the source folders but left out of the manifest's ``files``:

@@ -369,3 +369,17 @@ def test_every_file_of_an_input_is_read_or_rejected_but_a_layouts_own_companions
     assert event.reason == "no_pages"
     write_dataset_folder(tmp_path / "ds", RECORDS)
     assert [u.rsplit("/", 1)[-1] for u in _input_files("text", str(tmp_path / "ds"))] == ["data-00000-of-00001.arrow"]
+
+
+def test_a_utf16_book_with_its_bom_is_read_not_rejected_as_binary(tmp_path):
+    """Notepad's "Unicode": BOM FF FE then UTF-16LE (NUL bytes everywhere); both layouts."""
+    from pipeline.corpus.books import iter_book_lines, read_book
+
+    text = PROSE[0] + "\r\n\r\n" + PROSE[1] + "\r\n" + "y" * 3000 + "\r\n" + PROSE[2] + "\r\n"
+    path = tmp_path / "notepad.txt"
+    path.write_bytes(b"\xff\xfe" + text.encode("utf-16-le"))
+    book = read_book(str(path), max_line_bytes=4096)
+    assert book.encoding == "utf-16-le" and PROSE[1] in book.text and "yyyy" not in book.text
+    assert [line.number for line in book.long_lines] == [4]
+    lines = list(iter_book_lines(str(path), max_line_bytes=4096))
+    assert [n for n, line in lines if isinstance(line, str)] == [1, 3, 5] and lines[2][1].number == 4

@@ -67,6 +67,22 @@ def _mlflow_runs(root: str, uri: str | None) -> dict[str, str]:
     return latest
 
 
+def root_missing(root: str) -> str:
+    """Why ``root`` is no run root (nothing there, or a file), or "" when it is a folder (an empty
+    one included: then every stage is simply missing)."""
+    import fsspec
+
+    try:
+        fs, path = fsspec.core.url_to_fs(root)
+        if not fs.exists(path):
+            return f"no run root at {root}: the folder does not exist (nothing has run there, or --root is mistyped)"
+        if not fs.isdir(path):
+            return f"{root} is a file, not a run root folder"
+    except OSError as exc:
+        return f"cannot read the run root {root}: {exc}"
+    return ""
+
+
 def collect_status(
     cfg: RunConfig, root: str, mlflow_uri: str | None = None, verify: bool = False
 ) -> list[dict[str, Any]]:

@@ -19,7 +19,7 @@ def test_parent_child_runs_metrics_and_registry(tmp_path):
     model_dir = tmp_path / "model"
     model_dir.mkdir()
     (model_dir / "config.json").write_text('{"model_type": "bert"}')
-    tracker.log_artifacts(parent, str(model_dir), "model")
+    tracker.client.log_artifacts(parent, str(model_dir), "model")
     version = tracker.register_model(parent, "bert-tiny", artifact_path="model", tags={"sst2.eval_accuracy": "0.9"})
     assert version == "1"
     assert tracker.register_model(parent, "bert-tiny", source="gs://bucket/run/model") == "2"

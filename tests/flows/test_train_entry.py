@@ -4,6 +4,7 @@
 import dataclasses
 import json
 import random
+import re
 import sys
 from pathlib import Path
 

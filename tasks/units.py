@@ -300,6 +300,9 @@ def aggregate(
     if len(units) != len(unit_urls):
         raise ValueError(f"{name}: {len(unit_urls)} unit URLs for {len(units)} units")
     finished, failed = collect(units, unit_urls)
+    for u in [u for u in finished if u["counts"].get("dev_examples", 1) < 1]:  # a unit of an older run
+        finished.remove(u)
+        failed.append({**u, "error": "0 usable dev rows: its score means nothing"})
     for f in failed:
         logger.warning("%s unit %s failed: %s", name, f["unit_id"], f["error"])
     if not finished:

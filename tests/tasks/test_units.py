@@ -215,3 +215,19 @@ def test_units_no_longer_planned_are_removed_on_fsspec_urls(fake_task):
     assert sorted(p.rsplit("/", 1)[-1] for p in fs.ls("/dsgrid/out/units", detail=False)) == ["lr0.5_bs32_ep3_seed2"]
     assert manifest.counts["units"] == 1 and manifest.counts["dev_median"] == pytest.approx(62.0)
     assert fake_task == ["lr0.5_bs32_ep3_seed1", "lr0.5_bs32_ep3_seed2"]  # seed 2 was not rerun
+
+
+def test_a_unit_that_scored_no_dev_row_never_enters_the_results(tmp_path, fake_task):
+    """A unit manifest of an older run with dev_examples 0 (a score of nothing) is listed as failed
+    and left out of the median, the best point and the GLUE average."""
+    config = FinetuneConfig(grid=GridConfig(seeds=(1, 2)))
+    units = U.plan_units("fake", config)
+    urls = [str(tmp_path / "units" / u["unit_id"]) for u in units]
+    for url, u, (score, rows) in zip(urls, units, [(0.0, 0.0), (0.8, 5.0)]):
+        write_manifest("finetune-fake", url, U.unit_manifest_config("fake", config, u), {},
+                       {"eval_accuracy": score, "dev_examples": rows})  # fmt: skip
+    manifest = U.aggregate("fake", config, urls, str(tmp_path / "out"), units=units)
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert [f["unit_id"] for f in results["failed"]] == [units[0]["unit_id"]]
+    assert "0 usable dev rows" in results["failed"][0]["error"]
+    assert results["dev_median"] == pytest.approx(80.0) and manifest.counts["units_failed"] == 1

@@ -279,6 +279,7 @@ STAGES: dict[str, Stage] = {
             code=("pipeline.examples", "pipeline.vocab.tokenizer", "pipeline.beam", "pipeline.schema"),
             figures=("*.examples", "*.masked_share_of_eligible", "*.random_next_share_multi_sentence"),
             retries=1, timeout_s=48 * 3600, preview=hooks.examples_preview, artifacts=hooks.examples_sample_artifact,
+            preflight=hooks.examples_preflight,
             doc="Beam: masked A/B pretraining examples, Parquet shards per sequence length",
         ),
         Stage(

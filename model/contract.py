@@ -35,6 +35,8 @@ write_atomically = _storage.write_atomically
 # configuration: the one error type and check(), digests (pipeline/schema/config.py)
 ConfigError = _config.ConfigError
 check = _config.check
+check_at_most = _config.check_at_most
+LIMITS = _config.LIMITS
 config_digest = _config.config_digest
 
 __all__ = [
@@ -45,6 +47,7 @@ __all__ = [
     "Manifest",
     "ManifestError",
     "check",
+    "check_at_most",
     "clear_stage",
     "config_digest",
     "describe_file",

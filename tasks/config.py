@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from model.contract import check
+from model.contract import LIMITS, check, check_at_most
 
 
 @dataclass(frozen=True)
@@ -80,6 +80,8 @@ class GridConfig:
     def __post_init__(self):
         check(all(lr > 0 for lr in self.learning_rates), "finetune.grid.learning_rates", "must be > 0")
         check(all(b >= 1 for b in self.batch_sizes), "finetune.grid.batch_sizes", "must be >= 1")
+        for b in self.batch_sizes:
+            check_at_most(b, LIMITS.finetune_batch, "finetune.grid.batch_sizes", "sequences per step")
         check(all(e > 0 for e in self.epochs), "finetune.grid.epochs", "must be > 0")
         check(self.workers >= 1, "finetune.grid.workers", "must be >= 1")
         check(

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from dataclasses import dataclass
 from typing import Any
 
 
@@ -23,6 +24,37 @@ def check(ok: bool, name: str, message: str) -> None:
     """Raise :class:`ConfigError` ``"<name>: <message>"`` unless ``ok``."""
     if not ok:
         raise ConfigError(f"{name}: {message}")
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Upper bounds on sizes that keep a stage within memory and disk whatever the host: a value
+    past one is a typo or a unit mistake (``3e7`` for ``30000``), refused at load. Bounds that
+    depend on the host (its memory, the root's free disk) are checked by the stage rows'
+    preflight with an estimate of what the stage needs (``flows/hooks.py``)."""
+
+    vocab_size: int = 1 << 20
+    """1,048,576 entries (mBERT has 119,547, XLM-R 250,002): the embedding and output layers."""
+    positions: int = 1 << 16
+    """65,536: sequence lengths and position embeddings (example positions are uint16 to here)."""
+    shards: int = 100_000
+    """Parquet files per source (corpus) or per sequence length (examples)."""
+    dupe_factor: int = 1_000
+    """Copies of the corpus the examples stage writes (the paper: 10)."""
+    pretrain_batch: int = 1 << 20
+    """Sequences per pretraining step (LAMB's largest: 65,536)."""
+    finetune_batch: int = 1 << 16
+    """Sequences per fine-tuning step."""
+    loader_buffer: int = 10_000_000
+    """Examples the pretraining loader holds per data part (its memory bound)."""
+
+
+LIMITS = Limits()
+
+
+def check_at_most(value: float, limit: int, name: str, what: str) -> None:
+    """``check(value <= limit)`` with a message that gives the bound and what it protects."""
+    check(value <= limit, name, f"{value:,} is past the bound of {limit:,} ({what})")
 
 
 _SECRET_WORDS = r"(pass(word|wd)?|secret|token|api[_-]?key|access[_-]?key|credentials?|private[_-]?key|auth)"

@@ -11,6 +11,7 @@ flow in a worker process under a supervisor that owns the signals (``flows.proc.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import os
@@ -183,8 +184,12 @@ def main(argv: list[str] | None = None) -> int:
 
     if not is_worker():
         return _main(argv)
+    from flows.proc.launch import stop_children  # imported before the handler can run
+    from flows.proc.protocol import STOP
+
+    handler = functools.partial(_stop, STOP, stop_children)
     for sig in (signal.SIGINT, signal.SIGTERM):  # from the first instruction: a stop is never a traceback
-        signal.signal(sig, _stop)
+        signal.signal(sig, handler)
     try:
         return _main(argv)
     except KeyboardInterrupt:
@@ -278,14 +283,11 @@ def _run(args, cfg, overrides) -> int:
     return 0
 
 
-def _stop(signum, frame):
+def _stop(stop, stop_children, signum, frame):
     """The worker's SIGINT/SIGTERM handler: record the stop (nothing starts or retries after it),
     pass SIGTERM to every stage process and training tree, and unwind the flow. Later signals
     change nothing here: the supervisor kills the tree when asked twice."""
-    from flows.proc.launch import stop_children
-    from flows.proc.protocol import STOP
-
-    if not STOP.request(signum):
+    if not stop.request(signum):
         return
     logging.getLogger("bertflow.flow").warning(
         "%s: stopping: %d stage process(es) asked to stop, nothing more starts", signal.Signals(signum).name,

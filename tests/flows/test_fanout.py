@@ -161,7 +161,7 @@ def every_task(root: str, model: str, uri: str, overrides: dict) -> list[str]:
 def test_every_bundled_task_at_once_in_the_flows_threads(chain, tmp_path, prefect_server):
     """Issue 19 point 6: four or more downstream tasks at once crashed with "SystemError: AST
     constructor recursion depth mismatch" (ast.parse of the code versions in parallel threads).
-    Every row of the task registry runs here at once, one unit each, through the flow's fan-out
+    Every row of the task registry runs here at once, one grid point each, through the flow's fan-out
     on Prefect's thread pool, as `bertflow run` does."""
     from tasks.registry import TASKS
 
@@ -175,7 +175,7 @@ def test_every_bundled_task_at_once_in_the_flows_threads(chain, tmp_path, prefec
     assert state.result() == ["done"] * len(names)
     for name in names:
         manifest = read_manifest(str(root / "finetune" / name))
-        assert manifest.counts["units"] == 1 and manifest.counts["units_failed"] == 0, name
+        assert manifest.counts["units"] >= 1 and manifest.counts["units_failed"] == 0, name  # features: a unit per mix
         assert TASKS[name].metric in manifest.counts, name
 
 

@@ -18,7 +18,10 @@ written before checksums existed (``ok``) are read as "no checksums": finiteness
 
 Costs: a sha256 of each checkpoint's files as they are written (in memory for the weights, as a
 stream for the state) and again when one is resumed from (the state file is read twice then), and
-one pass over the tensors for finiteness: a few seconds at BERT-base size, once per resume.
+one pass over the tensors for finiteness (the weights at every write; weights and optimizer state at
+a resume). Measured parts on this 2-core box, busy (sha256 at 365 MB/s, torch.isfinite over 110M
+floats in 2.8 s): a BERT-base checkpoint (0.44 GB of weights, 0.88 GB of AdamW state) costs ~4 s
+of hashing and ~3 s of finiteness per write, ~4 s and ~8 s per resume.
 
 Design choice, at what cost: one folder per checkpoint (no overwrite in place) makes writes
 crash-safe on object stores that have no atomic rename (gs://); old folders are pruned after a

@@ -2,14 +2,17 @@
 stage's output, write a synthetic corpus, print the configuration.
 
 Heavy imports (Prefect, MLflow, Beam, torch) happen inside the commands, so ``--help``, config
-errors and the checks that run before Prefect's server starts answer at once. Every failure ends
-in one line on stderr and a non-zero exit code (:data:`EXIT_CODES`, also in ``--help`` and the
-README). A mistyped preset, field, task or stage name is answered with the closest one.
+errors and the checks that run before Prefect's server starts answer at once. Every failure ends in
+one line on stderr and a non-zero exit code (:data:`EXIT_CODES`, also in ``--help`` and the README).
+A mistyped preset, field, task or stage name is answered with the closest one. ``run`` and ``stage``
+run the flow in a worker process under a supervisor that owns the signals
+(``flows.proc.supervisor``).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import os
@@ -225,7 +228,27 @@ def _fields_help() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    from flows.proc.supervisor import is_worker
+
+    if not is_worker():
+        return _main(argv)
+    from flows.proc.launch import stop_children  # imported before the handler can run
+    from flows.proc.protocol import STOP
+
+    handler = functools.partial(_stop, STOP, stop_children)
+    for sig in (signal.SIGINT, signal.SIGTERM):  # from the first instruction: a stop is never a traceback
+        signal.signal(sig, handler)
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        _exit_now(_stopped_code())
+        raise  # not reached
+
+
+def _main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
+    args.argv = argv
     _offline_defaults()
     if args.command == "synth-corpus":
         return _synth(args)
@@ -271,11 +294,16 @@ def _run(args, cfg, overrides) -> int:
     except (OSError, ValueError, KeyError, RootBusyError) as exc:
         print(f"bertflow: {args.command}: {exc}", file=sys.stderr)
         return 2
+    from flows.proc.supervisor import is_worker, supervise
+
+    if not is_worker():  # checked here to fail in seconds; the worker takes the lock for the run
+        lock.release()
+        return supervise(args.argv, args.command)
     public, secret = split_secret_overrides(overrides)
     if secret:
         os.environ[ENV_SECRET_OVERRIDES] = json.dumps(secret)
-    signal.signal(signal.SIGTERM, _raise_interrupt)
     kwargs = dict(preset=args.preset, root=root, overrides=public, mlflow_uri=tracking_uri)
+    failure = None
     try:
         with _progress_bars(console):
             if args.command == "run":
@@ -287,19 +315,49 @@ def _run(args, cfg, overrides) -> int:
 
                 summary = STAGE_FLOWS[args.name](**{f"{k}_url": v for k, v in given.items()}, **kwargs)
     except KeyboardInterrupt:
-        print(f"bertflow: {args.command} interrupted; finished stages are kept, a rerun resumes", file=sys.stderr)
-        return 130
+        pass  # the stop request says which signal
     except Exception as exc:  # Prefect has logged the traceback; end with one clear line
-        print(f"bertflow: {args.command} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 1
+        failure = exc
     finally:
         lock.release()
+    from flows.proc.protocol import STOP
+
+    if STOP.requested is not None:
+        print(f"bertflow: {args.command} stopped; finished stages are kept, a rerun resumes", file=sys.stderr)
+        _exit_now(_stopped_code())
+    if failure is not None:
+        print(f"bertflow: {args.command} failed: {type(failure).__name__}: {failure}", file=sys.stderr)
+        return 1
     print_summary(summary)
     return 0
 
 
-def _raise_interrupt(signum, frame):
-    raise KeyboardInterrupt(f"signal {signum}")
+def _stop(stop, stop_children, signum, frame):
+    """The worker's SIGINT/SIGTERM handler: record the stop (nothing starts or retries after it),
+    pass SIGTERM to every stage process and training tree, and unwind the flow. Later signals
+    change nothing here: the supervisor kills the tree when asked twice."""
+    if not stop.request(signum):
+        return
+    logging.getLogger("bertflow.flow").warning(
+        "%s: stopping: %d stage process(es) asked to stop, nothing more starts", signal.Signals(signum).name,
+        stop_children(signal.SIGTERM),
+    )  # fmt: skip
+    raise KeyboardInterrupt(f"stopped by {signal.Signals(signum).name}")
+
+
+def _stopped_code() -> int:
+    from flows.proc.protocol import STOP
+
+    return 128 + (STOP.requested or signal.SIGINT)
+
+
+def _exit_now(code: int) -> None:
+    """Leave at once after a stop (threads of Beam or Prefect may never end by themselves); the
+    supervisor sweeps what is left of the session (Prefect's temporary server)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    logging.shutdown()
+    os._exit(code)
 
 
 class _progress_bars:

@@ -18,7 +18,9 @@ Where a unit runs (``finetune.grid.dispatch``):
 
 A stage that is up to date is skipped whole, with no unit task; a unit whose folder already
 holds the manifest of exactly its run is skipped without starting a process, so a rerun after
-a failure retries only the units that did not finish.
+a failure retries only the units that did not finish. A unit task is retried only for what a
+retry can fix (``flows.prefect_tasks.retry_condition``); after the stop request (Ctrl-C) no unit
+starts and none is retried.
 """
 
 from __future__ import annotations
@@ -35,8 +37,9 @@ from prefect.futures import PrefectFuture
 from prefect.utilities.annotations import allow_failure
 
 from flows.calls import StageResult
-from flows.prefect_tasks import stage_task, unwrap
+from flows.prefect_tasks import end_run, retry_condition, stage_task, unwrap
 from flows.presets import RunConfig, config_from_dict
+from flows.proc.protocol import STOP
 from flows.runner import check_inputs_ready, run_stage_unit, stage_state
 from flows.table import get_stage, stage_url
 from flows.tracking import ENV_RUN_ID, ENV_TRACKING_URI, Tracker
@@ -64,6 +67,7 @@ def unit_task(
     first_attempt = (task_run.run_count or 1) <= 1
     row = get_stage(stage)
     with _slot(root, stage, row.units.slots(cfg)):
+        STOP.check(f"{stage} unit {unit_id}")
         tracker = tracking.tracker()
         run_id = tracker.start_run(
             f"{stage}/{unit_id}",
@@ -86,7 +90,7 @@ def unit_task(
             ok = True
             return seconds
         finally:
-            tracker.end_run(run_id, ok, quiet=not ok)
+            end_run(tracker, run_id, ok)
 
 
 def _via_deployment(
@@ -202,9 +206,11 @@ def fan_out(
             "process" if dispatch == "process" else f"run of {dispatch}",
         )
         unit_futures[name] = [
-            unit_task.with_options(retries=row.retries if retries is None else retries, retry_delay_seconds=10).submit(
-                name, u["unit_id"], cfg, root, is_forced(name), tracking, given
-            )
+            unit_task.with_options(
+                retries=row.retries if retries is None else retries,
+                retry_delay_seconds=10,
+                retry_condition_fn=retry_condition,
+            ).submit(name, u["unit_id"], cfg, root, is_forced(name), tracking, given)
             for u in units
         ]
     # submitted after every unit (the pool is first-in first-out): a gathering task waiting for

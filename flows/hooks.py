@@ -92,7 +92,32 @@ def check_backend(cfg: RunConfig) -> None:
 
 
 def backend_preflight(cfg: RunConfig, inputs: dict[str, str]) -> set[str]:
+    """The backend exists here, and pretraining on the CPU fits this host's memory (an estimate:
+    ``flows.sizes.check_training_memory``)."""
+    from flows.sizes import available_memory, check_training_memory
+
     check_backend(cfg)
+    check_training_memory(cfg, available_memory())
+    return set()
+
+
+def examples_preflight(cfg: RunConfig, inputs: dict[str, str]) -> set[str]:
+    """The examples stage's output fits the disk under the root (an estimate from the corpus
+    stage's characters, or before it ran from the raw inputs' sizes: ``flows.sizes``)."""
+    from flows.presets import resolve_data
+    from flows.sizes import check_examples_disk, free_disk, raw_chars
+    from pipeline.schema.manifest import ManifestError
+
+    corpus = inputs["corpus"]
+    try:
+        chars = float(read_manifest(corpus).counts.get("chars", 0.0))
+        source = f"the corpus stage's count at {corpus}"
+    except ManifestError:
+        data = resolve_data(cfg.data)
+        chars = raw_chars([getattr(data, name) for name in cfg.corpus.sources])
+        source = "estimated from the raw inputs' sizes"
+    where = corpus.rstrip("/").rsplit("/", 1)[0] if "/" in corpus.rstrip("/") else corpus
+    check_examples_disk(cfg.examples, chars, free_disk(where), where, source)
     return set()
 
 

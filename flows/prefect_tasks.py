@@ -6,6 +6,12 @@ artifact listing what it wrote. Our own manifests decide skipping (Prefect's res
 off); a skipped stage ends in a Completed state named ``Skipped``. bertflow's log lines (the
 training and fine-tuning processes' included) reach the Prefect API; training progress is a
 Prefect progress artifact. The flows import this module; it imports no flow.
+
+Retries are for what a retry can fix (a lost worker, a busy database): a stage or unit task is
+retried only when :func:`retry_condition` says so (``flows.proc.protocol.worth_retrying``): never
+after the stop request (Ctrl-C, SIGTERM), never for a deterministic error (bad config or input,
+a missing file, a divergence, a child killed by SIGKILL). After the stop request no stage task
+starts, and the MLflow runs it ends are ``KILLED``.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from prefect.states import Completed
 from flows.checks import RootLock, preflight
 from flows.figures import format_figure, key_figures
 from flows.presets import RunConfig, as_dict, load_config
+from flows.proc.protocol import STOP, worth_retrying
 from flows.reporting import log_stage_artifacts, stage_markdown
 from flows.runner import run_stage
 from flows.table import (
@@ -104,7 +111,7 @@ def session(
             yield cfg, root, Tracking(tracking_uri, tracker.experiment_id, parent)
             ok = True
         finally:
-            tracker.end_run(parent, ok, quiet=not ok)
+            end_run(tracker, parent, ok)
 
 
 def _follow_moved_root(root: str, tracking_uri: str) -> None:
@@ -123,6 +130,17 @@ def _follow_moved_root(root: str, tracking_uri: str) -> None:
         log.warning(
             "root %s was recorded at %s (copied or moved): %d artifact locations and tags rewritten", here, old, n
         )
+
+
+def end_run(tracker: Tracker, run_id: str, ok: bool) -> None:
+    """End an MLflow run: FINISHED, FAILED, or KILLED once the stop request came."""
+    if not ok and STOP.requested is not None:
+        try:
+            tracker.client.set_terminated(run_id, "KILLED")
+        except Exception as exc:  # in a finally: the error that stopped the run stays the one reported
+            log.warning("MLflow run %s could not be marked KILLED: %s", run_id, exc)
+    else:
+        tracker.end_run(run_id, ok, quiet=not ok)
 
 
 def _flow_run_id() -> str:
@@ -150,7 +168,30 @@ def _prefect_logs():
 def stage_options(stage: str) -> dict[str, Any]:
     """A stage task's options from its row. The row's timeout is enforced on its process
     (``flows.proc.launch``): a Prefect timeout cannot interrupt a task blocked in a worker thread."""
-    return {"retries": get_stage(stage).retries, "retry_delay_seconds": 10}
+    return {"retries": get_stage(stage).retries, "retry_delay_seconds": 10, "retry_condition_fn": retry_condition}
+
+
+def failure_of(state) -> BaseException | None:
+    """The exception a Failed state holds (None when it holds none)."""
+    data = getattr(state, "data", None)
+    if isinstance(data, BaseException):
+        return data
+    try:
+        result = state.result(raise_on_failure=False)
+    except Exception:  # a result that cannot be read back: no exception to judge
+        return None
+    return result if isinstance(result, BaseException) else None
+
+
+def retry_condition(task, task_run, state) -> bool:
+    """Prefect's ``retry_condition_fn`` of every stage and unit task: retry only what a retry can
+    fix (``flows.proc.protocol.worth_retrying``)."""
+    exc = failure_of(state)
+    if worth_retrying(exc):
+        return True
+    why = "the stop request" if STOP.requested is not None else f"{type(exc).__name__}, a retry meets it again"
+    log.warning("%s: not retried (%s)", getattr(task_run, "name", "task"), why)
+    return False
 
 
 def unwrap(value: Any) -> StageResult:
@@ -173,6 +214,7 @@ def stage_task(
     """Run one stage inside an MLflow child run and publish what it wrote."""
     from prefect.runtime import task_run
 
+    STOP.check(f"stage {stage}")
     tracker = tracking.tracker()
     run_id = tracker.start_run(
         stage, parent_id=tracking.parent_run_id, tags={"bertflow.stage": stage, "bertflow.root": root}
@@ -204,7 +246,7 @@ def stage_task(
             return Completed(name="Skipped", message=f"{stage} is up to date: {result.url}", data=result)
         return result
     finally:
-        tracker.end_run(run_id, ok, quiet=not ok)
+        end_run(tracker, run_id, ok)
 
 
 def _log_stage(tracker: Tracker, run_id: str, stage: str, cfg: RunConfig, result: StageResult) -> None:

@@ -137,6 +137,8 @@ def run_stage(
             log.info("stage %s: stale (%s)", stage, "; ".join(current.reasons))
     check_inputs_ready(stage, cfg, root, given)
     inputs = stage_inputs(stage, cfg, root, given)
+    if row.preflight is not None and not aggregate_only:  # again, now that the earlier stages' outputs exist
+        row.preflight(cfg, inputs)
     call = StageCall(stage, cfg, root, url, inputs, log_fn, restart=force and row.resumable,
                      aggregate_only=aggregate_only, env=dict(env or {}), on_progress=on_progress)  # fmt: skip
     log.info("stage %s: %s -> %s", stage, "gathering its units" if aggregate_only else "running", url)

@@ -163,20 +163,26 @@ def _run_examples(c: StageCall) -> Manifest:
 
 def _run_pretrain(c: StageCall) -> Manifest:
     from flows.proc.launch import launch_training
-    from flows.proc.protocol import EXIT_RESUME_REFUSED, STOPPED_BY_SIGNAL
+    from flows.proc.protocol import (
+        EXIT_RESUME_REFUSED,
+        STOPPED_BY_SIGNAL,
+        StageProcessError,
+    )
 
-    code = launch_training(train_spec(c), c.cfg.pretrain.total_steps, c.env, c.on_progress)
-    if code == EXIT_RESUME_REFUSED:
-        raise RuntimeError(
-            f"pretrain: the checkpoints under {c.url} cannot continue under this config: rerun with "
-            "--force pretrain to start over"
-        )
-    if code != 0:
-        raise RuntimeError(
-            f"pretrain: the training process exited with code {code}"
-            + ("; its checkpoint is kept and a rerun resumes" if code in STOPPED_BY_SIGNAL else "")
-        )
-    return read_manifest(c.url)
+    errors: list[str] = []
+    code = launch_training(train_spec(c), c.cfg.pretrain.total_steps, c.env, c.on_progress, errors)
+    if code == 0:
+        return read_manifest(c.url)
+    hints = {
+        EXIT_RESUME_REFUSED: f"the checkpoints under {c.url} cannot continue under this config: rerun with "
+        "--force pretrain to start over",
+    }
+    hint = hints.get(code, "its checkpoint is kept and a rerun resumes" if code in STOPPED_BY_SIGNAL else "")
+    if code == -9:
+        hint = "a rerun resumes from its last checkpoint; if memory ran out, lower the batch or the model size"
+    if errors and code not in STOPPED_BY_SIGNAL:  # what the trainer said last: the file, the step, the checkpoint
+        hint = errors[-1] + (f"; {hint}" if hint else "")
+    raise StageProcessError("pretrain: the training process", code, hint)
 
 
 def _run_export(c: StageCall) -> Manifest:
@@ -186,16 +192,16 @@ def _run_export(c: StageCall) -> Manifest:
 
 
 def _run_downstream(c: StageCall) -> Manifest | None:
-    from tasks.units import aggregate_task, run_downstream, run_unit_safely, unit_url
+    from tasks.units import aggregate_task, run_downstream, try_unit, unit_url
 
     task = get_stage(c.stage).task
     if c.unit is not None:
         url = unit_url(c.url, c.unit)
-        ok = run_unit_safely(
+        error = try_unit(
             task, c.cfg.finetune, c.unit, c.inputs["data"], c.inputs["model"], url, c.log_fn, force=c.restart
         )
-        if not ok:
-            raise RuntimeError(f"{c.stage} unit {c.unit['unit_id']} failed (its error.txt has the traceback)")
+        if error is not None:  # its error.txt has the traceback; the exception's kind decides a retry
+            raise RuntimeError(f"{c.stage} unit {c.unit['unit_id']} failed: {type(error).__name__}: {error}") from error
         return None
     if c.aggregate_only:
         return aggregate_task(task, c.cfg.finetune, c.inputs["data"], c.inputs["model"], c.url)
@@ -282,6 +288,7 @@ STAGES: dict[str, Stage] = {
             code=("pipeline.examples", "pipeline.vocab.tokenizer", "pipeline.beam", "pipeline.schema"),
             figures=("*.examples", "*.masked_share_of_eligible", "*.random_next_share_multi_sentence"),
             retries=1, timeout_s=48 * 3600, preview=hooks.examples_preview, artifacts=hooks.examples_sample_artifact,
+            preflight=hooks.examples_preflight,
             doc="Beam: masked A/B pretraining examples, Parquet shards per sequence length",
         ),
         Stage(

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from model.contract import check
+from model.contract import LIMITS, check, check_at_most
 
 SWITCH = ("auto", "on", "off")
 """The values of an option whose default depends on the backend."""
@@ -48,6 +48,9 @@ class BertConfig:
 
     def __post_init__(self):
         check(self.vocab_size > 0, "model.vocab_size", "must be > 0")
+        check_at_most(self.vocab_size, LIMITS.vocab_size, "model.vocab_size", "embedding rows")
+        check(self.max_position_embeddings >= 1, "model.max_position_embeddings", "must be >= 1")
+        check_at_most(self.max_position_embeddings, LIMITS.positions, "model.max_position_embeddings", "positions")
         check(self.hidden_size > 0, "model.hidden_size", "must be > 0")
         check(self.num_attention_heads > 0, "model.num_attention_heads", "must be > 0")
         check(
@@ -83,8 +86,12 @@ class PhaseConfig:
     def __post_init__(self):
         check(self.steps >= 0, f"pretrain.phases[{self.name}].steps", "must be >= 0")
         check(self.batch_size >= 1, f"pretrain.phases[{self.name}].batch_size", "must be >= 1")
+        check_at_most(self.batch_size, LIMITS.pretrain_batch, f"pretrain.phases[{self.name}].batch_size", "a step")
         check(self.micro_batch_size >= 0, f"pretrain.phases[{self.name}].micro_batch_size", "must be >= 0")
         check(self.max_seq_length >= 16, f"pretrain.phases[{self.name}].max_seq_length", ">= 16")
+        check_at_most(
+            self.max_seq_length, LIMITS.positions, f"pretrain.phases[{self.name}].max_seq_length", "positions"
+        )
 
 
 @dataclass(frozen=True)
@@ -177,6 +184,7 @@ class PretrainConfig:
         check(self.nproc >= 1, "pretrain.nproc", "must be >= 1")
         check(self.eval_batches >= 1, "pretrain.eval_batches", "must be >= 1")
         check(self.loader_buffer >= 1, "pretrain.loader_buffer", "must be >= 1")
+        check_at_most(self.loader_buffer, LIMITS.loader_buffer, "pretrain.loader_buffer", "examples held in memory")
         check(self.loader_workers >= 0, "pretrain.loader_workers", "must be >= 0")
         check(self.data_parts >= 0, "pretrain.data_parts", "must be >= 0")
         check(self.peak_tflops >= 0, "pretrain.peak_tflops", "must be >= 0")

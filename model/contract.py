@@ -12,8 +12,9 @@ from pipeline.schema import manifest as _manifest
 from pipeline.schema import parquet as _parquet
 from pipeline.schema import storage as _storage
 
-# the Parquet columns of the examples stage (pipeline/schema/parquet.py)
+# the Parquet columns of the examples stage and how its files are read (pipeline/schema/parquet.py)
 EXAMPLE_COLUMNS = _parquet.EXAMPLE_COLUMNS
+PARQUET_READ_OPTIONS = _parquet.READ_OPTIONS
 
 # the stage manifest (pipeline/schema/manifest.py)
 Manifest = _manifest.Manifest
@@ -34,14 +35,19 @@ write_atomically = _storage.write_atomically
 # configuration: the one error type and check(), digests (pipeline/schema/config.py)
 ConfigError = _config.ConfigError
 check = _config.check
+check_at_most = _config.check_at_most
+LIMITS = _config.LIMITS
 config_digest = _config.config_digest
 
 __all__ = [
     "EXAMPLE_COLUMNS",
+    "LIMITS",
+    "PARQUET_READ_OPTIONS",
     "ConfigError",
     "Manifest",
     "ManifestError",
     "check",
+    "check_at_most",
     "clear_stage",
     "config_digest",
     "describe_file",

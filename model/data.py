@@ -6,8 +6,10 @@ The streaming loader (``model/stream.py``) reads example shards (``pipeline.sche
 - :class:`ExampleArrays`: examples as flat numpy arrays plus row offsets (Arrow's list layout),
   with ``keys`` naming each example's shard and row (stable across worker and rank counts);
 - :func:`arrays_from_table` and :func:`validate_examples`: bad input (an example longer than
-  the phase, a masked position outside the example, a token id outside the vocabulary) fails
-  with the shard and row named;
+  the phase, a segment boundary or masked position outside the example, masked positions out of
+  order, on [CLS]/[SEP] or more than the cap, a token id outside the vocabulary) fails with the
+  shard and row named (:class:`ShardError`, as does a shard that does not read back or whose size
+  is not the one its manifest lists);
 - :func:`apply_dynamic_masking`: undo the shard's static mask (``masked_ids`` are the original
   tokens) and re-mask through the injected masking rule (``mask_fn``; the one rule lives in
   ``pipeline.examples.masking``, which ``model/`` may not import: ``flows/proc/train_entry.py`` passes it in);
@@ -27,6 +29,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import fsspec
 import numpy as np
 import pyarrow as pa
 import torch
@@ -46,14 +49,41 @@ def stable_seed(*parts) -> int:
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")
 
 
-def shard_urls(manifest: Manifest, max_seq_length: int) -> list[str]:
-    """The Parquet shards of one sequence length listed in the example stage's manifest."""
+class ShardError(ValueError):
+    """An example shard that is damaged or breaks the contract; the message names the file."""
+
+    @classmethod
+    def of(cls, url: str, exc: BaseException, where: str = "") -> ShardError:
+        return cls(
+            f"{url}{' ' + where if where else ''}: cannot be read ({type(exc).__name__}: {exc}): the shard is "
+            "damaged; `bertflow status --verify` lists the damaged files and `bertflow run --force examples` "
+            "writes them again"
+        )
+
+
+def shard_urls(manifest: Manifest, max_seq_length: int, check_sizes: bool = True) -> list[str]:
+    """The Parquet shards of one sequence length listed in the example stage's manifest; each
+    must have the size the manifest lists (``check_sizes``: one ``info`` per shard, no read)."""
     prefix = f"seq{max_seq_length}/"
-    urls = sorted(
-        u
-        for f, u in zip(manifest.files, manifest.file_urls())
-        if f.path.startswith(prefix) and f.path.endswith(".parquet")
+    listed = sorted(
+        ((u, f) for f, u in zip(manifest.files, manifest.file_urls()) if f.path.startswith(prefix)),
+        key=lambda uf: uf[0],
     )
+    listed = [(u, f) for u, f in listed if f.path.endswith(".parquet")]
+    urls = [u for u, _ in listed]
+    for url, f in listed if check_sizes else ():
+        fs, path = fsspec.core.url_to_fs(url)
+        try:
+            size = int(fs.size(path))
+        except FileNotFoundError:
+            raise ShardError(
+                f"{url}: listed in {manifest.url}'s manifest but missing: rerun the examples stage"
+            ) from None
+        if size != f.size:
+            raise ShardError(
+                f"{url}: {size} bytes, its manifest lists {f.size}: the shard is damaged or was replaced; "
+                "`bertflow run --force examples` writes it again"
+            )
     if not urls:
         have = sorted({f.path.split("/", 1)[0] for f in manifest.files if "/" in f.path})
         raise FileNotFoundError(
@@ -137,6 +167,21 @@ def arrays_from_table(table: pa.Table, shard_index: int, first_row: int) -> Exam
     missing = [c for c in EXAMPLE_COLUMNS if c not in table.column_names]
     if missing:
         raise ValueError(f"missing example columns {missing}")
+    kinds = {
+        "input_ids": "list",
+        "masked_positions": "list",
+        "masked_ids": "list",
+        "len_a": "int",
+        "is_random_next": "bool",
+    }
+    for name, kind in kinds.items():
+        t = table.schema.field(name).type
+        ok = {"list": pa.types.is_list(t) and pa.types.is_integer(t.value_type), "int": pa.types.is_integer(t),
+              "bool": pa.types.is_boolean(t)}[kind]  # fmt: skip
+        if not ok:
+            raise ValueError(
+                f"column {name} has type {t}, the example schema's is a{'n' if kind == 'int' else ''} {kind}"
+            )
     ids, ids_off = _flat(table.column("input_ids"))
     pos, pos_off = _flat(table.column("masked_positions"))
     mids, mids_off = _flat(table.column("masked_ids"))
@@ -158,9 +203,16 @@ def arrays_from_table(table: pa.Table, shard_index: int, first_row: int) -> Exam
 
 
 def validate_examples(
-    data: ExampleArrays, max_seq_length: int, vocab_size: int | None, where: Callable[[int], str]
+    data: ExampleArrays,
+    max_seq_length: int,
+    vocab_size: int | None,
+    where: Callable[[int], str],
+    max_predictions: int | None = None,
 ) -> None:
-    """Raise ValueError naming ``where(row)`` for the first example that breaks the contract."""
+    """Raise ValueError naming ``where(row)`` for the first example that breaks the contract:
+    "[CLS] A [SEP] B [SEP]" of at most ``max_seq_length`` tokens with ``2 <= len_a < length``;
+    masked positions strictly increasing, never on [CLS] (0) or either [SEP] (``len_a - 1``,
+    ``length - 1``), at most ``max_predictions`` of them; every id below ``vocab_size``."""
     lengths = np.diff(data.ids_offsets)
     if (bad := np.flatnonzero(lengths > max_seq_length)).size:
         r = int(bad[0])
@@ -168,11 +220,26 @@ def validate_examples(
     if (bad := np.flatnonzero((data.len_a < 2) | (data.len_a >= lengths))).size:
         r = int(bad[0])
         raise ValueError(f"{where(r)}: len_a={data.len_a[r]} outside [2, {lengths[r]})")
+    counts = np.diff(data.pos_offsets)
+    if max_predictions is not None and (bad := np.flatnonzero(counts > max_predictions)).size:
+        r = int(bad[0])
+        raise ValueError(f"{where(r)}: {counts[r]} masked positions > the cap of {max_predictions}")
     if data.pos.size:
-        row_of = np.repeat(np.arange(len(lengths)), np.diff(data.pos_offsets))
-        if (bad := np.flatnonzero(data.pos >= lengths[row_of])).size:
+        row_of = np.repeat(np.arange(len(lengths)), counts)
+        pos = data.pos.astype(np.int64)
+        if (bad := np.flatnonzero(pos >= lengths[row_of])).size:
             r = int(row_of[bad[0]])
             raise ValueError(f"{where(r)}: masked position {data.pos[bad[0]]} >= length {lengths[r]}")
+        special = (pos == 0) | (pos == data.len_a[row_of] - 1) | (pos == lengths[row_of] - 1)
+        if (bad := np.flatnonzero(special)).size:
+            r = int(row_of[bad[0]])
+            raise ValueError(f"{where(r)}: masked position {data.pos[bad[0]]} is [CLS] or [SEP]")
+        # strictly increasing within a row: each position after the first of its row beats the one before
+        follows = np.ones(pos.size, dtype=bool)
+        follows[data.pos_offsets[:-1][counts > 0]] = False
+        if (bad := np.flatnonzero(follows & (np.diff(pos, prepend=-1) <= 0))).size:
+            r = int(row_of[bad[0]])
+            raise ValueError(f"{where(r)}: masked positions out of order ({data.pos[bad[0] - 1]}, {data.pos[bad[0]]})")
     if vocab_size is not None:
         for name, values, offsets in (
             ("input_ids", data.ids, data.ids_offsets),

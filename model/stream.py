@@ -27,6 +27,11 @@ place a pure function of its index, so resume needs no saved buffer contents; th
 shuffle that is global over units but only local (within a window) over rows, which is the usual
 trade of streaming loaders (and the examples stage already writes rows in a hashed order).
 Memory: one window (``buffer_size`` examples) plus the row group being read, per part.
+
+Damaged shards: every page's CRC32 is verified as it is read (``model.contract.PARQUET_READ_OPTIONS``),
+every example is checked against the contract (``model.data.validate_examples``), and a shard that
+does not read back raises :class:`model.data.ShardError` naming the file (pyarrow's own message,
+``Unexpected end of stream``, names none).
 """
 
 from __future__ import annotations
@@ -37,13 +42,15 @@ from dataclasses import dataclass
 
 import fsspec
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from model.contract import EXAMPLE_COLUMNS
+from model.contract import EXAMPLE_COLUMNS, PARQUET_READ_OPTIONS
 from model.data import (
     ExampleArrays,
     MaskFn,
+    ShardError,
     apply_dynamic_masking,
     arrays_from_table,
     collate,
@@ -76,8 +83,11 @@ def plan_units(urls: list[str], min_units: int = 1) -> list[Unit]:
     units: list[Unit] = []
     for s, url in enumerate(urls):
         fs, path = fsspec.core.url_to_fs(url)
-        with fs.open(path, "rb") as f:
-            meta = pq.ParquetFile(f).metadata
+        try:
+            with fs.open(path, "rb") as f:
+                meta = pq.ParquetFile(f).metadata
+        except (OSError, ValueError, pa.ArrowException) as exc:  # pyarrow's errors name no file
+            raise ShardError.of(url, exc) from exc
         first = 0
         for g in range(meta.num_row_groups):
             n = meta.row_group(g).num_rows
@@ -120,12 +130,13 @@ class PartStream:
         max_seq_length: int,
         vocab_size: int | None = None,
         shuffle: bool = True,
+        max_predictions: int | None = None,
     ):
         if not units:
             raise ValueError(f"data part {part} has no examples")
         self.urls, self.units, self.part = urls, units, part
         self.seed, self.key, self.shuffle = seed, key, shuffle
-        self.max_seq_length, self.vocab_size = max_seq_length, vocab_size
+        self.max_seq_length, self.vocab_size, self.max_predictions = max_seq_length, vocab_size, max_predictions
         self.epoch_rows = sum(u.rows for u in units)
         self.buffer_size = max(1, min(buffer_size, self.epoch_rows))
         self._window_key: tuple[int, int] | None = None
@@ -168,14 +179,26 @@ class PartStream:
             if len(self._files) >= 4:  # keep a few open files (a footer fetch each on gs://)
                 self._files.pop(next(iter(self._files)))
             fs, path = fsspec.core.url_to_fs(url)
-            self._files[u.shard] = pq.ParquetFile(fs.open(path, "rb"))
-        table = self._files[u.shard].read_row_group(u.row_group, columns=list(EXAMPLE_COLUMNS))
+            try:
+                self._files[u.shard] = pq.ParquetFile(fs.open(path, "rb"), **PARQUET_READ_OPTIONS)
+            except (OSError, ValueError, pa.ArrowException) as exc:
+                raise ShardError.of(url, exc) from exc
+        try:
+            table = self._files[u.shard].read_row_group(u.row_group, columns=list(EXAMPLE_COLUMNS))
+        except (OSError, ValueError, pa.ArrowException) as exc:  # a failed page checksum, a garbled page
+            raise ShardError.of(url, exc, f"row group {u.row_group}") from exc
         table = table.slice(u.start, u.rows)
         try:
             arrays = arrays_from_table(table, u.shard, u.shard_row)
-            validate_examples(arrays, self.max_seq_length, self.vocab_size, lambda r: f"row {u.shard_row + r}")
+            validate_examples(
+                arrays,
+                self.max_seq_length,
+                self.vocab_size,
+                lambda r: f"row {u.shard_row + r}",
+                max_predictions=self.max_predictions,
+            )
         except ValueError as exc:
-            raise ValueError(f"{url} {exc}") from None
+            raise ShardError(f"{url} {exc}") from None
         self._unit_cache = (u, arrays)
         return arrays
 
@@ -263,6 +286,7 @@ def _stream(spec: LoaderSpec, units: list[list[Unit]], p: int) -> PartStream:
         spec.max_seq_length,
         spec.vocab_size,
         spec.shuffle,
+        spec.max_predictions,
     )
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from model.contract import check
+from model.contract import LIMITS, check, check_at_most
 
 
 @dataclass(frozen=True)
@@ -104,6 +104,8 @@ class GridConfig:
     def __post_init__(self):
         check(all(lr > 0 for lr in self.learning_rates), "finetune.grid.learning_rates", "must be > 0")
         check(all(b >= 1 for b in self.batch_sizes), "finetune.grid.batch_sizes", "must be >= 1")
+        for b in self.batch_sizes:
+            check_at_most(b, LIMITS.finetune_batch, "finetune.grid.batch_sizes", "sequences per step")
         check(all(e > 0 for e in self.epochs), "finetune.grid.epochs", "must be > 0")
         check(self.workers >= 1, "finetune.grid.workers", "must be >= 1")
         check(
@@ -204,10 +206,16 @@ class FinetuneConfig:
     ner: NerConfig = field(default_factory=NerConfig)
     features: FeatureConfig = field(default_factory=FeatureConfig)
     swag: SwagConfig = field(default_factory=SwagConfig)
+    min_eval_examples: int = 1
+    """Fewest usable rows a dev or test split may have (default 1): a split with fewer fails the
+    task, naming the file and the reader's reject counts, instead of a score of nothing entering
+    the averages and the champion decision."""
 
     def __post_init__(self):
         check(self.learning_rate > 0, "finetune.learning_rate", "must be > 0")
+        check(self.min_eval_examples >= 1, "finetune.min_eval_examples", "must be >= 1")
         check(self.batch_size >= 1, "finetune.batch_size", "must be >= 1")
+        check_at_most(self.batch_size, LIMITS.finetune_batch, "finetune.batch_size", "sequences per step")
         check(self.epochs > 0, "finetune.epochs", "must be > 0")
         check(self.max_seq_length >= 8, "finetune.max_seq_length", "must be >= 8")
         check(0 <= self.warmup_proportion <= 1, "finetune.warmup_proportion", "must lie in [0, 1]")

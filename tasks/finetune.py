@@ -49,6 +49,25 @@ MAX_GRAD_NORM = 1.0  # as in the reference run_classifier.py / run_squad.py
 
 
 # -- setup ----------------------------------------------------------------------------------------
+class TooFewRowsError(ValueError):
+    """A dev or test split with fewer usable rows than ``finetune.min_eval_examples``."""
+
+
+def check_eval_split(
+    task: str, split: str, url: str, usable: int, floor: int, rejected: dict[str, int] | None = None
+) -> None:
+    """Fail the task before any training when a dev or test split has fewer than ``floor`` usable
+    rows: its score would mean nothing (0 rows scored 0.0 and entered the GLUE average)."""
+    if usable >= max(1, floor):
+        return
+    rejects = ", ".join(f"{n} {why}" for why, n in (rejected or {}).items() if n) or "none rejected"
+    raise TooFewRowsError(
+        f"{task}: {split} split {url} has {usable} usable row(s), fewer than finetune.min_eval_examples={floor} "
+        f"(the reader's rejects: {rejects}); a score on it would mean nothing: fix the file or point "
+        f"data.downstream_urls.{task} elsewhere"
+    )
+
+
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     torch.manual_seed(seed)

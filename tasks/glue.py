@@ -39,6 +39,7 @@ from tasks.finetune import (
     Feature,
     LogFn,
     begin_run,
+    check_eval_split,
     load_encoder,
     pick_device,
     predict,
@@ -238,6 +239,9 @@ def run_glue(
     dev_splits = [read_split(join_url(data_url, name), spec, "dev") for name in spec.dev_files]
     test_names = [n for n in spec.test_files if fs.exists(f"{data_root.rstrip('/')}/{n}")]
     test_splits = [read_split(join_url(data_url, n), spec, "test") for n in test_names]
+    for kind, splits in (("dev", dev_splits), ("test", test_splits)):
+        for s in splits:
+            check_eval_split(task, kind, s.url, len(s.examples), config.min_eval_examples, {"malformed": s.skipped})
     logger.info(
         "%s: %d train, %s dev, %s test examples",
         spec.folder,

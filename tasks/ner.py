@@ -33,6 +33,7 @@ from tasks.finetune import (
     Feature,
     LogFn,
     begin_run,
+    check_eval_split,
     load_encoder,
     pick_device,
     predict,
@@ -189,7 +190,12 @@ def run_ner(
         return sents
 
     train_sents, dev_sents = read(opts.train_file), read(opts.dev_file)
-    test_sents = read(opts.test_file) if fs.exists(f"{root.rstrip('/')}/{opts.test_file}") else []
+    has_test = fs.exists(f"{root.rstrip('/')}/{opts.test_file}")
+    test_sents = read(opts.test_file) if has_test else []
+    floor = config.min_eval_examples
+    check_eval_split("conll2003", "dev", join_url(data_url, opts.dev_file), len(dev_sents), floor)
+    if has_test:
+        check_eval_split("conll2003", "test", join_url(data_url, opts.test_file), len(test_sents), floor)
     labels = label_list(train_sents)
     unseen = sorted({t for s in dev_sents for t in s.tags} - set(labels))
     if unseen:

@@ -41,6 +41,7 @@ from tasks.finetune import (
     Feature,
     LogFn,
     begin_run,
+    check_eval_split,
     load_encoder,
     pick_device,
     predict,
@@ -444,6 +445,8 @@ def run_squad(
     inputs, tokenizer = begin_run(config.seed, model_url, data_url, output_url)
     train_examples = read_squad(join_url(data_url, train_name), version)
     dev_examples = read_squad(join_url(data_url, dev_name), version)
+    dev_url = join_url(data_url, dev_name)
+    check_eval_split(f"squad v{version}", "dev", dev_url, len(dev_examples), config.min_eval_examples)
     window_args = dict(
         max_seq_length=sq.max_seq_length or config.max_seq_length,
         doc_stride=sq.doc_stride,

@@ -4,7 +4,8 @@ As in the paper: each of the four endings makes one input ``[CLS] sent1 [SEP] se
 [SEP]``; the pooled [CLS] vector of each gets one score from a shared vector, and a softmax
 over the four is the loss (:class:`tasks.heads.BertForMultipleChoice`). Columns are found by
 their header names (SWAG's ``train.csv``/``val.csv``, and ``test.csv`` with no ``label``); a
-row with a missing ending or a label outside 0-3 stops the run with ``file:line``. Outputs:
+row with a missing or empty ending (or context), or a label outside 0-3, stops the run with
+``file:line``; a dev or test file with no row fails the task (``finetune.min_eval_examples``). Outputs:
 ``metrics.json``, ``predictions.csv`` (dev row id, predicted ending, label, and the four
 softmax probabilities at full precision), ``test_predictions.csv`` when a test file is present.
 """
@@ -26,6 +27,7 @@ from tasks.finetune import (
     Feature,
     LogFn,
     begin_run,
+    check_eval_split,
     load_encoder,
     pick_device,
     predict,
@@ -76,6 +78,9 @@ def read_swag(url: str, labelled: bool = True) -> list[SwagExample]:
             continue
         if len(row) != len(header):
             raise SwagDataError(f"{url}:{lineno}: {len(row)} fields, the header has {len(header)}")
+        empty = [c for c in ("sent1", *ENDINGS) if not row[col[c]].strip()]
+        if empty:
+            raise SwagDataError(f"{url}:{lineno}: column(s) {empty} empty: every row needs a context and four endings")
         label = None
         if labelled:
             raw = row[col["label"]].strip()
@@ -129,6 +134,9 @@ def run_swag(
     fs, root = fsspec.core.url_to_fs(data_url)
     has_test = fs.exists(f"{root.rstrip('/')}/{opts.test_file}")
     test_ex = read_swag(join_url(data_url, opts.test_file), labelled=False) if has_test else []
+    check_eval_split("swag", "dev", join_url(data_url, opts.dev_file), len(dev_ex), config.min_eval_examples)
+    if has_test:
+        check_eval_split("swag", "test", join_url(data_url, opts.test_file), len(test_ex), config.min_eval_examples)
     train_features = encode_swag(tokenizer, train_ex, config.max_seq_length)
     dev_features = encode_swag(tokenizer, dev_ex, config.max_seq_length)
     dev_labels = [e.label for e in dev_ex]

@@ -202,6 +202,22 @@ def run_unit_safely(
 ) -> bool:
     """``run_unit``; a failure is logged and written to the unit's ``error.txt`` (for aggregate),
     not raised. True when the unit finished. ``force``: run it again even when it is up to date."""
+    return try_unit(name, config, unit, data_url, model_url, url, log_fn, threads, force) is None
+
+
+def try_unit(
+    name: str,
+    config: FinetuneConfig,
+    unit: dict[str, Any],
+    data_url: str,
+    model_url: str,
+    url: str,
+    log_fn: LogFn | None = None,
+    threads: int = 0,
+    force: bool = False,
+) -> Exception | None:
+    """:func:`run_unit_safely`, returning the exception a failed unit raised (None: it finished),
+    so that a caller can tell bad input (never worth a retry) from the rest."""
     if threads:
         import torch
 
@@ -212,15 +228,15 @@ def run_unit_safely(
         else:
             _remove_error(url)
         run_unit(name, config, unit, data_url, model_url, url, log_fn)
-        return True
-    except Exception:  # a failing unit is reported by aggregate, the rest go on
+        return None
+    except Exception as exc:  # a failing unit is reported by aggregate, the rest go on
         text = traceback.format_exc()
         logger.error("%s unit %s failed:\n%s", name, unit["unit_id"], text)
         fs, path = fsspec.core.url_to_fs(join_url(url, "error.txt"))
         fs.makedirs(fs._parent(path), exist_ok=True)
         with fs.open(path, "w") as f:
             f.write(text)
-        return False
+        return exc
 
 
 def record_unit_error(url: str, text: str) -> None:
@@ -284,6 +300,9 @@ def aggregate(
     if len(units) != len(unit_urls):
         raise ValueError(f"{name}: {len(unit_urls)} unit URLs for {len(units)} units")
     finished, failed = collect(units, unit_urls)
+    for u in [u for u in finished if u["counts"].get("dev_examples", 1) < 1]:  # a unit of an older run
+        finished.remove(u)
+        failed.append({**u, "error": "0 usable dev rows: its score means nothing"})
     for f in failed:
         logger.warning("%s unit %s failed: %s", name, f["unit_id"], f["error"])
     if not finished:

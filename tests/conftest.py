@@ -19,6 +19,18 @@ import pytest  # noqa: E402 - after the environment above, which imports read
 
 
 @pytest.fixture(autouse=True)
+def _stop_request_cleared():
+    """A test that signals its own process (the launcher's SIGTERM tests) leaves the process-wide
+    stop request set (``flows.proc.protocol.STOP``); later tests start without one."""
+    yield
+    try:
+        from flows.proc.protocol import STOP
+    except ImportError:  # an environment without flows' dependencies
+        return
+    STOP.clear()
+
+
+@pytest.fixture(autouse=True)
 def _bertflow_logger_restored():
     """The CLI configures the ``bertflow`` logger (its own handler, no propagation) when a test
     calls ``main`` in-process; put it back so later tests' ``caplog`` sees its records."""

@@ -15,6 +15,9 @@ this machine's 2 cores busy, two OpenMP threads made the tiny step 2x slower tha
 
 Lifetime (``flows.proc.protocol``): a child dies with us (``PR_SET_PDEATHSIG``); on Ctrl-C /
 SIGTERM / a timeout we pass SIGTERM on and give it time to write a checkpoint before SIGKILL.
+Every live child is registered here, so the CLI's stop handler reaches all of them at once
+(:func:`stop_children`: the downstream units running in the flow's threads included), and after
+the stop request no new child starts.
 The training tree runs in a session of its own, so a terminal's Ctrl-C reaches the launcher
 only, and the launcher decides what the trainers get (one SIGTERM, then a deadline), instead of
 every process receiving SIGINT at once and torchrun tearing its workers down before they have
@@ -41,6 +44,8 @@ from flows.proc.protocol import (
     ENV_PROGRESS_TOTAL,
     EXIT_TERMINATED,
     GRACE_SECONDS,
+    STOP,
+    StageProcessError,
     child_threads,
     forward,
     set_parent_death_signal,
@@ -57,6 +62,43 @@ ENV_RDZV_ENDPOINT = "BERTFLOW_RDZV_ENDPOINT"
 ENV_RDZV_ID = "BERTFLOW_RDZV_ID"
 
 
+# -- the live children -----------------------------------------------------------------------------
+_LIVE: dict[int, tuple[subprocess.Popen, bool]] = {}
+"""pid -> (process, whether it leads a process group of its own: the training tree)."""
+_LIVE_LOCK = threading.Lock()
+
+
+def _track(proc: subprocess.Popen, group: bool) -> None:
+    """Register a child just started; stop it at once when a stop came first (no window between
+    the stop handler's sweep and a start)."""
+    with _LIVE_LOCK:
+        _LIVE[proc.pid] = (proc, group)
+    if STOP.requested is not None:
+        signal_group(proc, signal.SIGTERM) if group else proc.send_signal(signal.SIGTERM)
+
+
+def _untrack(proc: subprocess.Popen) -> None:
+    with _LIVE_LOCK:
+        _LIVE.pop(proc.pid, None)
+
+
+def stop_children(sig: int = signal.SIGTERM) -> int:
+    """Send ``sig`` to every live child (a training tree: its whole group); how many got it.
+    Does not wait: each child's own launcher waits for it (the trainer's checkpoint)."""
+    with _LIVE_LOCK:
+        live = list(_LIVE.values())
+    for proc, group in live:
+        if proc.poll() is None:
+            if group:
+                signal_group(proc, sig)
+            else:
+                try:
+                    proc.send_signal(sig)
+                except ProcessLookupError:
+                    pass
+    return len(live)
+
+
 # -- a stage process ------------------------------------------------------------------------------
 def run_entry(
     spec: dict,
@@ -67,9 +109,11 @@ def run_entry(
     on_progress: Callable[[int, int], None] | None = None,
     timeout_s: float | None = None,
 ) -> None:
-    """Run ``python -m flows.proc.stage_entry`` on ``spec`` and wait; raise RuntimeError naming
-    ``what`` when it fails. ``parallel``: children sharing this machine (their threads split the
-    cores)."""
+    """Run ``python -m flows.proc.stage_entry`` on ``spec`` and wait; raise
+    :class:`~flows.proc.protocol.StageProcessError` naming ``what`` and how it ended when it fails
+    (``StopRequested`` instead of starting after a stop request). ``parallel``: children sharing
+    this machine (their threads split the cores)."""
+    STOP.check(what)
     proc_env = {**os.environ, **env, "PYTHONUNBUFFERED": "1"}
     if "OMP_NUM_THREADS" not in os.environ:
         proc_env["OMP_NUM_THREADS"] = child_threads(parallel)
@@ -77,12 +121,15 @@ def run_entry(
         spec_path = os.path.join(tmp, "spec.json")
         write_spec(spec_path, spec)
         cmd = [sys.executable, "-m", "flows.proc.stage_entry", "--spec", spec_path]
-        code = _run_streaming(cmd, proc_env, logging.getLogger(logger_name), on_progress, timeout_s, what)
+        errors: list[str] = []
+        code = _run_streaming(cmd, proc_env, logging.getLogger(logger_name), on_progress, timeout_s, what, errors)
     if code != 0:
-        raise RuntimeError(f"{what}: its process exited with code {code} (see its log lines above)")
+        raise StageProcessError(what, code, errors[-1] if errors else "see its log lines above")
 
 
-def _run_streaming(cmd, env, logger: logging.Logger, on_progress, timeout_s: float | None, what: str) -> int:
+def _run_streaming(
+    cmd, env, logger: logging.Logger, on_progress, timeout_s: float | None, what: str, errors: list[str] | None = None
+) -> int:
     proc = subprocess.Popen(
         cmd,
         env=env,
@@ -92,8 +139,9 @@ def _run_streaming(cmd, env, logger: logging.Logger, on_progress, timeout_s: flo
         bufsize=1,
         preexec_fn=set_parent_death_signal if sys.platform.startswith("linux") else None,
     )
+    _track(proc, group=False)
     context = contextvars.copy_context()  # Prefect's run context: log and artifact calls from the reader
-    reader = threading.Thread(target=context.run, args=(forward, proc.stdout, logger, on_progress), daemon=True)
+    reader = threading.Thread(target=context.run, args=(forward, proc.stdout, logger, on_progress, errors), daemon=True)
     reader.start()
     try:
         code = proc.wait(timeout=timeout_s)
@@ -104,6 +152,7 @@ def _run_streaming(cmd, env, logger: logging.Logger, on_progress, timeout_s: flo
         stop_process(proc)
         raise
     finally:
+        _untrack(proc)
         reader.join(timeout=5)
     return code
 
@@ -183,6 +232,7 @@ def launch_pretrain(
     is passed on as SIGTERM to the training process group (torchrun forwards it to its workers);
     after ``grace_s`` the group is killed. Any exception here stops the tree the same way first.
     """
+    STOP.check("pretraining")
     nproc = int(nproc or spec.get("nproc") or 1)
     cmd = build_command(spec, nproc, nodes_from_env({**os.environ, **(env or {})}))
     proc = subprocess.Popen(
@@ -193,6 +243,7 @@ def launch_pretrain(
         stdout=output,
         stderr=subprocess.STDOUT if output is not None else None,
     )
+    _track(proc, group=True)
     log.info(
         "pretraining in %d process(es), pid %d, OMP_NUM_THREADS=%s",
         nproc,
@@ -203,6 +254,7 @@ def launch_pretrain(
     signalled_at: list[float] = []
 
     def pass_on(signum, frame):
+        STOP.request(signum)  # the flow must not retry the stage nor start another
         if not received:
             log.warning("%s: asking the trainer to checkpoint and stop", signal.Signals(signum).name)
             signalled_at.append(time.monotonic())
@@ -226,18 +278,25 @@ def launch_pretrain(
         stop_process(proc, grace_s, group=True)
         raise
     finally:
+        _untrack(proc)
         for s, h in old.items():
             signal.signal(s, h)
-    if received and code != 0:  # we stopped it (torchrun reports its workers' exit its own way)
+    # we stopped it (torchrun reports its workers' exit its own way)
+    if (received or STOP.requested is not None) and code != 0:
         code = EXIT_TERMINATED
     return code
 
 
 def launch_training(
-    spec: dict, total_steps: int, env: dict[str, str], on_progress: Callable[[int, int], None] | None = None
+    spec: dict,
+    total_steps: int,
+    env: dict[str, str],
+    on_progress: Callable[[int, int], None] | None = None,
+    errors: list[str] | None = None,
 ) -> int:
     """:func:`launch_pretrain` with the tree's output streamed through the ``bertflow.pretrain``
-    logger (progress lines to ``on_progress``), like any stage process; returns its exit code."""
+    logger (progress lines to ``on_progress``, ERROR records to ``errors``), like any stage
+    process; returns its exit code."""
     proc_env = {**os.environ, **env, "PYTHONUNBUFFERED": "1", ENV_PROGRESS_TOTAL: str(total_steps)}
     logger = logging.getLogger("bertflow.pretrain")
     read_fd, write_fd = os.pipe()
@@ -245,7 +304,7 @@ def launch_training(
     reader = threading.Thread(
         target=context.run,
         daemon=True,
-        args=(forward, os.fdopen(read_fd, "r", errors="replace"), logger, on_progress),
+        args=(forward, os.fdopen(read_fd, "r", errors="replace"), logger, on_progress, errors),
     )
     reader.start()
     try:

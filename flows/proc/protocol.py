@@ -5,12 +5,20 @@
 - **Progress**: the child prints ``bertflow.progress DONE TOTAL`` lines on stderr
   (:func:`progress_reporter`); the parent turns them into progress bars and Prefect's progress
   artifact instead of logging them (:func:`forward`).
-- **Exit codes** of a stage process: 0 done, 1 failed, 3 a checkpoint that cannot continue under
-  this config (pretraining: rerun with ``--force pretrain``), 130 / 143 stopped by SIGINT /
-  SIGTERM (the trainer wrote its checkpoint first; a rerun resumes).
+- **Exit codes** of a stage process: 0 done, 1 failed (worth a retry: a lost worker, a busy
+  database), 2 bad input or config (deterministic: never retried), 3 a checkpoint that cannot
+  continue under this config (pretraining: rerun with ``--force pretrain``), 4 the training loss
+  diverged (NaN/inf; the message names the step and the checkpoint), 130 / 143 stopped by SIGINT /
+  SIGTERM (the trainer wrote its checkpoint first; a rerun resumes); a negative code is the
+  signal that killed it (-9: most often the kernel's out-of-memory killer). The parent turns a
+  non-zero code into a :class:`StageProcessError` that says which of these it was and whether a
+  retry can help (:func:`describe_exit`, :func:`worth_retrying`).
 - **Dying together**: a child is started with ``PR_SET_PDEATHSIG`` (:func:`set_parent_death_signal`,
   Linux), so a killed parent never leaves an orphan; stopping is SIGTERM, a grace period for the
   checkpoint, then SIGKILL (:func:`stop_process`).
+- **The stop request** (:data:`STOP`): the first SIGINT/SIGTERM the flow's process gets is
+  recorded once for the whole process; from then on no stage, unit or retry starts, and every
+  failure is the interruption's, not a reason to retry.
 """
 
 from __future__ import annotations
@@ -23,15 +31,21 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Callable
 from typing import Any
 
 EXIT_OK = 0
 EXIT_FAILED = 1
+EXIT_BAD_INPUT = 2
 EXIT_RESUME_REFUSED = 3
+EXIT_DIVERGED = 4
 EXIT_INTERRUPTED = 128 + signal.SIGINT  # 130
 EXIT_TERMINATED = 128 + signal.SIGTERM  # 143
-STOPPED_BY_SIGNAL = (EXIT_INTERRUPTED, EXIT_TERMINATED)
+STOPPED_BY_SIGNAL = (EXIT_INTERRUPTED, EXIT_TERMINATED, -signal.SIGINT, -signal.SIGTERM)
+NOT_RETRIED = (EXIT_BAD_INPUT, EXIT_RESUME_REFUSED, EXIT_DIVERGED, -signal.SIGKILL, *STOPPED_BY_SIGNAL)
+"""Exit codes a retry cannot change: bad input, a refused resume, a divergence, an interruption,
+and SIGKILL (on one machine the kernel's OOM killer, which kills the retry the same way)."""
 
 CHILD_LOG_FORMAT = "%(levelname)s %(name)s | %(message)s"
 """How a child formats its ``bertflow.*`` log records; the parent logs each again under the
@@ -99,10 +113,13 @@ def parse_progress(line: str) -> tuple[int, int] | None:
     return done, total
 
 
-def forward(stream, logger: logging.Logger, on_progress: Callable[[int, int], None] | None) -> None:
+def forward(
+    stream, logger: logging.Logger, on_progress: Callable[[int, int], None] | None, errors: list[str] | None = None
+) -> None:
     """In the parent: log each line of a child's output (a record of the child's ``bertflow.*``
     loggers under its own name and level, any other line under ``logger``), except progress
-    lines, which go to ``on_progress``."""
+    lines, which go to ``on_progress``. ``errors`` collects the child's ERROR records (the last
+    one goes into the failure's message: the file, the step, the checkpoint it names)."""
     for line in stream:
         line = line.rstrip("\n")
         if line.startswith(PROGRESS_PREFIX):
@@ -113,6 +130,9 @@ def forward(stream, logger: logging.Logger, on_progress: Callable[[int, int], No
         record = _CHILD_LINE.match(line)
         if record:
             logging.getLogger(record.group(2)).log(logging.getLevelName(record.group(1)), "%s", record.group(3))
+            if errors is not None and record.group(1) in ("ERROR", "CRITICAL"):
+                errors.append(record.group(3))
+                del errors[:-5]
         elif line:
             logger.info("%s", line)
 
@@ -124,6 +144,117 @@ LISTENERS: list[Callable[[str, int, int], None]] = []
 def notify_progress(stage: str, done: int, total: int) -> None:
     for listener in list(LISTENERS):
         listener(stage, done, total)
+
+
+# -- exit codes and what a retry can do -------------------------------------------------------------
+def describe_exit(code: int) -> str:
+    """A child's exit code in words: ``exited with code 1``, ``killed by signal 9 (SIGKILL: out of
+    memory?)``, ``stopped by SIGTERM``..."""
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        why = ": out of memory? (the kernel's OOM killer sends it)" if -code == signal.SIGKILL else ""
+        return f"exited with code {code}: killed by signal {-code} ({name}{why})"
+    words = {
+        EXIT_BAD_INPUT: "bad input or config",
+        EXIT_RESUME_REFUSED: "its checkpoints cannot continue under this config",
+        EXIT_DIVERGED: "the training loss diverged",
+        EXIT_INTERRUPTED: "stopped by SIGINT",
+        EXIT_TERMINATED: "stopped by SIGTERM",
+    }
+    return f"exited with code {code}" + (f" ({words[code]})" if code in words else "")
+
+
+class StageProcessError(RuntimeError):
+    """A stage's process ended with a non-zero code; ``retryable`` says whether a retry can help."""
+
+    def __init__(self, what: str, code: int, hint: str = ""):
+        super().__init__(f"{what}: its process {describe_exit(code)}" + (f"; {hint}" if hint else ""))
+        self.what, self.code = what, code
+
+    @property
+    def retryable(self) -> bool:
+        return self.code not in NOT_RETRIED
+
+
+class StopRequested(RuntimeError):
+    """Raised instead of starting work (a stage, a unit, a process) after the stop request."""
+
+
+def _deterministic_types() -> tuple[type[BaseException], ...]:
+    from pipeline.schema.manifest import ManifestError  # ConfigError is a ValueError
+
+    return (ValueError, KeyError, TypeError, FloatingPointError, FileNotFoundError, NotADirectoryError, ManifestError)
+
+
+def is_deterministic(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what caused it) is an error of the input, the config or the code, which a
+    retry meets again: a ConfigError/ValueError of bad input, a missing file, a manifest error, a
+    divergence, a child that exited with one of :data:`NOT_RETRIED`, any exception whose class says
+    ``deterministic = True`` (a host too small for the stage)."""
+    kinds = _deterministic_types()
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, StageProcessError):
+            return not exc.retryable
+        if isinstance(exc, (kinds, StopRequested, TimeoutError)) or getattr(exc, "deterministic", False):
+            return True
+        exc = exc.__cause__  # an explicit ``raise ... from``: what decided the failure
+    return False
+
+
+def worth_retrying(exc: BaseException | None) -> bool:
+    """A failed stage or unit is retried only for what a retry can fix (a lost worker, a busy
+    database, a network error): never after the stop request, never for a deterministic error."""
+    if STOP.requested is not None:
+        return False
+    if exc is None:  # nothing to judge by: the row's retries decide
+        return True
+    if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+        return False
+    return not is_deterministic(exc)
+
+
+def exit_code_for(exc: BaseException) -> int:
+    """A stage process's exit code for the exception that ended it (see the module docstring)."""
+    if isinstance(exc, KeyboardInterrupt) or STOP.requested is not None:
+        return 128 + (STOP.requested or signal.SIGINT)
+    if isinstance(exc, FloatingPointError):
+        return EXIT_DIVERGED
+    return EXIT_BAD_INPUT if is_deterministic(exc) else EXIT_FAILED
+
+
+# -- the stop request ------------------------------------------------------------------------------
+class StopRequest:
+    """The one stop request of this process: the signal that asked (None: none yet)."""
+
+    def __init__(self):
+        self.requested: int | None = None
+        self._lock = threading.Lock()
+
+    def request(self, signum: int) -> bool:
+        """Record ``signum``; True the first time (later signals change nothing)."""
+        with self._lock:
+            if self.requested is not None:
+                return False
+            self.requested = int(signum)
+            return True
+
+    def check(self, what: str) -> None:
+        """Raise :class:`StopRequested` instead of starting ``what`` once a stop was requested."""
+        if self.requested is not None:
+            raise StopRequested(f"{what}: not started, {signal.Signals(self.requested).name} asked to stop")
+
+    def clear(self) -> None:
+        """Forget the request (tests; a process that goes on after a handled stop)."""
+        with self._lock:
+            self.requested = None
+
+
+STOP = StopRequest()
 
 
 # -- stopping -------------------------------------------------------------------------------------

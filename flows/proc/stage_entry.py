@@ -3,7 +3,8 @@
 The flow starts it for the rows of the stage table that run in a process of their own (each
 downstream unit). The spec is JSON (``flows.runner.stage_spec``): the run config, the row's
 name, its input and output URLs, the unit. When the flow passed an MLflow run id through the environment,
-the stage logs its metrics to that run; only rank 0 logs.
+the stage logs its metrics to that run; only rank 0 logs. Its exit code says how it ended
+(``flows.proc.protocol``): 2 for bad input or config (never retried), 1 for the rest.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import sys
 
 from flows.calls import StageCall
 from flows.presets import config_from_dict
-from flows.proc.protocol import CHILD_LOG_FORMAT, progress_reporter, read_spec
+from flows.proc.protocol import CHILD_LOG_FORMAT, exit_code_for, progress_reporter, read_spec
 from flows.table import get_stage
 from flows.tracking import log_fn_from_env
 
@@ -43,7 +44,15 @@ def main(argv: list[str] | None = None) -> int:
         restart=spec.get("restart", False),
         unit=spec.get("unit"),
     )
-    get_stage(call.stage).run(call)
+    try:
+        get_stage(call.stage).run(call)
+    except BaseException as exc:  # the traceback for the log, the kind of failure in the exit code
+        logging.getLogger("bertflow.stage").error("%s failed: %s: %s", call.stage, type(exc).__name__, exc)
+        if not isinstance(exc, KeyboardInterrupt):
+            import traceback
+
+            traceback.print_exc()
+        return exit_code_for(exc)
     return 0
 
 

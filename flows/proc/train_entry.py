@@ -14,7 +14,9 @@ Only rank 0 logs at INFO (and to MLflow, when the flow passed a run id through t
 environment); other ranks log warnings and errors only. Exit codes (``flows.proc.protocol``): 0
 done, 143/130 stopped by SIGTERM/SIGINT after writing a checkpoint (rerun to resume), 3 a
 checkpoint that cannot continue under this config (the message says to use ``--force
-pretrain``), 1 anything else.
+pretrain``), 4 the loss diverged (NaN/inf: the message names the step and the newest good
+checkpoint; never retried), 2 bad input (a damaged shard, an example that breaks the contract,
+a config the data cannot serve: the message names the file), 1 anything else.
 """
 
 from __future__ import annotations
@@ -27,8 +29,11 @@ import sys
 
 from flows.proc.protocol import (
     CHILD_LOG_FORMAT,
+    EXIT_BAD_INPUT,
+    EXIT_DIVERGED,
     EXIT_OK,
     EXIT_RESUME_REFUSED,
+    is_deterministic,
     progress_reporter,
     set_parent_death_signal,
 )
@@ -135,6 +140,16 @@ def main(argv: list[str] | None = None) -> int:
     except ResumeError as exc:
         log.error("%s", exc)
         return EXIT_RESUME_REFUSED
+    except FloatingPointError as exc:  # a divergence: the step and the checkpoint, never a retry
+        from model.checkpoint import describe_divergence
+
+        log.error("%s", describe_divergence(spec["output_url"], exc))
+        return EXIT_DIVERGED
+    except Exception as exc:
+        if not is_deterministic(exc):
+            raise
+        log.exception("bad input: %s", exc)
+        return EXIT_BAD_INPUT
     finally:
         import torch.distributed as dist
 

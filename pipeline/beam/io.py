@@ -22,6 +22,7 @@ from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from pipeline.beam.config import BeamConfig
+from pipeline.schema.parquet import WRITE_OPTIONS
 from pipeline.schema.storage import join_url
 
 log = logging.getLogger(__name__)
@@ -116,7 +117,7 @@ def write_rows(url: str, rows: list[dict[str, Any]], schema: pa.Schema) -> None:
     fs, path = fsspec.core.url_to_fs(url)
     fs.makedirs(fs._parent(path), exist_ok=True)
     with fs.open(path, "wb") as f:
-        pq.write_table(table, f, compression="zstd")
+        pq.write_table(table, f, **WRITE_OPTIONS)
 
 
 class WriteShards(beam.PTransform):

@@ -32,6 +32,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from pipeline.schema.parquet import READ_OPTIONS, WRITE_OPTIONS
+
 KEY = "sort_key"
 """Transient uint64 column: picks the order (and so the shard) of a row; dropped on write."""
 RUN_BUDGET_BYTES = 8 << 20
@@ -73,14 +75,14 @@ def _open_write(url: str):
 def write_table(url: str, table: pa.Table) -> None:
     """One Parquet file (zstd) holding ``table``; parent folders made as needed."""
     with _open_write(url) as f:
-        pq.write_table(table, f, compression="zstd")
+        pq.write_table(table, f, **WRITE_OPTIONS)
 
 
 def read_rows(url: str) -> list[dict[str, Any]]:
     """Every row of one Parquet file, as dicts."""
     fs, path = fsspec.core.url_to_fs(url)
     with fs.open(path, "rb") as f:
-        return pq.read_table(f).to_pylist()
+        return pq.read_table(f, **READ_OPTIONS).to_pylist()
 
 
 class RunWriter:
@@ -125,7 +127,7 @@ class RunWriter:
         table = table.take(pc.sort_indices(table, sort_keys=[(KEY, "ascending")]))
         url = self.url_for(len(self.written))
         with _open_write(url) as f:
-            pq.write_table(table, f, row_group_size=self.row_group_rows, compression="zstd")
+            pq.write_table(table, f, row_group_size=self.row_group_rows, **WRITE_OPTIONS)
         self.written.append((url, table.num_rows))
         del table
         pa.default_memory_pool().release_unused()
@@ -142,7 +144,7 @@ class _Run:
     def __init__(self, url: str, batch_rows: int):
         fs, path = fsspec.core.url_to_fs(url)
         self.file = fs.open(path, "rb")
-        pf = pq.ParquetFile(self.file, pre_buffer=False, buffer_size=1 << 16)
+        pf = pq.ParquetFile(self.file, pre_buffer=False, buffer_size=1 << 16, **READ_OPTIONS)
         self.batches = pf.iter_batches(batch_size=batch_rows)
         self.batch: pa.RecordBatch | None = None
         self.keys: np.ndarray | None = None
@@ -192,7 +194,7 @@ class _ShardSink:
         if self.shard < self.k:
             url = f"{self.output_url.rstrip('/')}/{self.name_for(self.shard, self.k)}"
             self.file = _open_write(url)
-            self.writer = pq.ParquetWriter(self.file, self.schema, compression="zstd")
+            self.writer = pq.ParquetWriter(self.file, self.schema, **WRITE_OPTIONS)
             self.rows_per_shard.append(0)
 
     def _close_shard(self) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from pipeline.beam.config import BeamConfig
-from pipeline.schema.config import check, suggest
+from pipeline.schema.config import LIMITS, check, check_at_most, suggest
 
 CORPUS_SOURCES = ("wiki", "books", "text")
 DEFAULT_SOURCES = ("wiki", "books")
@@ -126,3 +126,4 @@ class CorpusConfig:
             f"must be one of {WIKI_READERS}, got {self.wiki_reader!r}",
         )
         check(self.num_shards >= 1, "corpus.num_shards", "must be >= 1")
+        check_at_most(self.num_shards, LIMITS.shards, "corpus.num_shards", "files per source")

@@ -20,6 +20,7 @@ from pipeline.corpus.records import CorpusReadError, LongLine, Page
 from pipeline.corpus.text import TextReject, iter_text_records, text_kind
 from pipeline.corpus.wiki import plan_reads
 from pipeline.corpus.wiki_reader import read_wiki, wiki_reader_mode
+from pipeline.schema.parquet import READ_OPTIONS
 from pipeline.schema.storage import join_url
 
 log = logging.getLogger("bertflow.corpus")
@@ -247,7 +248,7 @@ class _ReadBatch(beam.DoFn):
     def process(self, url: str):
         fs, path = fsspec.core.url_to_fs(url)
         with fs.open(path, "rb") as f:
-            yield from pq.read_table(f).to_pylist()
+            yield from pq.read_table(f, **READ_OPTIONS).to_pylist()
 
 
 class ReadUnits(beam.PTransform):

@@ -14,6 +14,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from pipeline.schema.parquet import READ_OPTIONS
+
 
 class BucketDocuments(Sequence):
     """A bucket's tokenized documents as flat arrays; ``docs[i][j]`` is sentence j as a list.
@@ -59,7 +61,7 @@ def _read_table(url: str) -> pa.Table:
     GCS client, which ignores gcsfs's credentials and STORAGE_EMULATOR_HOST (it hangs offline)."""
     fs, path = fsspec.core.url_to_fs(url)
     with fs.open(path, "rb") as f:
-        return pq.read_table(f)
+        return pq.read_table(f, **READ_OPTIONS)
 
 
 def bucket_documents(urls: list[str]) -> tuple[list[str], BucketDocuments, int]:

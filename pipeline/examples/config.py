@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from pipeline.beam.config import BeamConfig
-from pipeline.schema.config import check
+from pipeline.schema.config import LIMITS, check, check_at_most
 
 MASKING_MODES = ("static", "dynamic")
 SEGMENTERS = ("none", "jieba", "fugashi")  # pipeline.examples.segment.SEGMENTERS
@@ -61,13 +61,16 @@ class ExamplesConfig:
         )
         for n in self.max_seq_lengths:
             check(n >= 16, "examples.max_seq_lengths", f"{n} is too short (min 16)")
+            check_at_most(n, LIMITS.positions, "examples.max_seq_lengths", "positions")
         for p, n in zip(self.max_predictions_per_seq, self.max_seq_lengths):
             check(0 < p < n, "examples.max_predictions_per_seq", f"{p} must lie in (0, {n})")
         for name in ("masked_lm_prob", "short_seq_prob", "random_next_prob"):
             v = getattr(self, name)
             check(0.0 <= v <= 1.0, f"examples.{name}", f"must lie in [0, 1], got {v}")
         check(self.dupe_factor >= 1, "examples.dupe_factor", "must be >= 1")
+        check_at_most(self.dupe_factor, LIMITS.dupe_factor, "examples.dupe_factor", "copies of the corpus on disk")
         check(self.num_shards >= 1, "examples.num_shards", "must be >= 1")
+        check_at_most(self.num_shards, LIMITS.shards, "examples.num_shards", "files per length")
         check(
             self.masking in MASKING_MODES,
             "examples.masking",

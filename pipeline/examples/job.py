@@ -57,7 +57,7 @@ from pipeline.schema.manifest import (
     read_manifest,
     write_manifest,
 )
-from pipeline.schema.parquet import example_schema
+from pipeline.schema.parquet import READ_OPTIONS, example_schema
 from pipeline.schema.storage import join_url
 from pipeline.vocab.tokenizer import VOCAB_FILE, read_vocab, write_vocab
 
@@ -247,7 +247,7 @@ def corpus_size(doc_urls: list[str]) -> tuple[int, int]:
     for url in doc_urls:
         fs, path = fsspec.core.url_to_fs(url)
         with fs.open(path, "rb") as f:
-            pf = pq.ParquetFile(f)
+            pf = pq.ParquetFile(f, **READ_OPTIONS)
             docs += pf.metadata.num_rows
             for batch in pf.iter_batches(columns=["num_chars"], batch_size=65536):
                 chars += int(pc.sum(batch.column(0)).as_py() or 0)

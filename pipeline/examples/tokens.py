@@ -16,6 +16,7 @@ from pipeline.beam.io import stable_shard
 from pipeline.beam.shards import use_lean_memory_pool
 from pipeline.examples.masking import VocabIds
 from pipeline.examples.segment import Segmenter, continuation_flags, has_cjk
+from pipeline.schema.parquet import READ_OPTIONS, WRITE_OPTIONS
 from pipeline.schema.storage import join_url
 from pipeline.vocab.tokenizer import build_text_tokenizer
 
@@ -60,7 +61,7 @@ def read_documents(
     fs, path = fsspec.core.url_to_fs(url)
     with fs.open(path, "rb") as f:
         # Buffered column reads: a corpus file may be one row group of hundreds of MB.
-        pf = pq.ParquetFile(f, pre_buffer=False, buffer_size=1 << 20)
+        pf = pq.ParquetFile(f, pre_buffer=False, buffer_size=1 << 20, **READ_OPTIONS)
         groups = None if row_groups is None else list(range(*row_groups))
         for batch in pf.iter_batches(columns=["doc_id", "sentences"], batch_size=batch_docs, row_groups=groups):
             yield batch.column(0).to_pylist(), batch.column(1).to_pylist()
@@ -212,7 +213,7 @@ class TokenizeToBuckets(beam.DoFn):
                 fs, path = fsspec.core.url_to_fs(out_url)
                 fs.makedirs(fs._parent(path), exist_ok=True)
                 file = fs.open(path, "wb")
-                writers[bucket] = (file, pq.ParquetWriter(file, self.schema), out_url)
+                writers[bucket] = (file, pq.ParquetWriter(file, self.schema, **WRITE_OPTIONS), out_url)
             table = pa.Table.from_arrays(
                 [pa.array(doc_ids, pa.string()), pa.array(docs, self.schema.field(1).type)],
                 schema=self.schema,

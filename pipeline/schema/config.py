@@ -13,6 +13,7 @@ import difflib
 import hashlib
 import json
 import re
+from dataclasses import dataclass
 from typing import Any
 
 
@@ -31,6 +32,37 @@ def suggest(name: str, choices) -> str:
     message that refuses a mistyped name (a field, preset, task, stage, source)."""
     close = difflib.get_close_matches(str(name), [str(c) for c in choices], n=1, cutoff=0.6)
     return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Upper bounds on sizes that keep a stage within memory and disk whatever the host: a value
+    past one is a typo or a unit mistake (``3e7`` for ``30000``), refused at load. Bounds that
+    depend on the host (its memory, the root's free disk) are checked by the stage rows'
+    preflight with an estimate of what the stage needs (``flows/hooks.py``)."""
+
+    vocab_size: int = 1 << 20
+    """1,048,576 entries (mBERT has 119,547, XLM-R 250,002): the embedding and output layers."""
+    positions: int = 1 << 16
+    """65,536: sequence lengths and position embeddings (example positions are uint16 to here)."""
+    shards: int = 100_000
+    """Parquet files per source (corpus) or per sequence length (examples)."""
+    dupe_factor: int = 1_000
+    """Copies of the corpus the examples stage writes (the paper: 10)."""
+    pretrain_batch: int = 1 << 20
+    """Sequences per pretraining step (LAMB's largest: 65,536)."""
+    finetune_batch: int = 1 << 16
+    """Sequences per fine-tuning step."""
+    loader_buffer: int = 10_000_000
+    """Examples the pretraining loader holds per data part (its memory bound)."""
+
+
+LIMITS = Limits()
+
+
+def check_at_most(value: float, limit: int, name: str, what: str) -> None:
+    """``check(value <= limit)`` with a message that gives the bound and what it protects."""
+    check(value <= limit, name, f"{value:,} is past the bound of {limit:,} ({what})")
 
 
 _SECRET_WORDS = r"(pass(word|wd)?|secret|token|api[_-]?key|access[_-]?key|credentials?|private[_-]?key|auth)"

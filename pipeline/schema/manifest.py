@@ -211,28 +211,84 @@ def clear_stage(stage_url: str) -> None:
         fs.rm(path, recursive=True)
 
 
+FULL_HASH_BYTES = 8 << 20
+"""Files up to this size are hashed whole for their fingerprint; larger ones are sampled."""
+SAMPLE_BLOCKS = 64
+SAMPLE_BYTES = 64 << 10
+"""A larger file's fingerprint reads ``SAMPLE_BLOCKS`` blocks of ``SAMPLE_BYTES`` (4 MiB), the
+first and the last included, at offsets spread evenly over the file."""
+_STORE_CHECKSUMS = ("crc32c", "md5Hash", "ETag", "etag", "md5", "checksum")
+"""Keys of ``fs.info()`` that hold an object store's own digest of the content (GCS: crc32c and
+md5Hash; S3: ETag), used instead of reading the object."""
+_CONTENT_CACHE: dict[tuple, str] = {}
+
+
+def content_digest(fs: fsspec.AbstractFileSystem, path: str, info: dict[str, Any] | None = None) -> str:
+    """A cheap digest of one raw file's content.
+
+    An object store's own checksum when ``info`` has one (no read); else the whole file's blake2b
+    when it is at most :data:`FULL_HASH_BYTES`, else a blake2b of its size and
+    :data:`SAMPLE_BLOCKS` evenly spread blocks (4 MiB read whatever the size). A same-size edit is
+    always seen in a small file, in a store's object, and in a large local file when it touches a
+    sampled block; a large file edited elsewhere keeps its fingerprint (``--force`` reruns).
+    Memoised per process by (path, size, mtime) so one command reads a file once.
+    """
+    info = info if info is not None else fs.info(path)
+    for key in _STORE_CHECKSUMS:
+        if info.get(key):
+            return f"{key}:{str(info[key]).strip(chr(34))}"
+    size = int(info.get("size") or 0)
+    memo = (str(fs.protocol), path, size, info.get("mtime"), info.get("ino"))
+    if memo in _CONTENT_CACHE:
+        return _CONTENT_CACHE[memo]
+    h = hashlib.blake2b(digest_size=16)
+    with fs.open(path, "rb") as f:
+        if size <= FULL_HASH_BYTES:
+            while chunk := f.read(1 << 20):
+                h.update(chunk)
+        else:
+            h.update(str(size).encode())
+            step = (size - SAMPLE_BYTES) / (SAMPLE_BLOCKS - 1)
+            for i in range(SAMPLE_BLOCKS):
+                f.seek(int(i * step))
+                h.update(f.read(SAMPLE_BYTES))
+    digest = h.hexdigest()
+    if info.get("mtime") is not None:
+        _CONTENT_CACHE[memo] = digest
+    return digest
+
+
 def fingerprint_input(url: str) -> str:
     """A fingerprint of a stage input: its manifest's when it has one, else of its raw files.
 
-    Raw corpora (a dump file, a folder of books) have no manifest; their fingerprint is a digest
-    of each file's relative path and size, which changes when a file is added, removed or edited
-    (sizes), without reading gigabytes.
+    Raw corpora (a dump file, a folder of books, a glob) have no manifest; their fingerprint is a
+    digest of each file's relative path, size and content digest (:func:`content_digest`: whole
+    small files, sampled blocks of large ones, the object store's checksum on ``gs://``), so a
+    file added, removed, resized or edited in place (same size) changes it, without reading a
+    multi-GB dump whole.
     """
     if any(ch in url for ch in "*?["):  # a glob: the files it matches
         fs, pattern = fsspec.core.url_to_fs(url)
         matched = sorted(fs.glob(pattern))
         if not matched:
             raise FileNotFoundError(f"input {url} matches no file")
-        return config_digest([(p.rsplit("/", 1)[-1], fs.size(p)) for p in matched])
+        entries = []
+        for p in matched:
+            info = fs.info(p)
+            entries.append((p.rsplit("/", 1)[-1], int(info.get("size") or 0), content_digest(fs, p, info)))
+        return config_digest(entries)
     if has_manifest(url):
         return read_manifest(url).fingerprint
     fs, path = fsspec.core.url_to_fs(url)
     if fs.isfile(path):
-        entries = [(path.rsplit("/", 1)[-1], fs.size(path))]
+        info = fs.info(path)
+        entries = [(path.rsplit("/", 1)[-1], int(info.get("size") or 0), content_digest(fs, path, info))]
     else:
         found = fs.find(path, detail=True)
         if not found:
             raise FileNotFoundError(f"input {url} does not exist or is empty")
         root = path.rstrip("/") + "/"
-        entries = sorted((p[len(root) :], int(info.get("size") or 0)) for p, info in found.items())
+        entries = sorted(
+            (p[len(root) :], int(info.get("size") or 0), content_digest(fs, p, info)) for p, info in found.items()
+        )
     return config_digest(entries)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pipeline.schema.config import check
+from pipeline.schema.config import LIMITS, check, check_at_most
 
 
 @dataclass(frozen=True)
@@ -41,3 +41,4 @@ class VocabConfig:
             f"must exceed the {self.num_unused + 5} special entries by at least 100",
         )
         check(self.min_frequency >= 1, "vocab.min_frequency", "must be >= 1")
+        check_at_most(self.vocab_size, LIMITS.vocab_size, "vocab.vocab_size", "embedding rows")

@@ -12,6 +12,7 @@ import pyarrow.parquet as pq
 
 from pipeline.beam.config import to_dict
 from pipeline.schema.manifest import Manifest, clear_stage, fingerprint_input, read_manifest, write_manifest
+from pipeline.schema.parquet import READ_OPTIONS
 from pipeline.schema.storage import join_url, write_atomically
 from pipeline.vocab.config import VocabConfig
 from pipeline.vocab.tokenizer import (
@@ -50,7 +51,7 @@ class ParquetSentences:
         for url in self.urls:
             fs, path = fsspec.core.url_to_fs(url)
             with fs.open(path, "rb") as f:
-                pf = pq.ParquetFile(f, pre_buffer=False, buffer_size=1 << 20)
+                pf = pq.ParquetFile(f, pre_buffer=False, buffer_size=1 << 20, **READ_OPTIONS)
                 for batch in pf.iter_batches(columns=["doc_id", "sentences"], batch_size=256):
                     for doc_id, doc in zip(batch.column(0).to_pylist(), batch.column(1).to_pylist(), strict=True):
                         if not in_sample(doc_id, self.sample_fraction):

@@ -147,3 +147,70 @@ def test_secret_paths_go_back_into_a_redacted_config():
     _set_path(data, "data.wiki", "gs://b/x?token=1")
     _set_path(data, "pretrain.phases.0.steps", 5)
     assert data == {"data": {"wiki": "gs://b/x?token=1"}, "pretrain": {"phases": [{"steps": 5}]}}
+
+
+@flow(task_runner=ThreadPoolTaskRunner(max_workers=4))
+def every_task(root: str, model: str, uri: str, overrides: dict) -> list[str]:
+    given = {"model": model}
+    with session("every-task", "tiny", root, overrides, uri, ("finetune",), given) as (cfg, root, tracking):
+        results = fan_out(stage_names(cfg, ("finetune",)), cfg, root, False, tracking, given, retries=0)
+        return [r.status for r in results]
+
+
+@pytest.mark.slow
+def test_every_bundled_task_at_once_in_the_flows_threads(chain, tmp_path, prefect_server):
+    """Issue 19 point 6: four or more downstream tasks at once crashed with "SystemError: AST
+    constructor recursion depth mismatch" (ast.parse of the code versions in parallel threads).
+    Every row of the task registry runs here at once, one grid point each, through the flow's fan-out
+    on Prefect's thread pool, as `bertflow run` does."""
+    from tasks.registry import TASKS
+
+    names = list(TASKS)
+    assert len(names) >= 4
+    overrides = {"finetune_tasks": names, "finetune.grid.learning_rates": [1e-3], "finetune.epochs": 0.1}
+    root = tmp_path / "run"
+    state = every_task(str(root), str(chain[0] / "model"), f"sqlite:///{tmp_path}/mlflow.db", overrides,
+                       return_state=True)  # fmt: skip
+    assert state.is_completed(), state.message
+    assert state.result() == ["done"] * len(names)
+    for name in names:
+        manifest = read_manifest(str(root / "finetune" / name))
+        assert manifest.counts["units"] >= 1 and manifest.counts["units_failed"] == 0, name  # features: a unit per mix
+        assert TASKS[name].metric in manifest.counts, name
+
+
+def test_a_stage_task_retries_only_what_a_retry_can_fix(prefect_server):
+    """The stage rows' retries (stage_options) go through retry_condition in Prefect's own engine:
+    a lost worker is retried, bad input and anything after the stop request are not."""
+    from prefect import task
+
+    from flows.prefect_tasks import stage_options
+    from flows.proc.protocol import STOP, StageProcessError
+
+    attempts: list[str] = []
+    errors = {"bad input": lambda: ValueError("row 3: bad label"), "lost worker": lambda: RuntimeError("worker lost"),
+              "oom": lambda: StageProcessError("unit", -9)}  # fmt: skip
+
+    @task
+    def failing(kind: str) -> None:
+        attempts.append(kind)
+        raise errors[kind]()
+
+    options = {**stage_options("pretrain"), "retry_delay_seconds": 0}  # its row: 3 retries
+    assert options["retries"] == 3
+
+    @flow
+    def one(kind: str) -> bool:
+        return failing.with_options(**options)(kind, return_state=True).is_failed()
+
+    for kind, runs in (("bad input", 1), ("oom", 1), ("lost worker", 4)):
+        attempts.clear()
+        assert one(kind)
+        assert attempts == [kind] * runs, (kind, attempts)
+    STOP.request(signal.SIGINT)
+    try:
+        attempts.clear()
+        assert one("lost worker")
+        assert attempts == ["lost worker"]  # after Ctrl-C: never retried
+    finally:
+        STOP.clear()

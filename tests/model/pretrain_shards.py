@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 from model.config import BertConfig
 from pipeline.examples.masking import VocabIds, create_masked_lm_predictions
 from pipeline.schema.manifest import write_manifest
-from pipeline.schema.parquet import example_schema
+from pipeline.schema.parquet import WRITE_OPTIONS, example_schema
 
 V, PAD, CLS, SEP, MASK, FIRST = 99, 0, 2, 3, 4, 5
 VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(FIRST, V)]
@@ -79,7 +79,9 @@ def write_example_stage(root, lengths=(16, 32), n=240, shards=2, seed=0, row_gro
         for s in range(shards):
             part = rows[s::shards]
             table = pa.Table.from_pylist(part, schema=example_schema(V, T))
-            pq.write_table(table, folder / f"part-{s:05d}-of-{shards:05d}.parquet", row_group_size=row_group_size)
+            # as the examples stage writes its shards: zstd pages with checksums
+            path = folder / f"part-{s:05d}-of-{shards:05d}.parquet"
+            pq.write_table(table, path, row_group_size=row_group_size, **WRITE_OPTIONS)
     write_manifest(
         "examples",
         str(root),

@@ -268,3 +268,57 @@ def test_pretrain_on_xla(examples, tmp_path, monkeypatch):
     monkeypatch.setenv("PJRT_DEVICE", "CPU")  # the XLA CPU device when no TPU is attached
     m = run_pretrain(config(backend="xla"), MODEL, examples, str(tmp_path / "run"))
     assert m.counts["steps"] == 20 and np.isfinite(m.counts["last_mlm_loss"])
+
+
+def _poison(path, count=16):
+    """``count`` NaN floats written over the first float tensor's data, the file's size unchanged."""
+    import json
+    import struct
+
+    data = bytearray(path.read_bytes())
+    header = json.loads(data[8 : 8 + struct.unpack("<Q", data[:8])[0]])
+    start = 8 + struct.unpack("<Q", data[:8])[0]
+    first = min((v for k, v in header.items() if k != "__metadata__" and v["dtype"] == "F32"),
+                key=lambda v: v["data_offsets"][0])  # fmt: skip
+    at = start + first["data_offsets"][0]
+    data[at : at + 4 * count] = struct.pack("<f", float("nan")) * count
+    size = path.stat().st_size
+    path.write_bytes(bytes(data))
+    assert path.stat().st_size == size
+
+
+def test_a_poisoned_checkpoint_is_named_and_resume_falls_back_to_the_newest_good_one(examples, tmp_path, caplog):
+    """Issue 19 point 3: 16 NaN floats written into the latest model.safetensors (same size) were
+    loaded on resume: "loss is nan at step 920", four attempts, the checkpoint never named, every
+    rerun the same. Its checksum (recorded in the _complete marker) no longer matches: it is
+    skipped, named, for the one before, and the run ends with the uninterrupted run's weights.
+    A checkpoint of an older version (marker "ok", no checksums) is caught by finiteness."""
+    cfg = config(phases=(PhaseConfig("p1", 16, 8, 8),), checkpoint_every=2, keep_checkpoints=5)
+    run_pretrain(cfg, MODEL, examples, str(tmp_path / "straight"))
+    straight = final_weights(tmp_path / "straight")
+    run = tmp_path / "run"
+    with pytest.raises(Crash):  # at step 8, before its checkpoint: the latest is step 6
+        run_pretrain(cfg, MODEL, examples, str(run), log_fn=crash_at(8))
+    assert find_latest_checkpoint(str(run)).endswith("p1/step-00000006")
+    _poison(run / "p1" / "step-00000006" / "model.safetensors")
+    (run / "p1" / "step-00000004" / "_complete").write_text("ok\n")  # as an older version wrote it
+    _poison(run / "p1" / "step-00000004" / "model.safetensors")
+    with caplog.at_level(logging.WARNING, logger="bertflow.checkpoint"):
+        m = run_pretrain(cfg, MODEL, examples, str(run))
+    warned = [r.getMessage() for r in caplog.records if "skipping unreadable checkpoint" in r.getMessage()]
+    assert len(warned) == 2, warned
+    assert "step-00000006" in warned[0] and "sha256 differs" in warned[0]
+    assert "step-00000004" in warned[1] and "hold NaN/inf" in warned[1]
+    assert m.counts["steps"] == 8
+    assert_same(final_weights(run), straight)  # resumed from step 2, exactly
+
+
+def test_weights_that_are_not_finite_are_never_written_as_a_checkpoint(tmp_path):
+    from model.checkpoint import save_checkpoint
+
+    model = BertForPreTraining(MODEL)
+    with torch.no_grad():
+        model.bert.embeddings.word_embeddings.weight[3, 0] = float("inf")
+    with pytest.raises(FloatingPointError, match=r"NaN/inf at step 42 .*not written as checkpoint"):
+        save_checkpoint(str(tmp_path / "step-00000042"), model, {"train": {"global_step": 42}})
+    assert not (tmp_path / "step-00000042" / "_complete").exists()

@@ -10,8 +10,10 @@ import pytest
 
 from pipeline.schema.manifest import read_manifest
 from tasks.config import FinetuneConfig
+from tasks.finetune import TooFewRowsError
 from tasks.glue import TASKS, GlueDataError, compute_metrics, get_task, read_split, run_glue
 
+SAMPLE = __import__("pathlib").Path(__file__).resolve().parents[2] / "data" / "sample"
 MNLI_TRAIN_HEADER = (
     "index\tpromptID\tpairID\tgenre\tsentence1_binary_parse\tsentence2_binary_parse\t"
     "sentence1_parse\tsentence2_parse\tsentence1\tsentence2\tlabel1\tgold_label"
@@ -345,3 +347,27 @@ def test_crlf_files_read_like_lf(tmp_path):
     rte = "index\tsentence1\tsentence2\tlabel\r\n0\ta\tb\tnot_entailment\r\n"
     (tmp_path / "rte.tsv").write_bytes(rte.encode())
     assert read_split(str(tmp_path / "rte.tsv"), "RTE", "train").examples[0].label == "not_entailment"
+
+
+def test_a_dev_split_with_no_usable_row_fails_the_task_and_stays_out_of_the_average(tmp_path, tiny_model_url):
+    """Issue 19 point 5: QQP's dev file (the bundled sample) with every row malformed gave
+    dev_examples 0, eval_f1 0.0, "done", and a GLUE average that included the 0. Now the task
+    fails before training, naming the file and the reader's reject count, and has no results."""
+    import shutil
+
+    from tasks.results import summarize
+    from tasks.units import run_downstream
+
+    data = tmp_path / "glue" / "QQP"
+    shutil.copytree(SAMPLE / "glue" / "QQP", data)
+    lines = (data / "dev.tsv").read_text().splitlines()
+    (data / "dev.tsv").write_text("\n".join([lines[0]] + [line.rsplit("\t", 1)[0] for line in lines[1:]]) + "\n")
+    config = FinetuneConfig(learning_rate=1e-3, batch_size=32, epochs=1, max_seq_length=32)
+    with pytest.raises(TooFewRowsError, match=r"qqp: dev split .*dev.tsv has 0 usable row\(s\).*100 malformed"):
+        run_glue(config, "qqp", str(data), tiny_model_url, str(tmp_path / "one"))
+    out = tmp_path / "finetune" / "qqp"
+    with pytest.raises(RuntimeError, match=r"qqp: all 1 units failed.*TooFewRowsError"):
+        run_downstream("qqp", config, str(tmp_path), tiny_model_url, str(out))
+    assert not (out / "results.json").exists()
+    summary = summarize({"qqp": str(out)}, str(tmp_path / "all"))
+    assert summary["glue_average"] is None and summary["tasks"] == [{"task": "qqp", "missing": True}]

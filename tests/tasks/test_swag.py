@@ -43,3 +43,22 @@ def test_softmax_over_four():
     assert p == [0.25] * 4
     q = softmax([1000.0, 0.0, 0.0, 0.0])  # no overflow
     assert q[0] == pytest.approx(1.0) and sum(q) == pytest.approx(1.0)
+
+
+def test_rows_with_an_empty_ending_stop_the_run(tmp_path):
+    """Issue 19 point 5: 200 of the bundled sample's 600 train rows given an empty ending were
+    accepted (scored as a choice of nothing); they stop the run with file:line, as documented."""
+    import csv
+    import pathlib
+
+    sample = pathlib.Path(__file__).resolve().parents[2] / "data" / "sample" / "swag" / "train.csv"
+    rows = list(csv.reader(sample.open(newline="", encoding="utf-8")))
+    header, body = rows[0], rows[1:]
+    assert len(body) == 600
+    for row in body[::3]:  # 200 rows
+        row[header.index("ending2")] = " "
+    path = tmp_path / "train.csv"
+    with path.open("w", newline="", encoding="utf-8") as f:
+        csv.writer(f).writerows([header, *body])
+    with pytest.raises(SwagDataError, match=r"train.csv:2: column\(s\) \['ending2'\] empty"):
+        read_swag(str(path))

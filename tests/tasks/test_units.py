@@ -230,3 +230,19 @@ def test_a_task_with_no_training_rows_never_ends_done(tmp_path, tiny_model_url):
     with pytest.raises(RuntimeError, match="sst2: all 1 units failed.*no training"):
         U.run_downstream("sst2", config, str(data), tiny_model_url, str(tmp_path / "out"))
     assert not has_manifest(str(tmp_path / "out"))
+
+
+def test_a_unit_that_scored_no_dev_row_never_enters_the_results(tmp_path, fake_task):
+    """A unit manifest of an older run with dev_examples 0 (a score of nothing) is listed as failed
+    and left out of the median, the best point and the GLUE average."""
+    config = FinetuneConfig(grid=GridConfig(seeds=(1, 2)))
+    units = U.plan_units("fake", config)
+    urls = [str(tmp_path / "units" / u["unit_id"]) for u in units]
+    for url, u, (score, rows) in zip(urls, units, [(0.0, 0.0), (0.8, 5.0)]):
+        write_manifest("finetune-fake", url, U.unit_manifest_config("fake", config, u), {},
+                       {"eval_accuracy": score, "dev_examples": rows})  # fmt: skip
+    manifest = U.aggregate("fake", config, urls, str(tmp_path / "out"), units=units)
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert [f["unit_id"] for f in results["failed"]] == [units[0]["unit_id"]]
+    assert "0 usable dev rows" in results["failed"][0]["error"]
+    assert results["dev_median"] == pytest.approx(80.0) and manifest.counts["units_failed"] == 1

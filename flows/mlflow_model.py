@@ -20,13 +20,13 @@ class BertPyfunc(mlflow.pyfunc.PythonModel):
 
     def load_context(self, context) -> None:
         import torch
-        from tokenizers import Tokenizer
 
         from model.bert import BertForPreTraining
         from model.export import load_pretrained
+        from tasks.finetune import load_tokenizer  # tokenizer.json, or MeCab/jieba before WordPiece
 
         folder = context.artifacts["hf_model"]
-        self.tokenizer = Tokenizer.from_file(f"{folder}/tokenizer.json")
+        self.tokenizer = load_tokenizer(folder)
         self.model = load_pretrained(folder, BertForPreTraining).eval()
         self.model.sparse_prediction = False
         self.mask_id = self.tokenizer.token_to_id("[MASK]")

@@ -51,7 +51,8 @@ class DataConfig:
     work (flows.checks.preflight), never the bundled sample (the base and large presets)."""
     sample: str = ""
     """Which bundled sample fills the empty URLs: "" (English, data/sample/), "ja" or "zh"
-    (data/sample-ja/, data/sample-zh/: a jawiki/zhwiki-style export, books, JGLUE or CLUE sets)."""
+    (data/sample-ja/, data/sample-zh/: a jawiki/zhwiki-style export, books, JGLUE or CLUE sets).
+    Default "" (tiny-ja and tiny-zh set it)."""
 
     def __post_init__(self):
         for name, url in self.downstream_urls.items():

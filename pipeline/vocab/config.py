@@ -28,13 +28,14 @@ class VocabConfig:
     tokenisation: "none" (BERT's basic tokenizer: whitespace, punctuation, one token per CJK
     ideograph), "mecab" (Japanese: fugashi + unidic-lite, as transformers' BertJapaneseTokenizer),
     "jieba" (Chinese words; the export then expects jieba-segmented text). mecab and jieba need
-    the 'cjk' extra."""
+    the 'cjk' extra. Default "none"."""
     subword: str = "wordpiece"
     """"wordpiece" (## continuations) or "character" (one token per character of a MeCab word,
-    as the cl-tohoku char models; word_tokenizer=mecab only)."""
+    as the cl-tohoku char models; word_tokenizer=mecab only). Default "wordpiece"."""
     max_alphabet: int = 1000
-    """Most single characters kept (at most a quarter of vocab_size); rarer words tokenise to
-    [UNK]. 1000 is Hugging Face's BERT trainer default; the Japanese and Chinese presets raise it."""
+    """Most single characters kept (at most a quarter of vocab_size); words with a rarer one
+    tokenise to [UNK]. Default 1000 characters (Hugging Face's BERT trainer default); base-ja and
+    base-zh keep 8000 (kanji, hanzi)."""
 
     def __post_init__(self):
         check(

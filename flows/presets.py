@@ -108,10 +108,6 @@ class RunConfig:
                 f"examples.segmenter: {self.examples.segmenter!r} with vocab.word_tokenizer="
                 f"{self.vocab.word_tokenizer!r}: the vocabulary's words already are the whole words; set it to none"
             )
-        if self.model.vocab_size < self.vocab.vocab_size:
-            raise ConfigError(
-                f"model.vocab_size: {self.model.vocab_size} is smaller than vocab.vocab_size={self.vocab.vocab_size}"
-            )
 
 
 def _tiny() -> RunConfig:

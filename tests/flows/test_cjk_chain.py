@@ -144,3 +144,16 @@ def test_tiny_zh_data_stages_and_export_tokenise_as_bert_tokenizer_fast(tmp_path
         assert ids == fast(sentence)["input_ids"] == hf(sentence)["input_ids"], sentence
         assert all(len(t) == 1 for t in ours.encode(sentence).tokens if "\u4e00" <= t <= "\u9fff")
     assert _segments_are_corpus_text(tmp_path, fast, lambda t: t.lower()) > 500
+
+
+def test_a_missing_cjk_extra_is_named_before_any_work(monkeypatch):
+    import importlib.util
+
+    from flows.hooks import segmenter_preflight
+
+    find = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "fugashi" else find(name, *a))
+    with pytest.raises(ValueError, match=r"vocab.word_tokenizer: needs fugashi, the 'cjk' extra"):
+        segmenter_preflight(load_config("tiny-ja"), {})
+    assert segmenter_preflight(load_config("tiny-zh"), {}) == set()  # jieba and nltk are there
+    assert segmenter_preflight(load_config("tiny"), {}) == set()

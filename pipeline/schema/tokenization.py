@@ -83,6 +83,11 @@ class Segmenter:
         self.kind = kind
         self._impl = None
 
+    def __getstate__(self) -> dict:
+        # MeCab's tagger cannot be pickled (MLflow pickles the model object, Beam its DoFns):
+        # travel without it and load it again on first use
+        return {"kind": self.kind, "_impl": None}
+
     def words(self, text: str) -> list[str]:
         """Surfaces in order. MeCab: of ``text`` as given (normalise first); jieba: they
         concatenate back to ``text``."""

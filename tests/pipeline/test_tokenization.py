@@ -131,6 +131,16 @@ def test_word_tokenizer_configs_name_the_transformers_classes():
         WordTokenizer(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"], "jieba", "character")
 
 
+def test_a_loaded_tokenizer_pickles_and_tokenises_the_same_after(tmp_path):
+    import pickle
+
+    vocab, _ = trained("ja", tmp_path, lowercase=False, word_tokenizer="mecab")
+    tok = WordTokenizer(vocab, "mecab")
+    text = sample_sentences("ja")[0]
+    before = tok.encode(text).ids  # the tagger is loaded now
+    assert pickle.loads(pickle.dumps(tok)).encode(text).ids == before
+
+
 def test_segmented_vocabularies_are_deterministic(tmp_path):
     a, _ = trained("ja", tmp_path / "a", lowercase=False, word_tokenizer="mecab")
     b, _ = trained("ja", tmp_path / "b", lowercase=False, word_tokenizer="mecab")

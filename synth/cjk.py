@@ -202,7 +202,8 @@ def write_wiki(world: CJKWorld, path: str) -> dict:
     with fs.open(p, "wb") as raw, bz2.open(raw, "wb", compresslevel=9) as out:
         out.write(xml_header(lang, world.seed).encode())
         for i, (title, ns, text, redirect) in enumerate(wiki_pages(world)):
-            out.write(page_xml(title, ns, 10 + i, text, redirect).encode())
+            # page ids apart per seed, so samples of several seeds make one corpus (benchmarks)
+            out.write(page_xml(title, ns, 10 + world.seed * 1_000_000 + i, text, redirect).encode())
             counts["pages"] += 1
             if ns:
                 counts["other_namespace_pages"] += 1

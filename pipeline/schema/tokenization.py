@@ -146,8 +146,9 @@ class Encoded:
 @dataclass
 class _Prepared:
     joined: str  # the words, space-joined: what the Rust tokenizer reads
-    char_word: list[int]  # per character of ``joined``: its word's index (-1: a separator)
-    char_span: list[tuple[int, int]] | None  # per character: its span in the original text
+    unit_word: list[int]  # per whitespace unit of ``joined``: its word's index
+    char_word: list[int] | None  # with spans: per character of ``joined``, its word (-1: a separator)
+    char_span: list[tuple[int, int]] | None  # with spans: per character, its span in the original text
 
 
 class WordTokenizer:
@@ -236,25 +237,32 @@ class WordTokenizer:
         return [w for w, _ in self._words(text, spans=False)]
 
     def prepare(self, text: str, spans: bool = True) -> _Prepared:
-        parts: list[str] = []
-        char_word: list[int] = []
-        char_span: list[tuple[int, int]] | None = [] if spans else None
+        units: list[str] = []
+        unit_word: list[int] = []
+        unit_spans: list[list[tuple[int, int]]] = []
         for k, (word, word_spans) in enumerate(self._words(text, spans)):
             if self.subword == "character" and word not in SPECIAL_TOKENS:
-                units = [(c, i) for i, c in enumerate(word) if not c.isspace()]  # one unit a character
-            else:
-                units = [(word, None)]
-            for unit, i in units:
-                if parts:
-                    parts.append(" ")
-                    char_word.append(-1)
-                    if spans:
-                        char_span.append((0, 0))
-                parts.append(unit)
-                char_word.extend([k] * len(unit))
+                keep = [i for i, c in enumerate(word) if not c.isspace()]  # one unit a character
+                units.extend(word[i] for i in keep)
+                unit_word.extend([k] * len(keep))
                 if spans:
-                    char_span.extend(word_spans if i is None else word_spans[i : i + 1])
-        return _Prepared("".join(parts), char_word, char_span)
+                    unit_spans.extend(word_spans[i : i + 1] for i in keep)
+            else:
+                units.append(word)
+                unit_word.append(k)
+                if spans:
+                    unit_spans.append(word_spans)
+        if not spans:
+            return _Prepared(" ".join(units), unit_word, None, None)
+        char_word: list[int] = []
+        char_span: list[tuple[int, int]] = []
+        for i, (unit, span) in enumerate(zip(units, unit_spans)):
+            if i:
+                char_word.append(-1)
+                char_span.append((0, 0))
+            char_word.extend([unit_word[i]] * len(unit))
+            char_span.extend(span)
+        return _Prepared(" ".join(units), unit_word, char_word, char_span)
 
     def _words(self, text: str, spans: bool):
         """(word, per-character original spans or None) in order. Whitespace inside a word is
@@ -299,23 +307,34 @@ class WordTokenizer:
                     yield word, src
 
     def _encoded(self, enc, prepared: list[_Prepared]) -> Encoded:
+        """Offsets through the character maps; word starts from them, or without spans (the
+        examples stage: no special tokens in the text, so MeCab's whitespace units are the
+        pre-tokenizer's words) from ``word_ids``, or from ``##`` for WordPiece."""
         offsets, starts = [], []
         prev = None
-        for seq, (s, e) in zip(enc.sequence_ids, enc.offsets):
+        by_unit = self.kind == "mecab" and self.subword == "character"
+        tokens, word_ids = enc.tokens, enc.word_ids
+        for k, (seq, (s, e)) in enumerate(zip(enc.sequence_ids, enc.offsets)):
             if seq is None or e <= s:  # [CLS], [SEP] of the template
                 offsets.append((0, 0))
                 starts.append(True)
                 prev = None
                 continue
             p = prepared[seq]
-            word = (seq, p.char_word[s])
+            if p.char_word is not None:
+                word = (seq, p.char_word[s])
+                offsets.append((p.char_span[s][0], p.char_span[e - 1][1]))
+            else:
+                offsets.append((0, 0))
+                word = (
+                    (seq, p.unit_word[word_ids[k]]) if by_unit else (seq, k if not tokens[k].startswith("##") else -1)
+                )
+            if word[1] == -1:  # a ## piece: continues the word before it
+                starts.append(False)
+                continue
             starts.append(word != prev)
             prev = word
-            if p.char_span is None:
-                offsets.append((0, 0))
-            else:
-                offsets.append((p.char_span[s][0], p.char_span[e - 1][1]))
-        return Encoded(list(enc.ids), list(enc.type_ids), list(enc.tokens), offsets, list(enc.sequence_ids), starts)
+        return Encoded(list(enc.ids), list(enc.type_ids), list(tokens), offsets, list(enc.sequence_ids), starts)
 
 
 def text_normalizer(word_tokenizer: str, lowercase: bool):

@@ -285,7 +285,16 @@ class WordTokenizer:
                         s0 = start + m.start()
                         yield m.group(0), ([(s0 + i, s0 + i + 1) for i in range(len(m.group(0)))] if spans else None)
                 continue
-            norm, origin = nfkc_aligned(chunk) if spans else (unicodedata.normalize("NFKC", chunk), None)
+            if not spans:  # the examples stage: the words alone
+                words = self.segmenter.words(unicodedata.normalize("NFKC", chunk))
+                for word in words:
+                    word = word.lower() if self.lowercase else word
+                    if any(c.isspace() for c in word):
+                        word = "".join(word.split())
+                    if word:
+                        yield word, None
+                continue
+            norm, origin = nfkc_aligned(chunk)
             pos = 0
             for word in self.segmenter.words(norm):
                 found = norm.find(word, pos)
@@ -293,9 +302,6 @@ class WordTokenizer:
                 pos = found + len(word)
                 if self.lowercase:
                     word = word.lower()
-                if not spans:
-                    yield word, None
-                    continue
                 src = [(base + a, base + b) for a, b in origin[found:pos]]
                 if len(word) != len(src):  # lower-casing changed the length ("İ"): spread the word's span
                     first, last = (src[0][0], src[-1][1]) if src else (base, base)
@@ -314,6 +320,12 @@ class WordTokenizer:
         prev = None
         by_unit = self.kind == "mecab" and self.subword == "character"
         tokens, word_ids = enc.tokens, enc.word_ids
+        if not by_unit and all(p.char_word is None for p in prepared):  # WordPiece, no offsets
+            starts = [seq is None or not t.startswith("##") for seq, t in zip(enc.sequence_ids, tokens)]
+            n = len(tokens)
+            return Encoded(
+                list(enc.ids), list(enc.type_ids), list(tokens), [(0, 0)] * n, list(enc.sequence_ids), starts
+            )
         for k, (seq, (s, e)) in enumerate(zip(enc.sequence_ids, enc.offsets)):
             if seq is None or e <= s:  # [CLS], [SEP] of the template
                 offsets.append((0, 0))

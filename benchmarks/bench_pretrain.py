@@ -14,7 +14,13 @@ the speed-up line compares ours with the faster of eager and sdpa. Then the stre
 (static and dynamic masking) against the demand of our small step.
 
     python benchmarks/bench_pretrain.py --shapes small,medium,base --batch 32,16,8 --threads 1
+    python benchmarks/bench_pretrain.py --shapes small,base --batch 32,8 --ours padded,unpadded  # both paths
     python benchmarks/bench_pretrain.py --device cuda --precision bf16 --shapes base,large --seq 128  # then --seq 512
+
+``--ours`` picks our variants: ``padded`` (the CPU default), ``unpadded`` (the packed path,
+``pretrain.unpad``: the same batch without its padding, ``model.packing.pack_padded``),
+``compiled`` (unpadded + ``pretrain.compile``; compilation is not timed: the warm-up step does it).
+The GPU comparison of record is ``benchmarks/device_check.py``.
 
 The batch: ``--seq`` tokens, 10% of the sequences (rounded: 1 of 8, 3 of 32) shorter, uniform
 in [8, seq), like short_seq_prob; the rest full length (so the batch pads to ``seq``),
@@ -35,10 +41,12 @@ import numpy as np
 import torch
 
 from model.bert import BertForPreTraining
+from model.compile import compile_regions
 from model.config import BertConfig
 from model.data import IGNORE_INDEX
 from model.metrics import step_flops
 from model.optim import build_optimizer
+from model.packing import pack_padded
 
 SHAPES = {"small": (4, 256, 4), "medium": (8, 512, 8), "base": (12, 768, 12), "large": (24, 1024, 16)}
 V = 30522
@@ -134,15 +142,26 @@ def hf_model(cfg: BertConfig, attn: str):
     return transformers.BertForPreTraining(hf_cfg)
 
 
-def bench_step(shape: str, batch_size: int, seq: int, steps: int, device: str, precision: str, hf: bool) -> float:
+def our_runner(cfg: BertConfig, variant: str, batch: dict, device: str, precision: str) -> Runner:
+    """Our model as the training loop builds it, on the padded or the packed batch."""
+    torch.manual_seed(0)
+    model = BertForPreTraining(cfg)
+    if variant == "compiled":
+        compile_regions(model)
+    name = "ours" if variant == "padded" else f"ours {variant}"
+    return Runner(name, model, batch if variant == "padded" else pack_padded(batch), device, precision)
+
+
+def bench_step(
+    shape: str, batch_size: int, seq: int, steps: int, device: str, precision: str, hf: bool, variants=("padded",)
+) -> float:
     L, H, A = SHAPES[shape]
     cfg = BertConfig(vocab_size=V, hidden_size=H, num_hidden_layers=L, num_attention_heads=A, intermediate_size=4 * H)
     batch = make_batch(batch_size, seq)
     masked = int((batch["labels"] != IGNORE_INDEX).sum())
     real = int(batch["attention_mask"].sum())
     flops = step_flops(cfg, batch_size, batch["input_ids"].shape[1], masked)
-    torch.manual_seed(0)
-    runners = [Runner("ours", BertForPreTraining(cfg), batch, device, precision)]
+    runners = [our_runner(cfg, v, batch, device, precision) for v in variants]
     if hf:
         for attn in ("eager", "sdpa"):
             torch.manual_seed(0)
@@ -162,8 +181,9 @@ def bench_step(shape: str, batch_size: int, seq: int, steps: int, device: str, p
             f"  {name:<20} {t:8.3f} {min(r.times):8.3f} {batch_size / t:8.1f} {flops / t / 1e9:9.1f} {t / ours:11.2f}x"
         )
     if hf:
-        best_name, best = min(rows[1:], key=lambda row: row[1])
-        print(f"  speed-up of ours vs the faster transformers ({best_name}): {best / ours:.2f}x")
+        best_name, best = min(rows[len(variants) :], key=lambda row: row[1])
+        for name, t in rows[: len(variants)]:
+            print(f"  speed-up of {name} vs the faster transformers ({best_name}): {best / t:.2f}x")
     return batch_size / ours
 
 
@@ -246,6 +266,7 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--precision", default="fp32", choices=("fp32", "bf16"))
     parser.add_argument("--no-hf", action="store_true", help="skip transformers")
+    parser.add_argument("--ours", default="padded", help="ours: padded,unpadded,compiled (first: the reference)")
     parser.add_argument("--loader-examples", type=int, default=20_000, help="0: skip the loader")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -258,7 +279,8 @@ def main() -> None:
     batches += [batches[-1]] * (len(shapes) - len(batches))
     rates = {}
     for shape, b in zip(shapes, batches):
-        rates[shape] = bench_step(shape, b, args.seq, args.steps, args.device, args.precision, not args.no_hf)
+        variants = tuple(args.ours.split(","))
+        rates[shape] = bench_step(shape, b, args.seq, args.steps, args.device, args.precision, not args.no_hf, variants)
     if args.loader_examples:
         demand = rates.get("small") or next(iter(rates.values()))
         print(f"\nstep demand ({'small' if 'small' in rates else shapes[0]}): {demand:.1f} sequences/s per process")

@@ -43,29 +43,20 @@ def run_stages(names: list[str], cfg: RunConfig, root: str, forced: set[str] | b
     return results
 
 
-def finish(preset: str, root: str, cfg: RunConfig, tracking: Tracking, results: list[StageResult], start: float,
-           register_skipped: bool) -> dict[str, Any]:  # fmt: skip
-    """After the stages: the downstream results table (when a downstream task ran), a registered
-    version of the model (when the stage that publishes it ran; ``register_skipped``: also when it
-    was skipped and the registry has none), the parent run's key figures; the flow's summary."""
+def finish(preset: str, root: str, cfg: RunConfig, tracking: Tracking, results: list[StageResult],
+           start: float) -> dict[str, Any]:  # fmt: skip
+    """After the stages: the downstream results table (when a downstream task ran), the model of
+    the stage that publishes one registered (idempotent: once per export, ``flows.model_registry``) and
+    scored, the parent run's key figures; the flow's summary."""
     downstream = [r for r in results if get_stage(r.stage).task]
     if downstream:
         results_table_task(cfg, root, tracking)
     registered = None
     model = next((r for r in results if get_stage(r.stage).publishes_model), None)
-    if model is not None and (model.status == "done" or (register_skipped and not _has_versions(tracking, cfg))):
+    if model is not None:
         registered = register_model_task(cfg, model, downstream, tracking)
     tracker = tracking.tracker()
     for r in results:
         figures = key_figures(get_stage(r.stage).figures, r.counts)
         tracker.log_metrics(tracking.parent_run_id, {f"{r.stage.replace('/', '.')}.{k}": v for k, v in figures.items()})
     return summary(preset, root, tracking, cfg, results, registered, start)
-
-
-def _has_versions(tracking: Tracking, cfg: RunConfig) -> bool:
-    from mlflow.exceptions import MlflowException
-
-    try:
-        return bool(tracking.tracker().client.search_model_versions(f"name='{cfg.model_name}'"))
-    except MlflowException:
-        return False

@@ -3,8 +3,8 @@ stage's output, write a synthetic corpus, print the configuration.
 
 Heavy imports (Prefect, MLflow, Beam, torch) happen inside the commands, so ``--help``, config
 errors and the checks that run before Prefect's server starts answer at once. Every failure ends
-in one line on stderr and a non-zero exit code: 2 for configuration and input errors, 1 for a
-failed stage, 130 when interrupted.
+in one line on stderr and a non-zero exit code (:data:`EXIT_CODES`, also in ``--help`` and the
+README). A mistyped preset, field, task or stage name is answered with the closest one.
 """
 
 from __future__ import annotations
@@ -16,8 +16,45 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 
+from flows.overrides import suggest
+from flows.presets import PRESETS
 from flows.table import CHAIN  # the stage table imports no torch, Beam, Prefect or MLflow
+
+EXIT_CODES = {
+    0: "done (status: every stage done)",
+    1: "a stage failed (its error is the last line on stderr; a rerun resumes)",
+    2: "a configuration or input error, found before any work (the line names the field, file or root); "
+    "status: no run root at that URL",
+    3: "status only: the root exists and some stage is not done (stale, missing or running)",
+    130: "interrupted by Ctrl-C (SIGINT); finished stages are kept",
+    143: "stopped by SIGTERM; finished stages are kept",
+}
+"""What ``bertflow`` exits with; ``--help`` and the README list the same."""
+
+
+def _exit_codes_help() -> str:
+    return "exit codes:\n" + "\n".join(f"  {code:>3}  {what}" for code, what in EXIT_CODES.items())
+
+
+def _choice(kind: str, choices) -> Callable[[str], str]:
+    """An argparse ``type`` that accepts one of ``choices`` and answers anything else with the
+    closest one (argparse's own ``choices`` lists them but suggests none)."""
+    choices = tuple(choices)
+
+    def parse(value: str) -> str:
+        if value in choices:
+            return value
+        raise argparse.ArgumentTypeError(
+            f"unknown {kind} {value!r}{suggest(value, choices)}; choose from {', '.join(choices)}"
+        )
+
+    parse.__name__ = kind  # argparse names the type in its messages
+    return parse
+
+
+PRESET_HELP = f"{' | '.join(PRESETS)} (default: tiny; flows/presets.py)"
 
 
 def _offline_defaults() -> None:
@@ -49,7 +86,7 @@ def _setup_logging(verbose: bool):
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--preset", default="tiny", help="tiny | base | large (default: tiny)")
+    p.add_argument("--preset", default="tiny", help=PRESET_HELP)
     p.add_argument(
         "--root", default=None, help="run root URL: a local folder or gs://bucket/path (default: ./runs/<preset>)"
     )
@@ -71,6 +108,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="bertflow",
         description="Raw text to a registered, evaluated BERT. `bertflow run` runs the whole chain "
         "(finished stages are skipped); the other commands run or look at one part of it.",
+        epilog=_exit_codes_help(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -85,8 +124,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--force",
         action="append",
         default=[],
+        type=_choice("stage", CHAIN),
         choices=CHAIN,
-        help="rerun this stage and every stage after it (pretraining starts over)",
+        metavar="STAGE",
+        help=f"rerun this stage and every stage after it (pretraining starts over): {', '.join(CHAIN)}",
     )
 
     stage = sub.add_parser(
@@ -95,7 +136,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run one stage (Prefect flow `stage-NAME`), reading the root's earlier "
         "outputs or the URLs given with --input.",
     )
-    stage.add_argument("name", choices=CHAIN, help="the stage: " + ", ".join(CHAIN))
+    stage.add_argument(
+        "name", type=_choice("stage", CHAIN), choices=CHAIN, metavar="STAGE", help="the stage: " + ", ".join(CHAIN)
+    )
     stage.add_argument(
         "--input",
         action="append",
@@ -108,7 +151,9 @@ def build_parser() -> argparse.ArgumentParser:
     status = sub.add_parser(
         "status",
         help="list every stage of a root: done, stale and why, missing",
-        description="Where a run root stands, stage by stage, without running anything.",
+        description="Where a run root stands, stage by stage, without running anything. Exit code 0: "
+        "every stage done; 3: the root exists and some stage is not; 2: there is no root at that URL "
+        "(nothing has run there, or --root is mistyped).",
     )
     _add_common(status)
     status.add_argument("--verify", action="store_true", help="also check every output file's sha256 (reads all)")
@@ -154,7 +199,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=_fields_help(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    show.add_argument("--preset", default="tiny", help="tiny | base | large (default: tiny)")
+    show.add_argument("--preset", default="tiny", help=PRESET_HELP)
     show.add_argument(
         "--set",
         dest="overrides",
@@ -170,9 +215,12 @@ def _fields_help() -> str:
     from flows.config_docs import describe_fields
     from flows.presets import RunConfig
 
-    lines = ["every field (--set FIELD=VALUE):"]
-    for name, kind, doc in describe_fields(RunConfig):
-        lines.append(f"  {name} ({kind})" + (f": {doc}" if doc else ""))
+    lines = [
+        "every field (--set FIELD=VALUE; a list as JSON or comma-separated: --set finetune_tasks=sst2,squad1);",
+        "the default shown is the field's own: presets change many (`bertflow config --preset P` prints them):",
+    ]
+    for name, kind, default, doc in describe_fields(RunConfig):
+        lines.append(f"  {name} ({kind}, default {default})" + (f": {doc}" if doc else ""))
     return "\n".join(lines)
 
 
@@ -292,9 +340,13 @@ class _progress_bars:
 
 
 def _status(args, cfg) -> int:
-    from flows.status import collect_status, print_status
+    from flows.status import collect_status, print_status, root_missing
 
     root = args.root or os.path.abspath(os.path.join("runs", args.preset))
+    missing = root_missing(root)
+    if missing:
+        print(f"bertflow: status: {missing}", file=sys.stderr)
+        return 2
     rows = collect_status(cfg, root, args.mlflow_uri, verify=args.verify)
     if args.json:
         print(json.dumps(rows, indent=2, default=str))

@@ -5,8 +5,10 @@ from __future__ import annotations
 import ast
 import dataclasses
 import inspect
+import json
 import typing
 from functools import cache
+from typing import Any
 
 
 @cache
@@ -30,8 +32,23 @@ def attribute_docs(cls: type) -> dict[str, str]:
     return docs
 
 
-def describe_fields(cls: type, prefix: str = "") -> list[tuple[str, str, str]]:
-    """(dotted name, type, doc) of every leaf field under ``cls``, nested dataclasses expanded."""
+def field_default(f: dataclasses.Field) -> Any:
+    """A field's default value (its factory called), or ``dataclasses.MISSING``."""
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return f.default
+
+
+def format_default(value: Any) -> str:
+    """A default as it is written on the command line: JSON (``""``, ``[128, 512]``, ``null``)."""
+    if value is dataclasses.MISSING:
+        return "required"
+    return json.dumps(value, default=str)
+
+
+def describe_fields(cls: type, prefix: str = "") -> list[tuple[str, str, str, str]]:
+    """(dotted name, type, default as JSON, doc) of every leaf field under ``cls``, nested
+    dataclasses expanded (the default of a class's own field: presets change many)."""
     out = []
     hints = typing.get_type_hints(cls)
     docs = attribute_docs(cls)
@@ -44,6 +61,6 @@ def describe_fields(cls: type, prefix: str = "") -> list[tuple[str, str, str]]:
         if typing.get_origin(hint) is tuple and args and dataclasses.is_dataclass(args[0]):
             out += describe_fields(args[0], f"{prefix}{f.name}.N.")
             continue
-        kind = getattr(hint, "__name__", None) or str(hint).replace("typing.", "")
-        out.append((f"{prefix}{f.name}", kind, docs.get(f.name, "")))
+        kind = str(hint).replace("typing.", "") if args else getattr(hint, "__name__", None) or str(hint)
+        out.append((f"{prefix}{f.name}", kind, format_default(field_default(f)), docs.get(f.name, "")))
     return out

@@ -72,6 +72,8 @@ def unit_task(
         )
         ok = False
         try:
+            unit = next(u for u in row.units.plan(cfg) if u["unit_id"] == unit_id)
+            tracker.log_params(run_id, {k: v for k, v in unit.items() if k != "unit_id"})
             dispatch = row.units.dispatch(cfg)
             if dispatch != "process":
                 seconds = _via_deployment(
@@ -84,7 +86,7 @@ def unit_task(
             ok = True
             return seconds
         finally:
-            tracker.end_run(run_id, ok)
+            tracker.end_run(run_id, ok, quiet=not ok)
 
 
 def _via_deployment(

@@ -27,16 +27,19 @@ class BackendUnavailableError(OSError):
 
 # -- preflight: (config, inputs) -> raise a one-line error, or the names of the inputs it checked ------
 def check_data(cfg: RunConfig) -> None:
-    """A preset that needs the user's corpora (``data.required``) has ``data.wiki`` and
-    ``data.books`` set, and not to the deployments' ``CHANGE-ME`` placeholders."""
+    """A preset that needs the user's corpora (``data.required``) has ``data.<source>`` set for
+    every source of ``corpus.sources`` (wiki and books by default), and not to the deployments'
+    ``CHANGE-ME`` placeholders."""
     if not cfg.data.required:
         return
     hints = {
         "wiki": "a Wikipedia dump by date, e.g. gs://BUCKET/dumps/enwiki-20261101-pages-articles-multistream*.xml.bz2 "
         "(`bertflow fetch-wiki --lang en --date 20261101 --out gs://BUCKET/dumps`)",
         "books": "a folder of one UTF-8 .txt per book, e.g. gs://BUCKET/books",
+        "text": "JSON Lines, Parquet or a datasets folder of records with a text field, e.g. gs://BUCKET/c4/en",
     }
-    for name, hint in hints.items():
+    for name in cfg.corpus.sources:  # the sources the run reads: those must be the user's
+        hint = hints[name]
         url = getattr(cfg.data, name)
         if not url or "CHANGE-ME" in url:
             what = "is not set" if not url else f"is still the placeholder {url}"
@@ -120,8 +123,10 @@ def corpus_preview(folder: str, url: str, n: int) -> str:
     from pipeline.corpus.preview import format_preview, preview_corpus
 
     source = url.rstrip("/").rsplit("/", 1)[-1] if url.rstrip("/") != folder else None
+    from pipeline.corpus.config import CORPUS_SOURCES
+
     return format_preview(
-        preview_corpus(folder, n, source=source if source in ("wiki", "books") else None, rejects=source == "rejects")
+        preview_corpus(folder, n, source=source if source in CORPUS_SOURCES else None, rejects=source == "rejects")
     )
 
 

@@ -12,19 +12,14 @@ closest name as a suggestion.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import json
 import types
 import typing
 from typing import Any
 
-from pipeline.schema.config import ConfigError
+from pipeline.schema.config import ConfigError, suggest
 
-
-def suggest(name: str, choices) -> str:
-    """`` (did you mean 'x'?)`` for the closest of ``choices``, or empty."""
-    close = difflib.get_close_matches(str(name), [str(c) for c in choices], n=1, cutoff=0.6)
-    return f" (did you mean {close[0]!r}?)" if close else ""
+__all__ = ["apply_overrides", "build", "parse_overrides", "suggest"]
 
 
 def parse_overrides(items: list[str]) -> dict[str, Any]:

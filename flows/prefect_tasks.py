@@ -40,7 +40,7 @@ from flows.table import (
 )
 from flows.tracking import ENV_RUN_ID, ENV_TRACKING_URI, Tracker, default_tracking_uri, git_commit
 from pipeline.schema.config import config_digest
-from pipeline.schema.manifest import ManifestError, fingerprint_input
+from pipeline.schema.manifest import ManifestError, fingerprint_input, read_manifest
 from pipeline.schema.storage import join_url
 
 log = logging.getLogger("bertflow.flow")
@@ -84,6 +84,7 @@ def session(
     tracking_uri = mlflow_uri or os.environ.get("MLFLOW_TRACKING_URI") or default_tracking_uri(root)
     preflight(cfg, root, stage_names(cfg, groups), tracking_uri, given)
     with RootLock(root), _prefect_logs():
+        _follow_moved_root(root, tracking_uri)
         tracker = Tracker(tracking_uri)
         tracker.use_experiment(EXPERIMENT, artifact_root=join_url(root, "mlartifacts"))
         killed = tracker.mark_killed_runs(root)
@@ -103,7 +104,25 @@ def session(
             yield cfg, root, Tracking(tracking_uri, tracker.experiment_id, parent)
             ok = True
         finally:
-            tracker.end_run(parent, ok)
+            tracker.end_run(parent, ok, quiet=not ok)
+
+
+def _follow_moved_root(root: str, tracking_uri: str) -> None:
+    """A root copied or moved since its own store was written: point the store's artifact URIs
+    and root tags at where the root is now (``flows.tracking.relocate_store``), so models load
+    and ``status`` finds the runs, and new artifacts land under this root."""
+    from flows.tracking import recorded_root, relocate_store
+
+    if tracking_uri != default_tracking_uri(root):
+        return  # a shared store (a server, another database): its locations are its own
+    db = tracking_uri.removeprefix("sqlite:///")
+    old = recorded_root(db, EXPERIMENT)
+    here = os.path.abspath(root.removeprefix("file://"))
+    if old is not None and old != here:
+        n = relocate_store(db, old, here)
+        log.warning(
+            "root %s was recorded at %s (copied or moved): %d artifact locations and tags rewritten", here, old, n
+        )
 
 
 def _flow_run_id() -> str:
@@ -185,7 +204,7 @@ def stage_task(
             return Completed(name="Skipped", message=f"{stage} is up to date: {result.url}", data=result)
         return result
     finally:
-        tracker.end_run(run_id, ok)
+        tracker.end_run(run_id, ok, quiet=not ok)
 
 
 def _log_stage(tracker: Tracker, run_id: str, stage: str, cfg: RunConfig, result: StageResult) -> None:
@@ -207,22 +226,26 @@ def _log_stage(tracker: Tracker, run_id: str, stage: str, cfg: RunConfig, result
 
 
 def _progress_artifact(stage: str):
-    """A Prefect progress artifact for a training stage, updated at most every 2 s."""
+    """A Prefect progress artifact for a training stage, made at its first progress line (a
+    skipped stage makes none) and updated at most every 2 s."""
     from prefect.artifacts import create_progress_artifact, update_progress_artifact
 
     from flows.proc.protocol import notify_progress
 
-    artifact_id = create_progress_artifact(
-        0.0, key=stage.replace("/", "-") + "-progress", description=f"{stage}: steps done"
-    )
+    artifact: list[Any] = []
     last = [0.0]
 
     def update(done: int, total: int) -> None:
         notify_progress(stage, done, total)
         now = time.monotonic()
-        if total and (now - last[0] > 2.0 or done >= total):
-            last[0] = now
-            update_progress_artifact(artifact_id, 100.0 * done / total)
+        if not total or (now - last[0] <= 2.0 and done < total):
+            return
+        last[0] = now
+        if not artifact:
+            key = stage.replace("/", "-") + "-progress"
+            artifact.append(create_progress_artifact(100.0 * done / total, key=key, description=f"{stage}: steps done"))
+        else:
+            update_progress_artifact(artifact[0], 100.0 * done / total)
 
     return update
 
@@ -248,37 +271,43 @@ def results_table_task(cfg: RunConfig, root: str, tracking: Tracking) -> dict:
 
 @task(name="register-model", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=5)
 def register_model_task(cfg: RunConfig, model: StageResult, downstream: list[StageResult], tracking: Tracking) -> dict:
-    """Log the model as a pyfunc model, register a version, move ``champion`` if it scores better."""
+    """The root's exported model as a registered version, once per export (``flows.model_registry``):
+    logged as a pyfunc model and registered when no version has its fingerprint; scored on one
+    scale (percent) when downstream results are there; ``champion`` moved if it scores better."""
     import mlflow
 
+    from flows import model_registry as registry
     from flows.mlflow_model import log_bert_model
-    from tasks.registry import get_task
 
     tracker = tracking.tracker()
-    mlflow.set_tracking_uri(tracking.uri)
-    mlflow.set_registry_uri(tracking.uri)
-    info = log_bert_model(tracking.parent_run_id, _local_copy(model.url))
-    _ensure_registered(tracker, cfg.model_name)
-    # register_model (not create_model_version) passes the logged model's id: a tracking server
-    # refuses a models:/ source without it
-    version = mlflow.register_model(info.model_uri, cfg.model_name, tags=_version_tags(cfg, model, downstream))
-    metrics = [(r, get_task(get_stage(r.stage).task).metric) for r in downstream]
-    scores = [r.counts[m] for r, m in metrics if m in r.counts]
-    score = sum(scores) / len(scores) if scores else None
-    alias = tracker.set_alias_by_score(cfg.model_name, str(version.version), score)
-    log.info("registered %s version %s (%s, score %s)", cfg.model_name, version.version, alias, score)
-    return {"version": str(version.version), "alias": alias, "score": score}
-
-
-def _ensure_registered(tracker: Tracker, name: str) -> None:
-    from mlflow.exceptions import MlflowException
-
-    try:
-        tracker.client.get_registered_model(name)
-    except MlflowException:
-        tracker.client.create_registered_model(
-            name, description="BERT pretrained by bertflow (MLM + NSP); pyfunc: fill masks, embed text."
-        )
+    name = cfg.model_name
+    fingerprint = (model.manifest or read_manifest(model.url)).fingerprint
+    scores = registry.task_scores([(get_stage(r.stage).task, r) for r in downstream])
+    score, glue = registry.model_score(scores)
+    version = registry.find_version(tracker, name, fingerprint)
+    created = version is None
+    if created:
+        mlflow.set_tracking_uri(tracking.uri)
+        mlflow.set_registry_uri(tracking.uri)
+        info = log_bert_model(tracking.parent_run_id, _local_copy(model.url))
+        registry.ensure_registered_model(tracker, name)
+        # register_model (not create_model_version) passes the logged model's id: a tracking server
+        # refuses a models:/ source without it
+        tags = {**_version_tags(cfg, model, downstream), registry.TAG_FINGERPRINT: fingerprint}
+        version = mlflow.register_model(info.model_uri, name, tags=tags)
+    number = str(version.version)
+    if score is None and not created:  # nothing new to judge it by: it keeps its score and alias
+        log.info("%s version %s already holds this export (%s)", name, number, fingerprint[:12])
+        return {"version": number, "alias": ", ".join(version.aliases) or None, "score": None, "new": False}
+    client = tracker.client
+    client.update_model_version(name, number, description=registry.describe(scores, score, glue))
+    for s in scores:
+        client.set_model_version_tag(name, number, f"{s.task}.score_percent", f"{s.percent:.4f}")
+    if glue is not None:
+        client.set_model_version_tag(name, number, "bertflow.glue_average", f"{glue:.4f}")
+    alias = registry.set_alias_by_score(tracker, name, number, score)
+    log.info("registered %s version %s (%s, score %s)", name, number, alias, score)
+    return {"version": number, "alias": alias, "score": score, "new": created}
 
 
 def _version_tags(cfg: RunConfig, model: StageResult, downstream: list[StageResult]) -> dict[str, str]:

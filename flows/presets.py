@@ -37,6 +37,11 @@ class DataConfig:
     """A MediaWiki export (.xml/.xml.bz2), a folder of dump parts, or a glob. Empty: bundled sample."""
     books: str = ""
     """A folder with one UTF-8 .txt file per book. Empty: bundled sample."""
+    text: str = ""
+    """Documents as records: JSON Lines (.jsonl, .jsonl.gz, .jsonl.zst), Parquet, or a Hugging Face
+    datasets folder (save_to_disk's Arrow files, or its Parquet export); a file, folder or glob,
+    local or gs://. Read when corpus.sources includes "text" (fields: corpus.text_field,
+    text_id_field, text_title_field). Empty: none."""
     downstream: str = ""
     """A folder with the official layouts: glue/<Task>/*.tsv, squad/*.json, conll2003/eng.*, swag/*.csv
     (see docs/downstream.md). Empty: bundled sample."""
@@ -55,16 +60,24 @@ class DataConfig:
     Default "" (tiny-ja and tiny-zh set it)."""
 
     def __post_init__(self):
+        if not isinstance(self.text, str):
+            raise ConfigError(f"data.text: expected a URL string, got {self.text!r}")
         for name, url in self.downstream_urls.items():
             if name not in TASKS:
-                raise ConfigError(f"data.downstream_urls.{name}: unknown task; known: {sorted(TASKS)}")
+                raise ConfigError(
+                    f"data.downstream_urls.{name}: unknown task{suggest(name, TASKS)}; known: {sorted(TASKS)}"
+                )
             if not isinstance(url, str) or not url:
                 raise ConfigError(f"data.downstream_urls.{name}: expected a URL string, got {url!r}")
 
 
 @dataclass(frozen=True)
 class RunConfig:
+    """One run: the preset it started from and every layer's config."""
+
     preset: str = "tiny"
+    """The preset these values came from (--preset; one of flows.presets.PRESETS); names the
+    default root ./runs/<preset>."""
     data: DataConfig = field(default_factory=DataConfig)
     corpus: CorpusConfig = field(default_factory=CorpusConfig)
     vocab: VocabConfig = field(default_factory=VocabConfig)
@@ -102,12 +115,19 @@ class RunConfig:
             )
         for t in self.finetune_tasks:
             if t not in TASKS:
-                raise ConfigError(f"finetune_tasks: unknown task {t!r}; known: {sorted(TASKS)}")
+                raise ConfigError(f"finetune_tasks: unknown task {t!r}{suggest(t, TASKS)}; known: {sorted(TASKS)}")
         if self.vocab.word_tokenizer != "none" and self.examples.segmenter != "none":
             raise ConfigError(
                 f"examples.segmenter: {self.examples.segmenter!r} with vocab.word_tokenizer="
                 f"{self.vocab.word_tokenizer!r}: the vocabulary's words already are the whole words; set it to none"
             )
+        if self.data.text and "text" not in self.corpus.sources:
+            raise ConfigError(
+                f"data.text: set to {self.data.text}, but corpus.sources {list(self.corpus.sources)} leaves the "
+                f"text source out: add it (--set corpus.sources={','.join([*self.corpus.sources, 'text'])})"
+            )
+        if any(TASKS[t].family == "squad" or TASKS[t].options.get("kind") == "qa" for t in self.finetune_tasks):
+            self.finetune.squad.check_window(self.finetune.max_seq_length)
 
 
 def _tiny() -> RunConfig:
@@ -142,6 +162,9 @@ def _tiny() -> RunConfig:
             epochs=3,
             max_seq_length=64,
             grid=GridConfig(learning_rates=(5e-4, 1e-3), seeds=(1,)),
+            # a 64-token window holds a question of up to 16 pieces (the sample's are at most 13)
+            # + 3 + 32-token strides of context (the reference's 64/128 in a 384 window, scaled)
+            squad=SquadConfig(max_query_length=16, doc_stride=32),
         ),
         finetune_tasks=("sst2", "squad1", "conll2003"),
         model_name="bert-tiny",
@@ -182,7 +205,13 @@ def _small() -> RunConfig:
         ),
         # the bundled sets are small (1,000-2,000 training rows): more epochs than the paper's 2-4,
         # the best epoch on dev kept (measured: SQuAD F1 31.6 at 10 epochs vs 25.7 at 3, 800 steps)
-        finetune=FinetuneConfig(learning_rate=2e-4, batch_size=32, epochs=10, max_seq_length=128),
+        finetune=FinetuneConfig(
+            learning_rate=2e-4,
+            batch_size=32,
+            epochs=10,
+            max_seq_length=128,
+            squad=SquadConfig(max_query_length=32, doc_stride=64),  # 32 + 3 + 64 fits the 128 window
+        ),
         finetune_tasks=("sst2", "squad1", "conll2003"),
         model_name="bert-small",
     )
@@ -313,6 +342,7 @@ def resolve_data(cfg: DataConfig) -> DataConfig:
     return DataConfig(
         wiki=cfg.wiki or str(sample / "wiki"),
         books=cfg.books or str(sample / "books"),
+        text=cfg.text,  # no bundled sample: a text corpus is the user's
         downstream=cfg.downstream or str(sample),
         downstream_urls=dict(cfg.downstream_urls),
         finetune_model=cfg.finetune_model,

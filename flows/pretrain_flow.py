@@ -49,6 +49,6 @@ def pretrain(
         names = stage_names(cfg, groups)
         forced = {n for n in names if n.split("/", 1)[0] in forced_groups}
         results = run_stages(names, cfg, root, forced, tracking)
-        out = finish(preset, root, cfg, tracking, results, start, register_skipped=True)
+        out = finish(preset, root, cfg, tracking, results, start)
     create_markdown_artifact(key="pretrain-summary", markdown=summary_markdown(out), description="pipeline summary")
     return out

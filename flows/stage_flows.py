@@ -34,7 +34,7 @@ def make_stage_flow(group: str):
             given,
         ) as (cfg, root, tracking):  # fmt: skip
             results = run_stages(stage_names(cfg, (group,)), cfg, root, params.get("force", True), tracking, given)
-            return finish(preset, root, cfg, tracking, results, start, register_skipped=False)
+            return finish(preset, root, cfg, tracking, results, start)
 
     P = inspect.Parameter
     params = [

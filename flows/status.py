@@ -35,8 +35,11 @@ def _running(root: str) -> str | None:
 
 
 def _mlflow_runs(root: str, uri: str | None) -> dict[str, str]:
-    """stage -> id of its latest MLflow run (when the tracking store exists)."""
-    if uri is None:
+    """stage -> id of its latest MLflow run (when the tracking store exists). In the root's own
+    store every run is the root's (also when the root was copied or moved since); in a shared one,
+    the runs tagged with this root."""
+    own = uri is None
+    if own:
         db = os.path.join(local_path(root), "mlflow.db") if is_local(root) else None
         if not db or not os.path.exists(db):
             return {}
@@ -48,12 +51,12 @@ def _mlflow_runs(root: str, uri: str | None) -> dict[str, str]:
         exp = tracker.client.get_experiment_by_name("bertflow")
         if exp is None:
             return {}
-        runs = tracker.client.search_runs(
-            [exp.experiment_id],
-            filter_string=f"tags.`bertflow.root` = '{root}'",
-            order_by=["attributes.start_time DESC"],
-            max_results=500,
-        )
+        tracker.experiment_id = exp.experiment_id
+        search = {"order_by": ["attributes.start_time DESC"], "max_results": 500}
+        if own:
+            runs = tracker.client.search_runs([exp.experiment_id], **search)
+        else:
+            runs = tracker.runs_with_tag("bertflow.root", root, **search)
     except Exception:  # status must answer even when the store does not
         return {}
     latest: dict[str, str] = {}
@@ -62,6 +65,22 @@ def _mlflow_runs(root: str, uri: str | None) -> dict[str, str]:
         if stage and stage not in latest:
             latest[stage] = f"{r.info.run_id} ({r.info.status.lower()})"
     return latest
+
+
+def root_missing(root: str) -> str:
+    """Why ``root`` is no run root (nothing there, or a file), or "" when it is a folder (an empty
+    one included: then every stage is simply missing)."""
+    import fsspec
+
+    try:
+        fs, path = fsspec.core.url_to_fs(root)
+        if not fs.exists(path):
+            return f"no run root at {root}: the folder does not exist (nothing has run there, or --root is mistyped)"
+        if not fs.isdir(path):
+            return f"{root} is a file, not a run root folder"
+    except OSError as exc:
+        return f"cannot read the run root {root}: {exc}"
+    return ""
 
 
 def collect_status(

@@ -25,7 +25,7 @@ from flows import hooks
 from flows.calls import StageCall, StageResult
 from flows.presets import RunConfig, resolve_data
 from pipeline.beam.config import output_config
-from pipeline.schema.config import ConfigError
+from pipeline.schema.config import ConfigError, suggest
 from pipeline.schema.manifest import Manifest, read_manifest
 from pipeline.schema.storage import join_url
 
@@ -60,7 +60,8 @@ class Stage:
     folder: str
     """Where it writes, under the run's root."""
     inputs: Callable[[RunConfig, str], dict[str, str]]
-    """(config, root) -> input name -> URL; the flows may replace any URL."""
+    """(config, root) -> input name -> URL; the flows may replace any URL. An empty URL is an
+    optional input not given (the corpus's ``text``): :func:`stage_inputs` leaves it out."""
     config: Callable[[RunConfig, dict[str, str]], dict[str, Any]]
     """(config, inputs) -> what its manifest records (what decides a rerun)."""
     run: Callable[[StageCall], Manifest | None]
@@ -243,13 +244,21 @@ def _at(root: str, folder: str) -> str:
     return join_url(root, folder)
 
 
+def corpus_inputs(data) -> dict[str, str]:
+    """The corpus stage's raw inputs: one per source of ``pipeline.corpus.config.CORPUS_SOURCES``,
+    each ``data.<source>`` (empty: not given)."""
+    from pipeline.corpus.config import CORPUS_SOURCES
+
+    return {source: getattr(data, source) for source in CORPUS_SOURCES}
+
+
 # -- the rows ---------------------------------------------------------------------------------------
 STAGES: dict[str, Stage] = {
     s.name: s
     for s in (
         Stage(
             "corpus", "corpus",
-            inputs=lambda cfg, root: {"wiki": resolve_data(cfg.data).wiki, "books": resolve_data(cfg.data).books},
+            inputs=lambda cfg, root: corpus_inputs(resolve_data(cfg.data)),
             config=lambda cfg, inputs: output_config(cfg.corpus),  # how it runs (beam.*) is not recorded
             run=_run_corpus, code=("pipeline.corpus", "pipeline.beam", "pipeline.schema"), provides="corpus",
             figures=("documents", "sentences", "read", "records_rejected"), retries=1, timeout_s=48 * 3600,
@@ -288,14 +297,15 @@ STAGES: dict[str, Stage] = {
             "export", "model",
             inputs=lambda cfg, root: {"pretrain": _at(root, "checkpoints"), "vocab": _at(root, "vocab")},
             config=_export_config, run=_run_export, provides="model", publishes_model=True,
-            code=("model.export", "model.bert", "model.config", "model.contract", "model.kernels", "pipeline.schema"),
+            code=("model.export", "model.bert", "model.packing", "model.config", "model.contract", "model.kernels",
+                  "pipeline.schema"),
             figures=("parameters",), retries=1, timeout_s=3600, preview=hooks.model_preview,
             doc="the final weights in Hugging Face layout (config.json, model.safetensors, vocab)",
         ),
     )
 }  # fmt: skip
-_FINETUNE_CODE = ("tasks", "model.bert", "model.config", "model.contract", "model.export", "model.kernels",
-                  "model.optim", "pipeline.schema")  # fmt: skip
+_FINETUNE_CODE = ("tasks", "model.bert", "model.packing", "model.config", "model.contract", "model.export",
+                  "model.kernels", "model.optim", "pipeline.schema")  # fmt: skip
 
 
 @cache
@@ -338,7 +348,7 @@ def get_stage(name: str) -> Stage:
     if name.startswith("finetune/"):
         return downstream_stage(name.split("/", 1)[1])
     if name not in STAGES:
-        raise KeyError(f"unknown stage {name!r}; stages: {', '.join(CHAIN)}")
+        raise KeyError(f"unknown stage {name!r}{suggest(name, CHAIN)}; stages: {', '.join(CHAIN)}")
     return STAGES[name]
 
 
@@ -367,10 +377,10 @@ def stage_inputs(stage: str, cfg: RunConfig, root: str, given: dict[str, str] | 
     inputs = get_stage(stage).inputs(cfg, root)
     for name, url in (given or {}).items():
         if name not in inputs:
-            raise KeyError(f"stage {stage} has no input {name!r}; inputs: {', '.join(inputs)}")
+            raise KeyError(f"stage {stage} has no input {name!r}{suggest(name, inputs)}; inputs: {', '.join(inputs)}")
         if url:
             inputs[name] = url
-    return inputs
+    return {name: url for name, url in inputs.items() if url}  # an empty URL: an input not given
 
 
 def stage_config(stage: str, cfg: RunConfig, inputs: dict[str, str]) -> dict[str, Any]:

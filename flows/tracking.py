@@ -5,19 +5,41 @@ thread-local "active run", so stages running in threads (downstream fan-out) or 
 subprocess (which gets the run id through the environment) log to the right run.
 The default store is ``sqlite:///<root>/mlflow.db`` (the registry needs a database) with
 artifacts under ``<root>/mlartifacts``.
+
+Design choices:
+1. **A busy store is waited for, not a failure**: every client call retries while the database
+   says it is locked or busy (another process writing a SQLite file; a server restarting), for
+   up to :data:`BUSY_SECONDS`, so a run is never left ``RUNNING`` because one call met a lock.
+2. **Ending a run never hides why it ended**: :meth:`Tracker.end_run` with ``quiet=True`` (the
+   stage tasks' ``finally``) logs a failure to record the end instead of raising over the error
+   that is on its way out (a full disk is reported as the disk, not as MLflow's database error).
+3. **Filters quote what they match**: a root with ``'``, ``"`` or ``\\`` in its path is matched
+   exactly (:func:`tag_filter`; client-side when a value holds both quote characters).
+4. **A root copied or moved elsewhere keeps working**: its own SQLite store recorded absolute
+   artifact URIs; :func:`relocate_store` rewrites them (and the ``bertflow.root`` tags) to the
+   root's new place, which the flow does at the start of a run (``flows.prefect_tasks.session``).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
+import sqlite3
 import time
 from typing import Any
 
 from pipeline.schema.config import flatten, redact
 
+log = logging.getLogger("bertflow.flow")
+
 ENV_RUN_ID = "BERTFLOW_MLFLOW_RUN_ID"
 ENV_TRACKING_URI = "MLFLOW_TRACKING_URI"
+EXPERIMENT_KIND = "custom_model_development"
+"""``mlflow.experimentKind``: MLflow's UI opens the experiment on its training runs (not the
+GenAI overview)."""
+BUSY_SECONDS = 180.0
+_BUSY = ("database is locked", "database is busy", "database table is locked")
 _MAX_PARAM_LEN = 6000
 
 
@@ -31,11 +53,57 @@ def default_tracking_uri(root: str) -> str:
     return f"sqlite:///{path}/mlflow.db"  # the folder is made when the run takes the root's lock
 
 
+def is_busy(exc: BaseException) -> bool:
+    text = str(exc).lower()
+    return any(b in text for b in _BUSY)
+
+
+class _Retrying:
+    """An ``MlflowClient`` whose calls retry while the store is busy (design choice 1)."""
+
+    def __init__(self, client, seconds: float = BUSY_SECONDS):
+        self._client, self._seconds = client, seconds
+
+    def __getattr__(self, name: str):
+        attr = getattr(self._client, name)
+        if not callable(attr):
+            return attr
+
+        def call(*args, **kwargs):
+            deadline, wait = time.monotonic() + self._seconds, 0.1
+            while True:
+                try:
+                    return attr(*args, **kwargs)
+                except Exception as exc:  # MLflow wraps the driver's error in its own
+                    if not is_busy(exc) or time.monotonic() + wait > deadline:
+                        raise
+                    log.warning("MLflow store busy (%s): %s retried in %.1f s", str(exc)[:80], name, wait)
+                    time.sleep(wait)
+                    wait = min(wait * 2, 5.0)
+
+        return call
+
+
 def _client(uri: str):
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     from mlflow.tracking import MlflowClient
 
-    return MlflowClient(tracking_uri=uri, registry_uri=uri)
+    return _Retrying(MlflowClient(tracking_uri=uri, registry_uri=uri))
+
+
+def quoted(value: str) -> str | None:
+    """``value`` as a filter-string literal, in the quote character it does not hold; None when
+    it holds both (MLflow's filter grammar has no escape: match client-side)."""
+    for quote in ("'", '"'):
+        if quote not in value:
+            return f"{quote}{value}{quote}"
+    return None
+
+
+def tag_filter(key: str, value: str) -> str | None:
+    """A filter clause matching tag ``key`` equal to ``value`` exactly (None: see :func:`quoted`)."""
+    literal = quoted(value)
+    return f"tags.`{key}` = {literal}" if literal else None
 
 
 class Tracker:
@@ -53,9 +121,13 @@ class Tracker:
             location = artifact_root
             if location and "://" not in location:
                 location = "file://" + os.path.abspath(location)
-            self.experiment_id = self.client.create_experiment(name, artifact_location=location)
+            self.experiment_id = self.client.create_experiment(
+                name, artifact_location=location, tags={"mlflow.experimentKind": EXPERIMENT_KIND}
+            )
         else:
             self.experiment_id = exp.experiment_id
+            if exp.tags.get("mlflow.experimentKind") != EXPERIMENT_KIND:
+                self.client.set_experiment_tag(self.experiment_id, "mlflow.experimentKind", EXPERIMENT_KIND)
         return self.experiment_id
 
     def start_run(self, name: str, parent_id: str | None = None, tags: dict[str, str] | None = None) -> str:
@@ -65,8 +137,15 @@ class Tracker:
         run = self.client.create_run(self.experiment_id, run_name=name, tags=all_tags)
         return run.info.run_id
 
-    def end_run(self, run_id: str, ok: bool = True) -> None:
-        self.client.set_terminated(run_id, "FINISHED" if ok else "FAILED")
+    def end_run(self, run_id: str, ok: bool = True, quiet: bool = False) -> None:
+        """Mark the run FINISHED (or FAILED). ``quiet``: log a failure to do so instead of raising
+        (in a ``finally`` whose error must stay the one reported)."""
+        try:
+            self.client.set_terminated(run_id, "FINISHED" if ok else "FAILED")
+        except Exception as exc:
+            if not quiet:
+                raise
+            log.warning("MLflow run %s could not be marked %s: %s", run_id, "FINISHED" if ok else "FAILED", exc)
 
     def log_params(self, run_id: str, params: dict[str, Any]) -> None:
         from mlflow.entities import Param
@@ -95,41 +174,19 @@ class Tracker:
     def log_text(self, run_id: str, text: str, path: str) -> None:
         self.client.log_text(run_id, text, path)
 
-    def log_artifacts(self, run_id: str, local_dir: str, path: str | None = None) -> None:
-        self.client.log_artifacts(run_id, local_dir, path)
-
-    def register_model(
-        self,
-        run_id: str,
-        name: str,
-        artifact_path: str | None = None,
-        source: str | None = None,
-        tags: dict[str, Any] | None = None,
-    ) -> str:
-        """Register a new version of ``name`` from the run's ``artifact_path`` or a ``source`` URL."""
-        from mlflow.exceptions import MlflowException
-
-        try:
-            self.client.get_registered_model(name)
-        except MlflowException:
-            self.client.create_registered_model(
-                name, description="BERT pretrained by bertflow (MLM + NSP), Hugging Face layout."
-            )
-        if source is None:
-            source = f"{self.client.get_run(run_id).info.artifact_uri}/{artifact_path}"
-        version = self.client.create_model_version(
-            name, source, run_id=run_id, tags={k: str(v) for k, v in (tags or {}).items()}
-        )
-        return str(version.version)
+    def runs_with_tag(self, key: str, value: str, extra: str = "", **search) -> list:
+        """Runs of the experiment whose tag ``key`` is exactly ``value`` (and the ``extra`` filter)."""
+        clause = tag_filter(key, value)
+        filter_string = " and ".join(c for c in (clause, extra) if c)
+        runs = self.client.search_runs([self.experiment_id], filter_string=filter_string, **search)
+        return [r for r in runs if r.data.tags.get(key) == value]
 
     def mark_killed_runs(self, root: str) -> list[str]:
         """Runs of ``root`` still RUNNING when a new run holds the root's lock: their process died
         (SIGKILL, a lost machine). Mark them KILLED; return their ids."""
         if self.experiment_id is None:
             return []
-        runs = self.client.search_runs(
-            [self.experiment_id], filter_string=f"tags.`bertflow.root` = '{root}' and attributes.status = 'RUNNING'"
-        )
+        runs = self.runs_with_tag("bertflow.root", root, "attributes.status = 'RUNNING'")
         for run in runs:
             self.client.set_terminated(run.info.run_id, "KILLED")
         return [r.info.run_id for r in runs]
@@ -157,28 +214,54 @@ class Tracker:
         if datasets:
             self.client.log_inputs(run_id, datasets=datasets)
 
-    def set_alias_by_score(self, name: str, version: str, score: float | None) -> str:
-        """``champion`` moves to ``version`` if its score beats the champion's (or there is none);
-        otherwise ``version`` becomes the ``challenger``. Returns the alias given."""
-        from mlflow.exceptions import MlflowException
 
-        if score is not None:
-            self.client.set_model_version_tag(name, version, "bertflow.score", f"{score:.6f}")
-        try:
-            champion = self.client.get_model_version_by_alias(name, "champion")
-        except MlflowException:
-            champion = None
-        best = None
-        if champion is not None and str(champion.version) != str(version):
-            try:
-                best = float(champion.tags.get("bertflow.score", "nan"))
-            except ValueError:
-                best = None
-        if champion is None or (score is not None and (best is None or best != best or score > best)):
-            self.client.set_registered_model_alias(name, "champion", version)
-            return "champion"
-        self.client.set_registered_model_alias(name, "challenger", version)
-        return "challenger"
+# -- a root's own store, copied or moved ---------------------------------------------------------------
+_LOCATIONS = (  # (table, column) holding artifact URIs, file:///<root>/mlartifacts/...
+    ("experiments", "artifact_location"),
+    ("runs", "artifact_uri"),
+    ("logged_models", "artifact_location"),
+    ("model_versions", "storage_location"),
+    ("model_versions", "source"),
+)
+_TAG_VALUES = ("tags", "model_version_tags")  # bertflow.root, bertflow.url, lineage.*.url ...
+
+
+def recorded_root(db_path: str, experiment: str) -> str | None:
+    """The root a root-local store was written at: its experiment's artifact location without
+    ``/mlartifacts`` (None: no such experiment, or not a root's own store)."""
+    if not os.path.exists(db_path):
+        return None
+    with sqlite3.connect(db_path) as db:
+        row = db.execute("select artifact_location from experiments where name = ?", (experiment,)).fetchone()
+    if not row or not row[0] or not row[0].startswith("file://") or not row[0].endswith("/mlartifacts"):
+        return None
+    return row[0].removeprefix("file://").removesuffix("/mlartifacts")
+
+
+def relocate_store(db_path: str, old_root: str, new_root: str) -> int:
+    """Rewrite a root-local SQLite store recorded at ``old_root`` for ``new_root``: artifact URIs
+    (experiments, runs, logged models, model versions) and tag values naming paths under the old
+    root. Returns the number of values rewritten. One transaction; values elsewhere untouched."""
+    old, new = old_root.rstrip("/"), new_root.rstrip("/")
+    changed = 0
+    with sqlite3.connect(db_path, timeout=BUSY_SECONDS) as db:
+        tables = {r[0] for r in db.execute("select name from sqlite_master where type = 'table'")}
+        for table, column in _LOCATIONS:
+            if table in tables:
+                for prefix, to in ((f"file://{old}/", f"file://{new}/"), (f"{old}/", f"{new}/")):
+                    changed += _replace_prefix(db, table, column, prefix, to)
+        for table in _TAG_VALUES:
+            if table in tables:
+                changed += _replace_prefix(db, table, "value", f"{old}/", f"{new}/")
+                changed += db.execute(f"update {table} set value = ? where value = ?", (new, old)).rowcount
+    return changed
+
+
+def _replace_prefix(db, table: str, column: str, prefix: str, to: str) -> int:
+    return db.execute(
+        f"update {table} set {column} = ? || substr({column}, ?) where substr({column}, 1, ?) = ?",
+        (to, len(prefix) + 1, len(prefix), prefix),
+    ).rowcount
 
 
 def check_tracking_uri(uri: str, timeout: float = 5.0) -> None:

@@ -1,19 +1,28 @@
-"""Where the training loop runs: CPU, CUDA (optionally DDP under torchrun) or XLA (TPU).
+"""Where the training loop runs: CPU, CUDA (optionally DDP/FSDP under torchrun) or XLA (TPU).
 
-The loop in ``model/train.py`` stays backend-neutral; everything that differs between backends
-goes through one :class:`Backend` object: the device, a step-synchronisation hook (XLA builds
-a lazy graph per step and runs it at ``torch_xla.sync()``), a timing barrier, mixed precision,
-device RNG state for exact resume, and the data-parallel seam (rank / world size from the
-environment ``torchrun`` sets; rank 0 alone logs and saves).
+The loop in ``model/train.py`` never asks which backend runs: it asks one :class:`Backend`
+object each question whose answer differs, and this module and ``model/parallel.py`` answer:
 
-Design choices: ``torch_xla`` is imported lazily, only for ``"xla"``, so CPU and CUDA runs never
-need it (it pins torch 2.9; see pyproject's ``xla`` extra). On XLA one process drives all the
-devices of its host through SPMD: ``xr.use_spmd()``, a 1-D ``data`` mesh over the devices, and
-every batch tensor sharded along its batch axis (``xs.mark_sharding``), so the loader serves
-the host's whole batch and XLA splits it (the weights stay replicated, the gradient all-reduce
-is compiled in). Multi-replica XLA (one process per device) is not used: on the CPU device its
-all-reduce hangs, and SPMD is torch-xla's recommended path on TPU pods. Several CPU/CUDA processes (torchrun) share the
-model through DDP, or FSDP (``fully_shard`` per encoder layer and the root) for large models.
+- the device, mixed precision, device RNG state, a timing barrier: ``Backend`` (CPU),
+  ``CudaBackend``, ``XlaBackend``;
+- the MLM loss weight of each micro-batch (the global-batch mean): host counts all-reduced over
+  the ranks; on XLA counted on the device from the global batch's labels;
+- gradient sync during accumulation, the global gradient norm, the whole model and optimizer
+  state for checkpoints and the export: the data-parallel strategy (``model/parallel.py``: one
+  process, DDP ``no_sync``, FSDP ``set_requires_gradient_sync``, DTensor ``full_tensor``, full
+  state dicts); on a TPU pod slice every host moves them to the CPU and host 0 keeps them;
+- batch widths and the MLM head: the longest example rounded up to 8 and the sparse head; on XLA
+  fixed buckets and the dense head (static shapes);
+- the end of a step: nothing; on XLA ``torch_xla.sync()`` runs the step's graph.
+
+Design choices: ``torch_xla`` is imported lazily, only for ``"xla"`` (``model/xla.py``), so CPU
+and CUDA runs never need it. On XLA one process drives all the devices of its host through
+SPMD: ``xr.use_spmd()``, a 1-D ``data`` mesh over the devices, and every batch tensor sharded
+along its batch axis, so the loader serves the host's whole batch and XLA splits it (the weights
+stay replicated, the gradient all-reduce is compiled in). Multi-replica XLA (one process per
+device) is not used: on the CPU device its all-reduce hangs, and SPMD is torch-xla's recommended
+path on TPU pods. Several CPU/CUDA processes (torchrun) share the model through DDP, or FSDP
+(``fully_shard`` per encoder layer and the root) for large models.
 
 Two notions of "rank", kept apart: ``rank`` / ``world_size`` are the torch.distributed processes
 that DDP/FSDP and the metric all-reduces span (torchrun; always 0 / 1 on XLA, where SPMD compiles
@@ -34,24 +43,21 @@ from __future__ import annotations
 import contextlib
 import os
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from torch import nn
 
+from model import xla
+from model.bert import BertForPreTraining
+from model.checkpoint import to_cpu
+from model.config import BertConfig
+from model.data import IGNORE_INDEX
+from model.parallel import STRATEGIES, OneProcess, unwrap
+
 BACKENDS = ("cpu", "cuda", "xla")
 
-
-def _torch_xla():
-    try:
-        import torch_xla
-        import torch_xla.core.xla_model as xm
-    except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise RuntimeError(
-            "pretrain.backend='xla' needs torch-xla, which is not installed here. It only works "
-            "with torch 2.9.x: install it in its own environment with "
-            "`pip install torch==2.9.0 torch-xla==2.9.0` (add [tpu] on a TPU VM)"
-        ) from exc
-    return torch_xla, xm
+__all__ = ["BACKENDS", "Backend", "CudaBackend", "XlaBackend", "select_device", "setup_backend", "unwrap"]
 
 
 def select_device(backend: str) -> torch.device:
@@ -63,146 +69,314 @@ def select_device(backend: str) -> torch.device:
             raise RuntimeError("pretrain.backend='cuda' but torch sees no CUDA device")
         return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
     if backend == "xla":
-        torch_xla, _ = _torch_xla()
-        return torch_xla.device()
+        return xla.device()
     raise ValueError(f"pretrain.backend: unknown backend {backend!r}, expected one of {BACKENDS}")
 
 
 @dataclass
 class Backend:
-    name: str
+    """One or several CPU processes: the answers every other backend refines."""
+
     device: torch.device
+    precision: str = "fp32"
+    """The resolved precision: fp32 | bf16 (autocast; parameters and optimizer stay fp32)."""
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0
-    precision: str = "fp32"
-    """The resolved precision: fp32 | bf16 (autocast; parameters and optimizer stay fp32)."""
-    parallel: str = "ddp"
-    mesh: object = None
-    """XLA SPMD: the device mesh batches are sharded over (None: one device, no sharding)."""
     data_rank: int | None = None
     """Which share of the data this process reads (default ``rank``; XLA: the host's process index)."""
     data_world: int | None = None
     """Processes the data is split between (default ``world_size``; XLA: the hosts of the slice)."""
+    parallel: OneProcess = None  # type: ignore[assignment]
+    """How the processes share the model (``model/parallel.py``); default: one process."""
+
+    name: ClassVar[str] = "cpu"
+    sparse_head: ClassVar[bool] = True
+    """Project only the masked positions in the MLM head (data-dependent shapes)."""
+    unpad_default: ClassVar[bool] = False
+    """``pretrain.unpad=auto``: on CPU the padded step measured faster (docs/pretraining.md)."""
+    compile_default: ClassVar[bool] = False
+    """``pretrain.compile=auto``: on CPU the explicit oneDNN path is the fast one (model/kernels.py)."""
+    feed_ahead: ClassVar[bool] = False
+    """Copy each step's batches to the device one step ahead (no copy on the CPU: nothing to gain)."""
+    mesh: ClassVar[object] = None
+    """XLA SPMD: the device mesh batches are sharded over (None: one device, no sharding)."""
 
     def __post_init__(self):
         if self.data_rank is None:
             self.data_rank = self.rank
         if self.data_world is None:
             self.data_world = self.world_size
+        if self.parallel is None:
+            self.parallel = OneProcess(self.device, self.world_size)
 
     @property
     def devices(self) -> int:
         """Devices the model's step runs on (XLA SPMD: every device of the slice, all hosts)."""
-        return len(self.mesh.device_ids) if self.mesh is not None else 1
+        return 1
 
     @property
     def local_devices(self) -> int:
         """Devices this process feeds: its share of the host-local batch goes to each."""
-        return max(1, self.devices // self.data_world) if self.mesh is not None else 1
+        return 1
 
     @property
     def multihost(self) -> bool:
-        """XLA on several hosts (a pod slice): one SPMD program, one process per host."""
-        return self.name == "xla" and self.data_world > 1
-
-    def input_sharding(self, dims: dict[str, int]) -> dict[str, object]:
-        """Per key (its tensor's number of dimensions), the SPMD sharding of a host-local batch:
-        split along the batch axis over the mesh; ``minibatch=True`` makes each host's tensor its
-        slice of the global batch."""
-        import torch_xla.distributed.spmd as xs
-
-        return {k: xs.ShardingSpec(self.mesh, ("data",) + (None,) * (n - 1), minibatch=True) for k, n in dims.items()}
-
-    def put_batch(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Move a (host-local) batch to the device; under SPMD as the sharded global batch."""
-        if self.mesh is None:
-            return {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
-        _, xm = _torch_xla()
-        specs = self.input_sharding({k: v.dim() for k, v in batch.items()})
-        return {k: xm.send_cpu_data_to_device(v, self.device, specs[k])[0] for k, v in batch.items()}
+        """Several hosts drive one SPMD program (XLA pod slices only)."""
+        return False
 
     @property
     def is_main(self) -> bool:
         """Rank 0 (XLA: host 0): the only process that logs, checkpoints and writes outputs."""
         return self.rank == 0 and self.data_rank == 0
 
+    # -- device ------------------------------------------------------------------------------
+    def put_batch(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Move a (host-local) batch to the device (a packed batch's ``Packing`` too; its ints stay)."""
+        return {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
+
+    def prefetch(self, batch: dict[str, torch.Tensor]):
+        """Start moving ``batch`` to the device; :meth:`ready` hands it over when the step uses it."""
+        return self.put_batch(batch)
+
+    def ready(self, prefetched) -> dict[str, torch.Tensor]:
+        return prefetched
+
+    def compile(self, model: nn.Module) -> nn.Module:
+        """``pretrain.compile``: the model's regions through ``torch.compile`` (model/compile.py)."""
+        from model.compile import compile_regions
+
+        return compile_regions(model)
+
+    def _scalar(self, value: float) -> torch.Tensor:
+        """A float32 scalar on the device, from a host value."""
+        return torch.tensor(value, device=self.device)
+
     def step_done(self) -> None:
-        """Call after each optimizer step: on XLA this cuts and runs the step's graph."""
-        if self.name == "xla":
-            torch_xla, _ = _torch_xla()
-            torch_xla.sync()
+        """Call after each optimizer step (XLA cuts and runs the step's graph here)."""
 
     def wait(self) -> None:
         """Block until queued device work is done (for honest timings)."""
-        if self.name == "cuda":
-            torch.cuda.synchronize(self.device)
-        elif self.name == "xla":
-            _, xm = _torch_xla()
-            xm.wait_device_ops()
 
     def autocast(self):
         if self.precision != "bf16":
             return contextlib.nullcontext()
-        return torch.autocast({"cuda": "cuda", "xla": "xla"}.get(self.name, "cpu"), dtype=torch.bfloat16)
+        return torch.autocast(self.device.type, dtype=torch.bfloat16)
 
     def rng_state(self) -> dict:
         """Device RNG state (dropout on the accelerator); the CPU generator is saved separately."""
-        if self.name == "cuda":
-            return {"cuda": torch.cuda.get_rng_state(self.device)}
-        if self.name == "xla":
-            _, xm = _torch_xla()
-            return {"xla": int(xm.get_rng_state())}
         return {}
 
     def set_rng_state(self, state: dict) -> None:
-        if self.name == "cuda" and "cuda" in state:
-            torch.cuda.set_rng_state(state["cuda"], self.device)
-        elif self.name == "xla" and "xla" in state:
-            _, xm = _torch_xla()
-            xm.set_rng_state(int(state["xla"]))
+        pass
 
+    # -- batches -------------------------------------------------------------------------------
+    def buckets(self, length: int) -> tuple[int, ...]:
+        """Fixed pad lengths for a phase of ``length``; empty: the longest example rounded up to 8."""
+        return ()
+
+    def loss_weights(self, micro: list) -> list[torch.Tensor]:
+        """Per micro-batch ``(batch, info)``, the weight of its MLM mean in the global-batch mean:
+        its masked tokens over those of the whole global batch (host counts, all-reduced), times
+        the processes, as DDP averages gradients over ranks."""
+        total = self.all_reduce_sum(self._scalar(float(sum(info.masked for _, info in micro))))
+        total = torch.clamp(total, min=1.0)
+        return [self._scalar(float(info.masked * self.world_size)) / total for _, info in micro]
+
+    # -- the model across processes (model/parallel.py) ---------------------------------------
     def wrap(self, model: nn.Module) -> nn.Module:
         """DDP (or FSDP) when running under torchrun with more than one process."""
-        if self.world_size > 1 and self.name in ("cpu", "cuda") and self.parallel == "fsdp":
-            from torch.distributed.fsdp import fully_shard
+        return self.parallel.wrap(model)
 
-            for layer in model.bert.encoder.layer:
-                fully_shard(layer)
-            fully_shard(model)
-            return model
-        if self.world_size > 1 and self.name in ("cpu", "cuda"):
-            from torch.nn.parallel import DistributedDataParallel
+    def grad_sync(self, train_model: nn.Module, last: bool):
+        """Context of one micro-batch's forward and backward: gradients reduced on the last only."""
+        return self.parallel.grad_sync(train_model, last)
 
-            ids = [self.device.index] if self.name == "cuda" else None
-            return DistributedDataParallel(model, device_ids=ids)
-        return model
+    def grad_norm(self, norm: torch.Tensor) -> torch.Tensor:
+        return self.parallel.grad_norm(norm)
 
+    def full_model(self, model: nn.Module, config: BertConfig) -> nn.Module | None:
+        """A model with all weights on the main process (None elsewhere), for checkpoints and the
+        export; every process must call it (a collective under FSDP)."""
+        return self.parallel.full_model(model, config, self.is_main)
+
+    def replica(self, model: nn.Module, config: BertConfig) -> nn.Module | None:
+        """This process's whole model (every process must call it; FSDP gathers to rank 0)."""
+        return self.parallel.replica(model, config, self.is_main)
+
+    def optimizer_state(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+        return self.parallel.optimizer_state(model, optimizer)
+
+    def load_optimizer_state(self, model: nn.Module, optimizer: torch.optim.Optimizer, state: dict) -> None:
+        self.parallel.load_optimizer_state(model, optimizer, state)
+
+    # -- agreement between processes -------------------------------------------------------------
     def barrier(self) -> None:
         """Wait for every process (torchrun ranks, or the hosts of an XLA pod slice)."""
-        if (self.world_size > 1 or self.multihost) and torch.distributed.is_initialized():
-            torch.distributed.barrier()
+        self.parallel.barrier()
 
     def all_reduce_sum(self, t: torch.Tensor) -> torch.Tensor:
         """Sum a metric tensor over DDP/FSDP ranks (identity on one process, and on XLA, where
         SPMD already computed it over the global batch)."""
-        if self.world_size > 1 and torch.distributed.is_initialized():
-            t = t.clone()
-            torch.distributed.all_reduce(t)
-        return t
+        return self.parallel.all_reduce_sum(t)
 
     def any_rank(self, flag: bool) -> bool:
         """True on every process when ``flag`` is true on any (e.g. a stop signal reached one host)."""
-        if (self.world_size > 1 or self.multihost) and torch.distributed.is_initialized():
-            t = torch.tensor([1.0 if flag else 0.0], device=self.device if self.name == "cuda" else "cpu")
+        return self.parallel.any_rank(flag)
+
+    def same_everywhere(self, value: int) -> bool:
+        """Whether every host of an XLA pod slice holds the same ``value`` (True elsewhere: DDP
+        broadcasts rank 0's state). SPMD needs the hosts in lockstep, e.g. resuming the same step."""
+        return True
+
+
+@dataclass
+class CudaBackend(Backend):
+    """One GPU per process (``LOCAL_RANK``); NCCL between processes. A step without host syncs:
+    batches from pinned memory copied on a side stream one step ahead, host scalars as fill
+    kernels, the unpadded path (its indices from the loader) compiled by default."""
+
+    name: ClassVar[str] = "cuda"
+    unpad_default: ClassVar[bool] = True
+    compile_default: ClassVar[bool] = True
+    feed_ahead: ClassVar[bool] = True
+
+    def __post_init__(self):
+        super().__post_init__()
+        self._copies = None  # the side stream of host-to-device copies, made on first use
+
+    def _scalar(self, value: float) -> torch.Tensor:
+        # a fill kernel: ``torch.tensor(x, device="cuda")`` copies from pageable memory and syncs
+        return torch.full((), value, dtype=torch.float32, device=self.device)
+
+    def prefetch(self, batch: dict[str, torch.Tensor]):
+        if self._copies is None:
+            self._copies = torch.cuda.Stream(self.device)
+        with torch.cuda.stream(self._copies):
+            out = {k: v.pin_memory().to(self.device, non_blocking=True) for k, v in batch.items()}
+        return out, self._copies.record_event()
+
+    def ready(self, prefetched) -> dict[str, torch.Tensor]:
+        batch, copied = prefetched
+        stream = torch.cuda.current_stream(self.device)
+        stream.wait_event(copied)
+        for v in batch.values():  # the compute stream uses memory the copy stream allocated
+            for t in vars(v).values() if not torch.is_tensor(v) else (v,):
+                if torch.is_tensor(t):
+                    t.record_stream(stream)
+        return batch
+
+    def wait(self) -> None:
+        torch.cuda.synchronize(self.device)
+
+    def rng_state(self) -> dict:
+        return {"cuda": torch.cuda.get_rng_state(self.device)}
+
+    def set_rng_state(self, state: dict) -> None:
+        if "cuda" in state:
+            torch.cuda.set_rng_state(state["cuda"], self.device)
+
+
+@dataclass
+class XlaBackend(Backend):
+    """torch-xla: one process per host SPMD-drives every device of the slice (``model/xla.py``)."""
+
+    mesh: object = None  # type: ignore[misc]
+    name: ClassVar[str] = "xla"
+    sparse_head: ClassVar[bool] = False  # XLA wants static shapes: the dense MLM head
+
+    @property
+    def devices(self) -> int:
+        return len(self.mesh.device_ids) if self.mesh is not None else 1
+
+    @property
+    def local_devices(self) -> int:
+        return max(1, self.devices // self.data_world) if self.mesh is not None else 1
+
+    def compile(self, model: nn.Module) -> nn.Module:
+        raise ValueError("pretrain.compile: XLA compiles each bucket's graph by itself (pretrain.xla_cache)")
+
+    @property
+    def multihost(self) -> bool:
+        """Several hosts (a pod slice): one SPMD program, one process per host."""
+        return self.data_world > 1
+
+    def input_sharding(self, dims: dict[str, int]) -> dict[str, object]:
+        """Per key (its tensor's number of dimensions), the SPMD sharding of a host-local batch."""
+        return xla.input_sharding(self.mesh, dims)
+
+    def put_batch(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Move a (host-local) batch to the device; under SPMD as the sharded global batch."""
+        if self.mesh is None:
+            return super().put_batch(batch)
+        return xla.send_to_device(batch, self.device, self.input_sharding({k: v.dim() for k, v in batch.items()}))
+
+    def step_done(self) -> None:
+        xla.sync()
+
+    def wait(self) -> None:
+        xla.wait()
+
+    def autocast(self):
+        if self.precision != "bf16":
+            return contextlib.nullcontext()
+        return torch.autocast("xla", dtype=torch.bfloat16)
+
+    def rng_state(self) -> dict:
+        return {"xla": xla.get_rng_state()}
+
+    def set_rng_state(self, state: dict) -> None:
+        if "xla" in state:
+            xla.set_rng_state(state["xla"])
+
+    def buckets(self, length: int) -> tuple[int, ...]:
+        """Three fixed widths (a compiled graph each); on several hosts only the phase's length:
+        every host's slice of a global batch must have the same width, and a host sees only its
+        own examples."""
+        if self.multihost:
+            return (length,)
+        return tuple(sorted({max(16, -(-length // 4 // 8) * 8), max(16, -(-length // 2 // 8) * 8), length}))
+
+    def loss_weights(self, micro: list) -> list[torch.Tensor]:
+        """SPMD: the device batch is the global one, its labels give global counts."""
+        counts = [(batch["labels"] != IGNORE_INDEX).sum().to(torch.float32) for batch, _ in micro]
+        total = torch.clamp(torch.stack(counts).sum(), min=1.0)
+        return [c / total for c in counts]
+
+    def full_model(self, model: nn.Module, config: BertConfig) -> nn.Module | None:
+        """On a pod slice every host fetches the weights (a transfer of SPMD data may run a
+        program on all hosts) and host 0 keeps them."""
+        if not self.multihost:
+            return super().full_model(model, config)
+        weights = to_cpu(unwrap(model).state_dict())
+        if not self.is_main:
+            return None
+        whole = BertForPreTraining(config)
+        whole.load_state_dict(weights)
+        whole.tie_weights()
+        return whole
+
+    def optimizer_state(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+        if self.multihost:  # every host fetches (see full_model)
+            return to_cpu(optimizer.state_dict())
+        return super().optimizer_state(model, optimizer)
+
+    def _hosts_agree(self) -> bool:
+        return self.multihost and torch.distributed.is_initialized()
+
+    def barrier(self) -> None:
+        if self._hosts_agree():
+            torch.distributed.barrier()
+
+    def any_rank(self, flag: bool) -> bool:
+        if self._hosts_agree():
+            t = torch.tensor([1.0 if flag else 0.0])
             torch.distributed.all_reduce(t)
             return bool(t.item() > 0)
         return flag
 
     def same_everywhere(self, value: int) -> bool:
-        """Whether every host of an XLA pod slice holds the same ``value`` (True elsewhere: DDP
-        broadcasts rank 0's state). SPMD needs the hosts in lockstep, e.g. resuming the same step."""
-        if not (self.multihost and torch.distributed.is_initialized()):
+        if not self._hosts_agree():
             return True
         t = torch.tensor([value, -value], dtype=torch.int64)
         torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
@@ -216,28 +390,30 @@ def resolve_precision(backend: str, precision: str) -> str:
     return precision
 
 
-def setup_backend(name: str, precision: str = "auto", parallel: str = "ddp") -> Backend:
+def setup_backend(name: str, precision: str = "auto", parallel: str = "ddp", xla_cache: str = "") -> Backend:
     """The backend for this process; joins the process group when torchrun started several.
 
     ``RANK`` / ``WORLD_SIZE`` / ``LOCAL_RANK`` are read from the environment (torchrun sets them);
     with none set this is a single process of rank 0. On XLA the data rank / world are the host's
-    process index / count (:func:`xla_process`), and several hosts join a gloo group (:func:`join_hosts`).
+    process index / count (``model.xla.process``), several hosts join a gloo group
+    (``model.xla.join_hosts``), and ``xla_cache`` (a folder) holds the persistent compilation cache.
     """
     rank = int(os.environ.get("RANK", "0"))
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    if name == "xla" and world_size > 1:
-        raise NotImplementedError(
-            "several XLA processes per host (torchrun) are not used: run one process per host, which "
-            "drives all devices through SPMD (on a pod slice: the same command on every host)"
-        )
-    mesh = None
-    data_rank, data_world = rank, world_size
+    precision = resolve_precision(name, precision)
     if name == "xla":
-        mesh = _spmd_mesh()
-        data_rank, data_world = xla_process()
+        if world_size > 1:
+            raise NotImplementedError(
+                "several XLA processes per host (torchrun) are not used: run one process per host, which "
+                "drives all devices through SPMD (on a pod slice: the same command on every host)"
+            )
+        xla.persistent_cache(xla_cache)
+        mesh = xla.spmd_mesh()
+        data_rank, data_world = xla.process()
         if data_world > 1:
-            join_hosts()
+            xla.join_hosts()
+        return XlaBackend(select_device(name), precision, data_rank=data_rank, data_world=data_world, mesh=mesh)
     device = select_device(name)
     if name == "cuda":
         torch.cuda.set_device(device)
@@ -245,59 +421,11 @@ def setup_backend(name: str, precision: str = "auto", parallel: str = "ddp") -> 
         torch.backends.cudnn.allow_tf32 = True
     if world_size > 1 and not torch.distributed.is_initialized():
         torch.distributed.init_process_group("nccl" if name == "cuda" else "gloo")
-    return Backend(
-        name,
-        device,
-        rank,
-        world_size,
-        local_rank,
-        resolve_precision(name, precision),
-        parallel,
-        mesh,
-        data_rank,
-        data_world,
-    )
+    strategy = (STRATEGIES[parallel] if world_size > 1 else OneProcess)(device, world_size, precision)
+    cls = CudaBackend if name == "cuda" else Backend
+    return cls(device, precision, rank, world_size, local_rank, parallel=strategy)
 
 
-def xla_process() -> tuple[int, int]:
-    """(process index, process count) of this host in the XLA runtime: (0, 1) on one host.
-    A seam: tests replace it to play host 1 of 2 without a pod."""
-    _torch_xla()
-    import torch_xla.runtime as xr
-
-    return xr.process_index(), xr.process_count()
-
-
-def join_hosts() -> None:
-    """Join the hosts of a pod slice in a CPU (gloo) process group for host-side agreement.
-
-    torch-xla's ``xla://`` rendezvous takes rank and world size from the SPMD runtime (process
-    index / count) and the master address from the TPU metadata (or ``MASTER_ADDR``).
-    """
-    import torch_xla.distributed.xla_backend  # noqa: F401 - registers the xla:// rendezvous
-
-    if not torch.distributed.is_initialized():
-        torch.distributed.init_process_group("gloo", init_method="xla://")
-
-
-def _spmd_mesh():
-    """A 1-D ``data`` mesh over every XLA device of this host, or None with a single device.
-
-    ``xr.use_spmd()`` must run before any XLA tensor exists, so this is called before the model
-    is built; with one device SPMD is left off (plain single-device XLA).
-    """
-    _torch_xla()
-    import numpy as np
-    import torch_xla.distributed.spmd as xs
-    import torch_xla.runtime as xr
-
-    n = xr.global_runtime_device_count()
-    if n <= 1:
-        return None
-    xr.use_spmd()
-    return xs.Mesh(np.arange(n), (n,), ("data",))
-
-
-def unwrap(model: nn.Module) -> nn.Module:
-    """The module inside a DDP wrapper (for saving and for attributes like ``sparse_prediction``)."""
-    return model.module if hasattr(model, "module") else model
+def choose(setting: str, default: bool) -> bool:
+    """An ``auto | on | off`` option (``model.config.SWITCH``): ``default`` for auto."""
+    return default if setting == "auto" else setting == "on"

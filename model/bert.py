@@ -38,18 +38,32 @@ How this differs from google-research/bert ``modeling.py`` and HF ``modeling_ber
    the keys/values is row-wise, so those rows are what the full layer would give, and the rest
    is never read. At seq 128 with 20 masked positions this skips ~84% of the last layer's
    query/output/feed-forward work. ``head_rows`` lays the rows out as (B, M) per sequence.
+10. **Unpadded (packed) batches** (``pretrain.unpad``; ``model/packing.py``, MosaicBERT's and
+   ModernBERT's idea): ``packing=`` gives the batch as its real tokens only, ``input_ids``
+   (N,), with the layout computed by the loader. Embeddings, every linear layer and LayerNorm
+   run over (N, H), attention over the packed sequences with cumulative lengths
+   (``kernels.varlen_attend``: flash ``varlen_attn`` on CUDA, a reference elsewhere), the last
+   layer over the heads' rows only (as point 9), the MLM head over the M masked tokens, whose
+   count and indices come from the loader: no ``nonzero`` and no host sync in the step. The
+   same maths as the padded path (tested to 1e-5 in fp32: logits, losses, gradients). The
+   padded path stays for XLA (static shapes), evaluation of unpacked batches and fine-tuning.
+11. Each region that ``torch.compile`` compiles (``model/compile.py``: the embeddings, every
+   encoder layer, the heads with their losses) is a module whose ``forward`` takes tensors and
+   ints only and has no data-dependent shape, so it compiles with ``fullgraph=True``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from model.config import BertConfig
-from model.kernels import Linear, attend, dropout
+from model.kernels import Linear, attend, dropout, varlen_attend
+from model.packing import Packing
 
 IGNORE_INDEX = -100
 
@@ -62,6 +76,16 @@ def activation(name: str):
     if name == "relu":
         return F.relu
     raise ValueError(f"model.hidden_act: unknown activation {name!r}")
+
+
+class VarLen(NamedTuple):
+    """Packed attention's layout: queries ``cu_q`` (B + 1,) of at most ``max_q`` rows each, over
+    keys ``cu_k`` of at most ``max_k`` (int32 cumulative lengths)."""
+
+    cu_k: torch.Tensor
+    max_k: int
+    cu_q: torch.Tensor
+    max_q: int
 
 
 def head_rows(selected: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -93,9 +117,14 @@ class BertEmbeddings(nn.Module):
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.dropout_p = config.hidden_dropout_prob
 
-    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor) -> torch.Tensor:
-        T = input_ids.size(1)
-        positions = torch.arange(T, device=input_ids.device)  # (T,), broadcast over B
+    def forward(
+        self, input_ids: torch.Tensor, token_type_ids: torch.Tensor, position_ids: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """(B, T) ids -> (B, T, H); packed: (N,) ids and their ``position_ids`` -> (N, H)."""
+        if position_ids is None:
+            positions = torch.arange(input_ids.size(1), device=input_ids.device)  # (T,), broadcast over B
+        else:
+            positions = position_ids
         x = (
             self.word_embeddings(input_ids)
             + self.position_embeddings(positions)
@@ -116,9 +145,21 @@ class BertSelfAttention(nn.Module):
         self.value = Linear(config.hidden_size, config.hidden_size)
         self.dropout_p = config.attention_probs_dropout_prob
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None, queries: torch.Tensor | None = None) -> torch.Tensor:
-        """x (B, T, H) gives keys and values; ``queries`` (B, M, H) the rows to compute (default: x)."""
+    def forward(
+        self,
+        x: torch.Tensor,
+        mask: torch.Tensor | None,
+        queries: torch.Tensor | None = None,
+        seq: VarLen | None = None,
+    ) -> torch.Tensor:
+        """x (B, T, H) gives keys and values; ``queries`` (B, M, H) the rows to compute (default: x).
+        Packed (``seq``): x (N, H), queries (R, H) -> (R, H)."""
         xq = x if queries is None else queries
+        if seq is not None:
+            nh, hs = self.num_heads, self.head_size
+            q, k, v = (t.view(-1, nh, hs) for t in (self.query(xq), self.key(x), self.value(x)))  # (n, nh, hs)
+            y = varlen_attend(q, k, v, seq.cu_q, seq.cu_k, seq.max_q, seq.max_k, self.dropout_p, self.training)
+            return y.reshape(-1, nh * hs)  # (R, H)
         B, T, H = x.shape
         M = xq.size(1)
 
@@ -149,8 +190,14 @@ class BertAttention(nn.Module):
         self.self = BertSelfAttention(config)  # HF's name: encoder.layer.N.attention.self.*
         self.output = BertSelfOutput(config)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None, queries: torch.Tensor | None = None) -> torch.Tensor:
-        return self.output(self.self(x, mask, queries), x if queries is None else queries)
+    def forward(
+        self,
+        x: torch.Tensor,
+        mask: torch.Tensor | None,
+        queries: torch.Tensor | None = None,
+        seq: VarLen | None = None,
+    ) -> torch.Tensor:
+        return self.output(self.self(x, mask, queries, seq), x if queries is None else queries)
 
 
 class BertIntermediate(nn.Module):
@@ -190,10 +237,22 @@ class BertLayer(nn.Module):
         self.intermediate = BertIntermediate(config)
         self.output = BertLayerOutput(config)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None, rows: torch.Tensor | None = None) -> torch.Tensor:
-        """(B, T, H) -> (B, T, H); with ``rows`` (B, M) positions, only those rows: (B, M, H)."""
-        queries = None if rows is None else x.gather(1, rows[..., None].expand(-1, -1, x.size(-1)))
-        a = self.attention(x, mask, queries)
+    def forward(
+        self,
+        x: torch.Tensor,
+        mask: torch.Tensor | None,
+        rows: torch.Tensor | None = None,
+        seq: VarLen | None = None,
+    ) -> torch.Tensor:
+        """(B, T, H) -> (B, T, H); with ``rows`` (B, M) positions, only those rows: (B, M, H).
+        Packed (``seq``): (N, H) -> (N, H), or with ``rows`` (R,) token indices (R, H)."""
+        if rows is None:
+            queries = None
+        elif seq is not None:
+            queries = x.index_select(0, rows)  # (R, H)
+        else:
+            queries = x.gather(1, rows[..., None].expand(-1, -1, x.size(-1)))  # (B, M, H)
+        a = self.attention(x, mask, queries, seq)
         return self.output(self.intermediate(a), a)
 
 
@@ -202,11 +261,25 @@ class BertEncoder(nn.Module):
         super().__init__()
         self.layer = nn.ModuleList(BertLayer(config) for _ in range(config.num_hidden_layers))
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None, rows: torch.Tensor | None = None) -> torch.Tensor:
-        """``rows`` (B, M): the last layer computes only those positions (see point 9 of the docstring)."""
+    def forward(
+        self,
+        x: torch.Tensor,
+        mask: torch.Tensor | None,
+        rows: torch.Tensor | None = None,
+        packing: Packing | None = None,
+    ) -> torch.Tensor:
+        """``rows``: the last layer computes only those positions (see point 9 of the docstring);
+        ``packing``: x is (N, H) packed tokens and the last layer computes ``packing.rows``."""
         last = len(self.layer) - 1
+        if packing is None:
+            for i, layer in enumerate(self.layer):
+                x = layer(x, mask, rows if i == last else None)
+            return x
+        p = packing
+        every = VarLen(p.cu_seqlens, p.max_seqlen, p.cu_seqlens, p.max_seqlen)
+        heads = VarLen(p.cu_seqlens, p.max_seqlen, p.cu_rows, p.max_rows)
         for i, layer in enumerate(self.layer):
-            x = layer(x, mask, rows if i == last else None)
+            x = layer(x, None, p.rows, heads) if i == last else layer(x, None, None, every)
         return x
 
 
@@ -217,8 +290,10 @@ class BertPooler(nn.Module):
         super().__init__()
         self.dense = Linear(config.hidden_size, config.hidden_size)
 
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return torch.tanh(self.dense(hidden[:, 0]))  # (B, H)
+    def forward(self, hidden: torch.Tensor, cls_rows: torch.Tensor | None = None) -> torch.Tensor:
+        """hidden (B, T, H); packed: (R, H) with ``cls_rows`` (B,) the [CLS] rows. -> (B, H)"""
+        first = hidden[:, 0] if cls_rows is None else hidden.index_select(0, cls_rows)
+        return torch.tanh(self.dense(first))  # (B, H)
 
 
 def init_bert_weights(module: nn.Module, std: float) -> None:
@@ -261,10 +336,16 @@ class BertModel(nn.Module):
         token_type_ids: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
         rows: torch.Tensor | None = None,
+        packing: Packing | None = None,
     ) -> BertOutput:
-        """``rows`` (B, M) positions, slot 0 = position 0: ``last_hidden_state`` is (B, M, H), those rows only."""
+        """``rows`` (B, M) positions, slot 0 = position 0: ``last_hidden_state`` is (B, M, H), those rows only.
+        ``packing``: packed (N,) ids; ``last_hidden_state`` is (R, H), the rows ``packing.rows``."""
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
+        if packing is not None:
+            x = self.embeddings(input_ids, token_type_ids, packing.position_ids)  # (N, H)
+            x = self.encoder(x, None, packing=packing)  # (R, H)
+            return BertOutput(last_hidden_state=x, pooler_output=self.pooler(x, packing.cls_slots))
         mask = None
         if attention_mask is not None:
             mask = attention_mask.bool()[:, None, None, :]  # (B, 1, 1, T): True = real key
@@ -304,14 +385,34 @@ class BertPreTrainingHeads(nn.Module):
         self.predictions = BertLMPredictionHead(config)
         self.seq_relationship = Linear(config.hidden_size, 2)  # 0 = actual next, 1 = random
 
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        pooled: torch.Tensor,
+        labels: torch.Tensor | None = None,
+        next_sentence_label: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """MLM logits of ``hidden`` (N, H) or (B, T, H), NSP logits of ``pooled`` (B, H), and their
+        mean cross-entropies (in float32) against ``labels`` (-100: not predicted) when given."""
+        seq_logits = self.seq_relationship(pooled)  # (B, 2)
+        logits = self.predictions(hidden)  # (N, V) or (B, T, V)
+        mlm_loss = nsp_loss = None
+        if labels is not None:
+            flat = logits.float().view(-1, logits.size(-1))
+            mlm_loss = F.cross_entropy(flat, labels.view(-1), ignore_index=IGNORE_INDEX)
+        if next_sentence_label is not None:
+            nsp_loss = F.cross_entropy(seq_logits.float(), next_sentence_label.view(-1))
+        return logits, seq_logits, mlm_loss, nsp_loss
+
 
 @dataclass
 class PreTrainingOutput:
     loss: torch.Tensor | None  # mlm_loss + nsp_loss, when both labels are given
     mlm_loss: torch.Tensor | None
     nsp_loss: torch.Tensor | None
-    prediction_logits: torch.Tensor  # (N, V) with labels and sparse_prediction, else (B, T, V)
+    prediction_logits: torch.Tensor  # (N, V) with labels and sparse_prediction (or packed), else (B, T, V)
     seq_relationship_logits: torch.Tensor  # (B, 2)
+    mlm_labels: torch.Tensor | None = None  # the labels of prediction_logits' rows: (N,) or (B, T)
 
 
 class BertForPreTraining(nn.Module):
@@ -341,37 +442,25 @@ class BertForPreTraining(nn.Module):
         attention_mask: torch.Tensor | None = None,
         labels: torch.Tensor | None = None,
         next_sentence_label: torch.Tensor | None = None,
+        packing: Packing | None = None,
     ) -> PreTrainingOutput:
-        sparse = labels is not None and self.sparse_prediction
-        rows = valid = None
-        if sparse:  # the last layer only on [CLS] and the masked positions
+        """Padded (B, T) batches, or packed ones (``packing``; ``labels`` (M,): the masked tokens')."""
+        if packing is not None:  # the loader laid out the heads' rows: no device-side search
+            out = self.bert(input_ids, token_type_ids, packing=packing)
+            hidden, mlm_labels = out.last_hidden_state.index_select(0, packing.mlm_slots), labels  # (M, H), (M,)
+        elif labels is not None and self.sparse_prediction:  # the last layer only on [CLS] and the masked positions
             rows, valid = head_rows(labels != IGNORE_INDEX)
-        out = self.bert(input_ids, token_type_ids, attention_mask, rows)
-        seq_logits = self.cls.seq_relationship(out.pooler_output)  # (B, 2)
-
-        mlm_loss = None
-        if sparse:
+            out = self.bert(input_ids, token_type_ids, attention_mask, rows)
             row_labels = labels.gather(1, rows)  # (B, M)
             selected = valid & (row_labels != IGNORE_INDEX)  # row-major = labels != -100 row-major
-            hidden = out.last_hidden_state[selected]  # (N, H)
-            logits = self.cls.predictions(hidden)  # (N, V)
-            mlm_loss = F.cross_entropy(logits.float(), row_labels[selected])
+            hidden, mlm_labels = out.last_hidden_state[selected], row_labels[selected]  # (N, H), (N,)
         else:
-            logits = self.cls.predictions(out.last_hidden_state)  # (B, T, V)
-            if labels is not None:
-                mlm_loss = F.cross_entropy(
-                    logits.float().view(-1, logits.size(-1)),
-                    labels.view(-1),
-                    ignore_index=IGNORE_INDEX,
-                )
-
-        nsp_loss = None
-        if next_sentence_label is not None:
-            nsp_loss = F.cross_entropy(seq_logits.float(), next_sentence_label.view(-1))
-
+            out = self.bert(input_ids, token_type_ids, attention_mask)
+            hidden, mlm_labels = out.last_hidden_state, labels  # (B, T, H), (B, T)
+        logits, seq_logits, mlm_loss, nsp_loss = self.cls(hidden, out.pooler_output, mlm_labels, next_sentence_label)
         parts = [x for x in (mlm_loss, nsp_loss) if x is not None]
         loss = sum(parts[1:], parts[0]) if parts else None
-        return PreTrainingOutput(loss, mlm_loss, nsp_loss, logits, seq_logits)
+        return PreTrainingOutput(loss, mlm_loss, nsp_loss, logits, seq_logits, mlm_labels)
 
 
 def count_parameters(model: nn.Module) -> int:
@@ -380,8 +469,11 @@ def count_parameters(model: nn.Module) -> int:
 
 
 def mlm_correct(prediction_logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(correct, total) masked-token predictions, for either logits layout; stays on device."""
+    """(correct, total) masked-token predictions, for either logits layout; stays on device.
+    ``labels``: the batch's (B, T), or those of the logits' rows ((N,): ``PreTrainingOutput.mlm_labels``)."""
     selected = labels != IGNORE_INDEX
+    if prediction_logits.dim() == 2 and labels.dim() == 1:  # sparse or packed, the rows' own labels: no search
+        return (prediction_logits.argmax(-1) == labels).sum(), selected.sum()
     if prediction_logits.dim() == 2:  # sparse: (N, V) rows in selected order
         correct = (prediction_logits.argmax(-1) == labels[selected]).sum()
     else:  # dense: (B, T, V); static shapes for XLA

@@ -10,24 +10,41 @@ from dataclasses import dataclass
 
 from model.contract import check
 
+SWITCH = ("auto", "on", "off")
+"""The values of an option whose default depends on the backend."""
+
 
 @dataclass(frozen=True)
 class BertConfig:
     """The encoder's shape (Hugging Face names). Base: 12/768/12/3072; Large: 24/1024/16/4096."""
 
     vocab_size: int = 30522
+    """Rows of the word embeddings; equal to vocab.vocab_size (every preset): the size the trained
+    vocabulary came out at. Another value is kept and must hold the vocabulary."""
     hidden_size: int = 768
+    """Width of every layer (H), a multiple of num_attention_heads."""
     num_hidden_layers: int = 12
+    """Transformer layers (L)."""
     num_attention_heads: int = 12
+    """Attention heads per layer (A); each has hidden_size / A dimensions."""
     intermediate_size: int = 3072
+    """Width of each layer's feed-forward block (4 H in the paper)."""
     hidden_act: str = "gelu"
+    """Feed-forward activation: gelu (the exact erf form) | relu | gelu_new (the tanh form)."""
     hidden_dropout_prob: float = 0.1
+    """Dropout on embeddings and after each attention and feed-forward block, in [0, 1)."""
     attention_probs_dropout_prob: float = 0.1
+    """Dropout on the attention probabilities, in [0, 1)."""
     max_position_embeddings: int = 512
+    """Longest input, in tokens (rows of the position embeddings)."""
     type_vocab_size: int = 2
+    """Segment (token type) embeddings: A and B."""
     initializer_range: float = 0.02
+    """Standard deviation of the truncated-normal initialisation of the weights."""
     layer_norm_eps: float = 1e-12
+    """LayerNorm's epsilon (BERT's 1e-12)."""
     pad_token_id: int = 0
+    """Id of [PAD] in the vocabulary (0 in Google's layout)."""
 
     def __post_init__(self):
         check(self.vocab_size > 0, "model.vocab_size", "must be > 0")
@@ -52,8 +69,11 @@ class PhaseConfig:
     """One pretraining phase: a sequence length, a number of steps and a batch size."""
 
     name: str = "phase1"
+    """The phase's name: its checkpoints' folder (checkpoints/<name>/) and log lines."""
     max_seq_length: int = 128
+    """Sequence length in tokens; the examples of that length (examples.max_seq_lengths) are read."""
     steps: int = 900_000
+    """Optimizer steps in this phase."""
     batch_size: int = 256
     """Global batch: sequences per optimizer step over all devices and accumulation micro-batches."""
     micro_batch_size: int = 0
@@ -76,18 +96,25 @@ class PretrainConfig:
         PhaseConfig("phase2", 512, 100_000, 256),
     )
     learning_rate: float = 1e-4
+    """Peak learning rate, reached at the end of warm-up."""
     beta1: float = 0.9
+    """Adam's first-moment decay, in [0, 1)."""
     beta2: float = 0.999
+    """Adam's second-moment decay, in [0, 1)."""
     eps: float = 1e-6
+    """Adam's epsilon (the paper's 1e-6)."""
     weight_decay: float = 0.01
     """Not applied to biases and LayerNorm weights."""
     warmup_steps: int = 10_000
     """Linear warm-up over the first steps of the whole run, then linear decay to 0."""
     max_grad_norm: float = 1.0
+    """Gradients are clipped to this global L2 norm; 0: no clipping."""
     seed: int = 42
+    """Seed of the initialisation, dropout and the loader's shuffle; a run resumes with the same."""
     backend: str = "cpu"
     """cpu | cuda | xla"""
     log_every: int = 10
+    """Log losses, accuracy and throughput (and MLflow metrics) every N steps."""
     checkpoint_every: int = 1000
     """Save resumable state every N steps (and at the end of each phase)."""
     dynamic_masking: bool = False
@@ -118,6 +145,19 @@ class PretrainConfig:
     """Training processes on this host (``torchrun --nproc_per_node``: one per GPU; gloo on CPU)."""
     init_from: str = ""
     """A BERT folder in Hugging Face layout whose weights start the run (continued pretraining)."""
+    unpad: str = "auto"
+    """auto | on | off: drop [PAD] before the encoder and run it on the real tokens only, attention
+    over the packed sequences (flash ``varlen_attn`` on CUDA in bf16 without attention dropout, a
+    reference elsewhere), the MLM head on the masked tokens whose count comes from the loader: no
+    host sync in the step. auto: on for cuda, off for xla (static shapes: padded buckets) and cpu
+    (where the padded step measured faster: docs/pretraining.md). The same maths either way."""
+    compile: str = "auto"
+    """auto | on | off: ``torch.compile`` the embeddings, each encoder layer and the heads
+    (fullgraph, dynamic shapes; model/compile.py). Needs the unpadded path. auto: on for cuda
+    (on CPU inductor needs a C++ compiler; XLA compiles by itself: refused)."""
+    xla_cache: str = "~/.cache/bertflow/xla"
+    """torch-xla's persistent compilation cache (a local folder): each bucket's graph is compiled
+    once and reused by later runs and resumes; empty: no cache."""
 
     def __post_init__(self):
         check(len(self.phases) >= 1, "pretrain.phases", "needs at least one phase")
@@ -142,6 +182,19 @@ class PretrainConfig:
         check(self.peak_tflops >= 0, "pretrain.peak_tflops", "must be >= 0")
         check(self.keep_checkpoints >= 1, "pretrain.keep_checkpoints", "must be >= 1")
         check(self.max_grad_norm >= 0, "pretrain.max_grad_norm", "must be >= 0 (0: no clipping)")
+        check(self.unpad in SWITCH, "pretrain.unpad", f"{'|'.join(SWITCH)}, got {self.unpad!r}")
+        check(self.compile in SWITCH, "pretrain.compile", f"{'|'.join(SWITCH)}, got {self.compile!r}")
+        check(
+            not (self.compile == "on" and self.unpad == "off"),
+            "pretrain.compile",
+            "on needs the unpadded path (pretrain.unpad on or auto): the compiled step is the packed one, "
+            "whose shapes and indices all come from the loader",
+        )
+        check(
+            self.backend != "xla" or (self.unpad != "on" and self.compile != "on"),
+            "pretrain.unpad/compile",
+            "xla keeps the padded bucketed path and compiles each bucket by itself: leave them auto or off",
+        )
 
     @property
     def total_steps(self) -> int:

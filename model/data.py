@@ -10,9 +10,10 @@ The streaming loader (``model/stream.py``) reads example shards (``pipeline.sche
   with the shard and row named;
 - :func:`apply_dynamic_masking`: undo the shard's static mask (``masked_ids`` are the original
   tokens) and re-mask through the injected masking rule (``mask_fn``; the one rule lives in
-  ``pipeline.examples.masking``, which ``model/`` may not import: ``flows/train_entry.py`` passes it in);
+  ``pipeline.examples.masking``, which ``model/`` may not import: ``flows/proc/train_entry.py`` passes it in);
 - :func:`collate`: pad to the longest example of the batch rounded up to a multiple of 8, or to
-  the smallest of a fixed set of bucket lengths (XLA compiles one graph per shape).
+  the smallest of a fixed set of bucket lengths (XLA compiles one graph per shape);
+  :func:`collate_packed`: no padding at all, the real tokens packed (``pretrain.unpad``).
 
 Design choice, at what cost: padding per batch instead of to the phase's full length saves the
 attention and feed-forward work on padding (BERT's phase 1 has ~10% short examples), at the
@@ -31,6 +32,7 @@ import pyarrow as pa
 import torch
 
 from model.contract import EXAMPLE_COLUMNS, Manifest
+from model.packing import pack
 
 IGNORE_INDEX = -100
 
@@ -234,6 +236,12 @@ def _gather(values: np.ndarray, starts: np.ndarray, lengths: np.ndarray, width: 
     src = np.minimum(starts[:, None] + cols[None, :], max(len(values) - 1, 0))
     out = np.where(valid, values[src] if len(values) else fill, fill)
     return out, valid
+
+
+def collate_packed(data: ExampleArrays) -> dict:
+    """The unpadded batch of ``data``: real tokens only, laid out for the packed path (``model/packing.py``)."""
+    d = data
+    return pack(d.ids, d.ids_offsets, d.len_a, d.pos, d.pos_offsets, d.masked_ids, d.is_random_next)
 
 
 def collate(data: ExampleArrays, width: int, pad_id: int = 0) -> dict[str, torch.Tensor]:

@@ -6,8 +6,11 @@ masked and real tokens of each micro-batch: counted on the CPU tensors, before a
 
 Two paths, one interface:
 
-- CPU, CUDA, and XLA on one device: the loader's batches are copied with ``Backend.put_batch``
-  when the step asks for them.
+- CPU, CUDA, and XLA on one device: the loader's batches are copied with ``Backend.prefetch``
+  (CUDA: from pinned memory on a side stream, non-blocking) and handed over by
+  ``Backend.ready``; with ``ahead`` (CUDA) the next step's batches are built and their copy
+  started when the step before is handed out, so the copy overlaps the queued compute and the
+  step never waits for it (on the CPU there is nothing to copy: the same code path, tested).
 - XLA SPMD (several devices, one or several hosts): ``torch_xla``'s ``MpDeviceLoader`` runs the
   loader in a background thread and uploads ahead of the step, every tensor with
   ``xs.ShardingSpec(mesh, ("data", None...), minibatch=True)``: each host gives its host-local
@@ -42,12 +45,22 @@ class MicroInfo:
     """Host-side facts of one host-local micro-batch."""
 
     rows: int
-    width: int
+    width: int  # padded: the batch's width; packed: its longest sequence
     masked: int  # positions with an MLM label
     tokens: int  # real (attention-masked) tokens
+    packed_tokens: int | None = None  # packed: the tokens the encoder computes (= tokens)
+    pairs: int | None = None  # packed: the sum of the sequences' squared lengths (attention's work)
 
 
-def micro_info(batch: dict[str, torch.Tensor]) -> MicroInfo:
+def micro_info(batch: dict) -> MicroInfo:
+    """Counted on the host tensors, before any transfer: never a device sync."""
+    packing = batch.get("packing")
+    if packing is not None:
+        lengths = packing.lengths.long()
+        n = int(batch["input_ids"].numel())
+        rows = int(batch["next_sentence_label"].numel())
+        masked = int(batch["labels"].numel())
+        return MicroInfo(rows, packing.max_seqlen, masked, n, n, int((lengths * lengths).sum()))
     rows, width = batch["input_ids"].shape
     return MicroInfo(
         int(rows), int(width), int((batch["labels"] != IGNORE_INDEX).sum()), int(batch["attention_mask"].sum())
@@ -57,8 +70,16 @@ def micro_info(batch: dict[str, torch.Tensor]) -> MicroInfo:
 class StepFeed:
     """Each step's micro-batches on the device (see the module docstring)."""
 
-    def __init__(self, loader: StreamingLoader, backend: Backend, loader_prefetch: int = 4, device_prefetch: int = 2):
-        self.loader, self.backend = loader, backend
+    def __init__(
+        self,
+        loader: StreamingLoader,
+        backend: Backend,
+        loader_prefetch: int = 4,
+        device_prefetch: int = 2,
+        ahead: bool = False,
+    ):
+        self.loader, self.backend, self.ahead = loader, backend, ahead
+        self._next = None  # (keys, [(prefetched batch, info)]) of the step after the one handed out
         self.position = loader.position
         self.last_keys: np.ndarray | None = None
         self._pending: collections.deque = collections.deque()
@@ -93,9 +114,10 @@ class StepFeed:
     def next_step(self) -> list[tuple[dict[str, torch.Tensor], MicroInfo]]:
         """The next step's micro-batches (on the device) with their host-side facts."""
         if self._device_iter is None:
-            micro = self.loader.next_step()
-            self.last_keys = self.loader.last_keys
-            out = [(self.backend.put_batch(b), micro_info(b)) for b in micro]
+            current = self._next if self._next is not None else self._fetch()
+            self._next = self._fetch() if self.ahead else None
+            self.last_keys, micro = current
+            out = [(self.backend.ready(b), info) for b, info in micro]
         else:
             batches = []
             for _ in range(self.loader.micro_batches):
@@ -107,6 +129,10 @@ class StepFeed:
             out = list(zip(batches, infos))
         self.position += 1
         return out
+
+    def _fetch(self):
+        micro = self.loader.next_step()
+        return self.loader.last_keys, [(self.backend.prefetch(b), micro_info(b)) for b in micro]
 
     @property
     def epoch(self) -> float:

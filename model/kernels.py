@@ -19,6 +19,15 @@ Measured on the 2-core AMD EPYC (Zen 4) development machine, one thread, base sh
 - ``attend``: ``scaled_dot_product_attention`` has no fused CPU kernel with dropout and falls
   back to an unfused path with extra masking passes; with dropout on CPU the same maths runs
   here in plain ops. Without dropout (evaluation, fine-tuning with p = 0) the fused kernel.
+- ``varlen_attend``: attention over packed sequences (the unpadded path, ``model/packing.py``).
+  On CUDA in bf16/fp16 without attention dropout it is ``torch.nn.attention.varlen.varlen_attn``
+  (flash; torch >= 2.10), which has no dropout; everywhere else, and with attention dropout,
+  :func:`varlen_reference` with the same interface: the packed rows scattered into a padded
+  (B, nh, S, hs) layout (indices from the cumulative lengths, on the device: no host sync),
+  ``attend`` with a key mask, and the real rows gathered back.
+
+Under ``torch.compile`` (``pretrain.compile``) ``linear`` is plain ``F.linear``: inductor picks
+its own kernels, and the oneDNN autograd function would only be an opaque call in its graph.
 """
 
 from __future__ import annotations
@@ -36,9 +45,24 @@ ONEDNN = {"enabled": True}
 """Switch for the oneDNN linear path (tests compare it with ``F.linear``)."""
 
 
+def _varlen_attn(*args):
+    """``torch.nn.attention.varlen.varlen_attn``, imported on first use (the module pulls in
+    ``torch._dynamo``: 2 s of import time every process would pay)."""
+    from torch.nn.attention.varlen import varlen_attn
+
+    return varlen_attn(*args)
+
+
+def _has_varlen() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("torch.nn.attention.varlen") is not None  # torch >= 2.10
+
+
 def _onednn(x: torch.Tensor, weight: torch.Tensor) -> bool:
     return (
         ONEDNN["enabled"]
+        and not torch.compiler.is_compiling()
         and _linear_pointwise is not None
         and x.device.type == "cpu"
         and x.dtype == torch.float32
@@ -124,3 +148,63 @@ def attend(
     )  # (B*nh, M, T): scale, product and mask in one op
     y = torch.bmm(dropout(scores.softmax(-1), p, True), v.reshape(B * nh, T, hs))
     return y.view(B, nh, M, hs)
+
+
+def _padded_index(cu: torch.Tensor, total: int, width: int) -> torch.Tensor:
+    """For each of ``total`` packed rows, its place in a (B * width) padded layout; cu (B + 1,)."""
+    row = torch.arange(total, device=cu.device)
+    cu = cu.long()
+    seq = torch.searchsorted(cu[1:], row, right=True)  # the sequence of each row
+    return seq * width + (row - cu[seq])
+
+
+def varlen_reference(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_q: torch.Tensor,
+    cu_k: torch.Tensor,
+    max_q: int,
+    max_k: int,
+    p: float,
+    training: bool,
+) -> torch.Tensor:
+    """:func:`varlen_attend` through the padded layout: q (Tq, nh, hs), k, v (Tk, nh, hs) -> (Tq, nh, hs)."""
+    B, (nh, hs) = cu_k.numel() - 1, q.shape[1:]
+    iq, ik = _padded_index(cu_q, q.size(0), max_q), _padded_index(cu_k, k.size(0), max_k)
+
+    def padded(t: torch.Tensor, index: torch.Tensor, width: int) -> torch.Tensor:
+        flat = t.new_zeros(B * width, nh, hs).index_copy(0, index, t)
+        return flat.view(B, width, nh, hs).transpose(1, 2)  # (B, nh, width, hs)
+
+    lengths = (cu_k[1:] - cu_k[:-1]).long()
+    mask = (torch.arange(max_k, device=q.device)[None, :] < lengths[:, None])[:, None, None, :]  # (B, 1, 1, S)
+    y = attend(padded(q, iq, max_q), padded(k, ik, max_k), padded(v, ik, max_k), mask, p, training)
+    return y.transpose(1, 2).reshape(B * max_q, nh, hs)[iq]  # (Tq, nh, hs)
+
+
+def varlen_attend(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_q: torch.Tensor,
+    cu_k: torch.Tensor,
+    max_q: int,
+    max_k: int,
+    p: float,
+    training: bool,
+) -> torch.Tensor:
+    """Attention of packed queries over packed keys, sequence by sequence (cumulative lengths
+    ``cu_q``, ``cu_k``, (B + 1,) int32), dropout ``p`` on the probabilities when training."""
+    p = p if training else 0.0
+    if flash_varlen(q, p):
+        return _varlen_attn(q, k, v, cu_q, cu_k, max_q, max_k)
+    return varlen_reference(q, k, v, cu_q, cu_k, max_q, max_k, p, training)
+
+
+HAS_VARLEN = _has_varlen()
+
+
+def flash_varlen(q: torch.Tensor, p: float) -> bool:
+    """Whether ``varlen_attend`` takes the flash kernel: CUDA, half precision, no dropout."""
+    return q.is_cuda and p == 0.0 and q.dtype in (torch.float16, torch.bfloat16) and HAS_VARLEN

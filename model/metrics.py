@@ -24,11 +24,16 @@ from model.config import BertConfig
 PEAK_BF16_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L4": 121.0, "A10G": 125.0, "V100": 125.0}
 
 
-def step_flops(cfg: BertConfig, batch: int, width: int, predicted: int) -> float:
-    """Training FLOPs (forward + backward) of one micro-batch of shape (batch, width)."""
+def step_flops(
+    cfg: BertConfig, batch: int, width: int, predicted: int, tokens: int | None = None, pairs: int | None = None
+) -> float:
+    """Training FLOPs (forward + backward) of one micro-batch of shape (batch, width); for a packed
+    batch ``tokens`` (its real tokens) and ``pairs`` (the sum of its sequences' squared lengths:
+    the query-key pairs attention computes) replace ``batch * width`` and ``batch * width**2``."""
     H, F, V, L = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size, cfg.num_hidden_layers  # F: feed-forward
-    n = batch * width
-    encoder = L * (2 * n * (4 * H * H + 2 * H * F) + 4 * batch * width * width * H)
+    n = batch * width if tokens is None else tokens
+    pairs = batch * width * width if pairs is None else pairs
+    encoder = L * (2 * n * (4 * H * H + 2 * H * F) + 4 * pairs * H)
     heads = 2 * predicted * (H * H + H * V) + 2 * batch * (H * H + 2 * H)
     return 3.0 * (encoder + heads)
 
@@ -66,7 +71,8 @@ class Window:
         """One forward pass's outputs (before any loss scaling). ``flops``, ``tokens`` and
         ``examples`` count this process's share (default: the batch's rows); on an XLA pod slice
         the device ``batch`` is the global one and the host's share is passed in."""
-        correct, total = mlm_correct(out.prediction_logits.detach(), batch["labels"])
+        labels = out.mlm_labels if out.mlm_labels is not None else batch["labels"]
+        correct, total = mlm_correct(out.prediction_logits.detach(), labels)
         label = batch["next_sentence_label"]
         nsp_correct = (out.seq_relationship_logits.detach().argmax(-1) == label).sum()
         self.sums[:7] += torch.stack(
@@ -77,7 +83,7 @@ class Window:
                 correct.double(),
                 total.double(),
                 nsp_correct.double(),
-                torch.tensor(float(label.numel()), dtype=torch.float64, device=self.device),
+                torch.full((), float(label.numel()), dtype=torch.float64, device=self.device),  # no copy, no sync
             ]
         )
         self.micro += 1

@@ -29,7 +29,12 @@ def no_decay(name: str) -> bool:
 
 
 class Lamb(torch.optim.Optimizer):
-    """LAMB: Adam moments with bias correction, decoupled weight decay, a per-tensor trust ratio."""
+    """LAMB: Adam moments with bias correction, decoupled weight decay, a per-tensor trust ratio.
+
+    Multi-tensor (``torch._foreach_*``): each update is a few kernels over every tensor of a
+    group, not a few per tensor, and nothing leaves the device (the trust ratios are a tensor of
+    per-tensor norms; the step counts are CPU tensors, as torch's own optimizers keep them).
+    """
 
     def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-6, weight_decay: float = 0.0):
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
@@ -38,26 +43,37 @@ class Lamb(torch.optim.Optimizer):
     def step(self, closure=None):
         loss = closure() if closure is not None else None
         for group in self.param_groups:
+            params = [p for p in group["params"] if p.grad is not None]
+            if not params:
+                continue
             b1, b2 = group["betas"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
+            for p in params:
                 state = self.state[p]
                 if not state:
                     state["step"] = torch.zeros((), dtype=torch.float32)
                     state["exp_avg"] = torch.zeros_like(p)
                     state["exp_avg_sq"] = torch.zeros_like(p)
                 state["step"] += 1
-                t = float(state["step"])
-                m, v = state["exp_avg"], state["exp_avg_sq"]
-                m.mul_(b1).add_(p.grad, alpha=1 - b1)
-                v.mul_(b2).addcmul_(p.grad, p.grad, value=1 - b2)
-                update = (m / (1 - b1**t)) / ((v / (1 - b2**t)).sqrt().add_(group["eps"]))
-                if group["weight_decay"]:
-                    update.add_(p, alpha=group["weight_decay"])
-                w_norm, u_norm = p.norm(), update.norm()
-                trust = torch.where((w_norm > 0) & (u_norm > 0), w_norm / u_norm, torch.ones_like(w_norm))
-                p.add_(update * trust, alpha=-group["lr"])
+            grads = [p.grad for p in params]
+            m = [self.state[p]["exp_avg"] for p in params]
+            v = [self.state[p]["exp_avg_sq"] for p in params]
+            t = [float(self.state[p]["step"]) for p in params]
+            torch._foreach_mul_(m, b1)
+            torch._foreach_add_(m, grads, alpha=1 - b1)
+            torch._foreach_mul_(v, b2)
+            torch._foreach_addcmul_(v, grads, grads, value=1 - b2)
+            update = torch._foreach_div(m, [1 - b1**n for n in t])  # bias-corrected moments
+            denom = torch._foreach_div(v, [1 - b2**n for n in t])
+            torch._foreach_sqrt_(denom)
+            torch._foreach_add_(denom, group["eps"])
+            torch._foreach_div_(update, denom)
+            if group["weight_decay"]:
+                torch._foreach_add_(update, params, alpha=group["weight_decay"])
+            w_norm = torch.stack(torch._foreach_norm(params))
+            u_norm = torch.stack(torch._foreach_norm(update))
+            trust = torch.where((w_norm > 0) & (u_norm > 0), w_norm / u_norm, torch.ones_like(w_norm))
+            torch._foreach_mul_(update, list(trust.unbind(0)))
+            torch._foreach_add_(params, update, alpha=-group["lr"])
         return loss
 
 

@@ -3,8 +3,10 @@
 A checkpoint records the config it was written under. Against the current config the fields
 fall into three kinds:
 
-- **free** (logging, checkpointing, evaluation, backend, loader workers, precision): they change
-  neither the weights' meaning nor the data order; resuming is silent and bit-exact.
+- **free** (logging, checkpointing, evaluation, backend, loader workers, precision, unpadding,
+  compilation): they change neither the weights' meaning nor the data order; resuming is
+  silent, and bit-exact where the kernels stay the same (same backend, precision, unpadding and
+  compilation).
 - **tunable** (learning rate, warm-up, steps and micro-batch size per phase, weight decay,
   betas, eps, clipping):
   the run continues from the checkpoint under the new values, with a warning naming them;
@@ -14,15 +16,27 @@ fall into three kinds:
   ``init_from``): the checkpoint cannot continue
   this run. ``restart=True`` (``--force pretrain``) clears the run and starts over; without it
   the error says exactly that.
+
+:class:`TrainState` (where training stands, saved in every checkpoint), :func:`check_resume`
+(the saved state, or the error) and :func:`restore` (optimizer, schedule and RNG state under the
+current hyper-parameters) apply those rules in ``model.train.setup``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
+import random
 from typing import Any
 
+import torch
+
+from model.backend import Backend
 from model.config import BertConfig, PretrainConfig
 from model.contract import config_digest
+from model.data import stable_seed
+
+log = logging.getLogger("bertflow.pretrain")
 
 FREE = (
     "log_every",
@@ -35,7 +49,10 @@ FREE = (
     "peak_tflops",
     "keep_checkpoints",
     "nproc",
-)  # nproc: data_parts holds what binds
+    "unpad",
+    "compile",
+    "xla_cache",
+)  # nproc: data_parts holds what binds; unpad, compile: the same maths, another kernel
 TUNABLE = ("learning_rate", "warmup_steps", "weight_decay", "beta1", "beta2", "eps", "max_grad_norm")
 
 
@@ -87,3 +104,61 @@ def compare(saved: dict[str, Any], current: dict[str, Any]) -> tuple[list[str], 
             if [p.get(field, 0) for p in old] != [p.get(field, 0) for p in new]:
                 tunable.append(f"pretrain.phases[*].{field}")
     return binding, tunable
+
+
+@dataclasses.dataclass
+class TrainState:
+    """Where training stands; saved in every checkpoint."""
+
+    global_step: int = 0
+    phase_index: int = 0
+    phase_step: int = 0  # steps done in the current phase
+    loader_position: int = 0  # local batches the phase's loader has served
+    examples_seen: int = 0
+    seconds: float = 0.0  # training time over all sessions
+    first_window: dict[str, float] | None = None
+    last_window: dict[str, float] | None = None
+    last_eval: dict[str, float] | None = None
+    run_digest: str = ""
+    record: dict[str, Any] | None = None  # the config that wrote it (model/resume.py)
+
+
+def check_resume(url: str, saved: dict, fresh: TrainState) -> TrainState:
+    """The saved state, if its config may continue under the current one (:func:`compare`)."""
+    state = TrainState(**saved["train"])
+    if state.run_digest != fresh.run_digest:
+        binding, tunable = compare(state.record or {}, fresh.record)
+        if binding:
+            raise ResumeError(
+                f"checkpoint {url} was written by a run with a different {', '.join(binding)}: it cannot "
+                "continue under this config. Rerun with --force pretrain (restart=true in the training "
+                "spec) to start this stage over"
+            )
+        log.warning("resuming %s under changed settings: %s", url, ", ".join(tunable))
+    state.run_digest, state.record = fresh.run_digest, fresh.record
+    return state
+
+
+def restore(found, model, optimizer, scheduler, backend: Backend, state: TrainState, config: PretrainConfig) -> None:
+    """Optimizer, schedule and RNG state of the checkpoint ``found`` = (url, weights, state), under
+    the current config's hyper-parameters."""
+    url, _, saved = found
+    backend.load_optimizer_state(model, optimizer, saved["optimizer"])
+    scheduler.load_state_dict(saved["scheduler"])
+    # the current config's hyper-parameters and schedule (identical values on an exact resume)
+    lam = scheduler.lr_lambdas[0]
+    lam.warmup_steps, lam.total_steps = config.warmup_steps, config.total_steps
+    scheduler.base_lrs = [config.learning_rate] * len(optimizer.param_groups)
+    for i, group in enumerate(optimizer.param_groups):
+        group["initial_lr"] = config.learning_rate
+        group["lr"] = config.learning_rate * lam(scheduler.last_epoch)
+        group["betas"], group["eps"] = (config.beta1, config.beta2), config.eps
+        group["weight_decay"] = config.weight_decay if i == 0 else 0.0
+    if backend.rank == 0:  # the saved RNG states are rank 0's (on XLA: every host's, one SPMD program)
+        rng = saved["rng"]
+        random.setstate(rng["python"])
+        torch.set_rng_state(rng["torch"])
+        backend.set_rng_state(rng["device"])
+    else:  # other ranks: a fresh dropout stream per (rank, step); exact resume is for rank 0's
+        torch.manual_seed(stable_seed(config.seed, "rank", backend.rank, state.global_step))
+    log.info("resuming from %s (step %d)", url, state.global_step)

@@ -47,6 +47,7 @@ from model.data import (
     apply_dynamic_masking,
     arrays_from_table,
     collate,
+    collate_packed,
     padded_length,
     stable_seed,
     validate_examples,
@@ -210,6 +211,8 @@ class LoaderSpec:
     pad_id: int = 0
     buckets: tuple[int, ...] = ()
     """Fixed pad lengths (XLA); empty: the longest example rounded up to a multiple of 8."""
+    unpad: bool = False
+    """Packed batches of real tokens only (``model.data.collate_packed``) instead of padded ones."""
     shuffle: bool = True
     max_predictions: int = 20
     """Masked positions per example under dynamic masking (the examples stage's cap)."""
@@ -339,6 +342,8 @@ class StreamingLoader:
         return data
 
     def to_batch(self, data: ExampleArrays) -> dict[str, torch.Tensor]:
+        if self.spec.unpad:
+            return collate_packed(data)
         longest = int(np.diff(data.ids_offsets).max()) if len(data) else 0
         width = padded_length(longest, self.spec.max_seq_length, self.spec.buckets)
         return collate(data, width, self.spec.pad_id)

@@ -18,25 +18,26 @@ scheduler state, the RNG states that drive dropout, the loader's position, phase
 steps straight and N/2 + crash + resume + N/2 give bit-identical weights on CPU (tested). What a
 checkpoint of a different config may do is decided in ``model/resume.py``.
 
-Backend-neutral: the loop talks to a :class:`model.backend.Backend` and gets its batches from a
-:class:`model.feed.StepFeed` (XLA SPMD: ``MpDeviceLoader``). Metrics stay on the device between
-log steps. Rank 0 (on a TPU pod slice: host 0) alone logs and writes; on a multi-host slice every
-host still takes part in what may be collective (moving weights and optimizer state to the CPU)
-and in the same order, because SPMD runs one program on all hosts; the orchestrator passes ``log_fn`` (e.g. to
-MLflow) and ``mask_fn`` (the one masking rule); this module imports neither a tracker nor
-``pipeline.examples.masking``.
+Backend-neutral: the loop asks a :class:`model.backend.Backend` every question whose answer
+differs between CPU, CUDA (one process, DDP, FSDP) and XLA — the micro-batches' loss weights,
+gradient sync during accumulation, the global gradient norm, the whole model and optimizer state
+for checkpoints, batch widths, the MLM head, the end of a step — and never branches on which
+one runs. It gets its batches from a :class:`model.feed.StepFeed` (XLA SPMD: ``MpDeviceLoader``).
+Metrics stay on the device between log steps. Rank 0 (on a TPU pod slice: host 0) alone logs
+and writes; every process calls whatever may be collective (gathering weights and optimizer
+state), in the same order. The orchestrator passes ``log_fn`` (e.g. to MLflow, rank 0 only),
+``callbacks`` (``model/callbacks.py``: every process; e.g. the data trace of the tests) and
+``mask_fn`` (the one masking rule); this module imports neither a tracker nor ``pipeline.examples.masking``
+and reads no environment variable.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import math
-import os
 import random
 import signal
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -44,9 +45,10 @@ from typing import Any
 import fsspec
 import torch
 
-from model.backend import Backend, setup_backend, unwrap
+from model.backend import Backend, choose, setup_backend
 from model.bert import BertForPreTraining, count_parameters, mlm_correct
-from model.checkpoint import checkpoint_url, load_latest_good, prune_checkpoints, save_checkpoint, to_cpu
+from model.callbacks import Callbacks
+from model.checkpoint import checkpoint_url, load_latest_good, prune_checkpoints, save_checkpoint
 from model.config import BertConfig, PhaseConfig, PretrainConfig
 from model.contract import (
     Manifest,
@@ -58,12 +60,13 @@ from model.contract import (
     read_manifest,
     write_manifest,
 )
-from model.data import IGNORE_INDEX, MaskFn, shard_urls, stable_seed
+from model.data import MaskFn, shard_urls, stable_seed
 from model.export import load_hf_state_dict, load_pretrained, save_pretrained
 from model.feed import StepFeed
 from model.metrics import Window, peak_tflops, step_flops, summary
 from model.optim import build_optimizer, warmup_linear_schedule
-from model.resume import FREE, ResumeError, compare, exact_digest, run_record
+from model.resume import FREE, ResumeError, TrainState, check_resume, exact_digest, restore, run_record
+from model.signals import Preempted, StopSignals
 from model.stream import LoaderSpec, StreamingLoader
 
 log = logging.getLogger("bertflow.pretrain")
@@ -78,68 +81,11 @@ __all__ = [
     "finish",
     "Session",
     "TrainState",
+    "Callbacks",
     "Preempted",
     "ResumeError",
     "manifest_config",
 ]
-
-
-class Preempted(RuntimeError):
-    """Training stopped on a signal after writing a checkpoint; rerun to resume."""
-
-    def __init__(self, signum: int, step: int):
-        super().__init__(f"stopped by {signal.Signals(signum).name} at step {step} (checkpoint written)")
-        self.signum, self.step = signum, step
-
-
-@dataclasses.dataclass
-class TrainState:
-    """Where training stands; saved in every checkpoint."""
-
-    global_step: int = 0
-    phase_index: int = 0
-    phase_step: int = 0  # steps done in the current phase
-    loader_position: int = 0  # local batches the phase's loader has served
-    examples_seen: int = 0
-    seconds: float = 0.0  # training time over all sessions
-    first_window: dict[str, float] | None = None
-    last_window: dict[str, float] | None = None
-    last_eval: dict[str, float] | None = None
-    run_digest: str = ""
-    record: dict[str, Any] | None = None  # the config that wrote it (model/resume.py)
-
-
-class StopSignals:
-    """Records SIGTERM/SIGINT instead of dying, so the loop can checkpoint first.
-
-    Installed only in the main thread (Python's rule); a second signal of the same kind while
-    stopping falls back to the default action.
-    """
-
-    def __init__(self):
-        self.requested: int | None = None
-        self._old: dict[int, Any] = {}
-
-    def _handle(self, signum, frame):
-        if self.requested is not None:  # asked twice: stop now
-            signal.signal(signum, self._old.get(signum, signal.SIG_DFL))
-            signal.raise_signal(signum)
-            return
-        self.requested = signum
-        log.warning(
-            "%s received: finishing this step, writing a checkpoint, then stopping", signal.Signals(signum).name
-        )
-
-    def __enter__(self):
-        if threading.current_thread() is threading.main_thread():
-            for s in (signal.SIGTERM, signal.SIGINT):
-                self._old[s] = signal.signal(s, self._handle)
-        return self
-
-    def __exit__(self, *exc):
-        for s, old in self._old.items():
-            signal.signal(s, old)
-        return False
 
 
 @dataclasses.dataclass
@@ -161,7 +107,25 @@ class Session:
     pad_id: int
     mask_fn: MaskFn | None = None
     log_fn: LogFn | None = None
+    callbacks: Callbacks = dataclasses.field(default_factory=Callbacks)
+    peak: float = 0.0
+    """The device's peak TFLOP/s for MFU (0: unknown, no MFU logged)."""
+    unpad: bool = False
+    """Packed batches of real tokens (``pretrain.unpad`` resolved for the backend)."""
     t_start: float = dataclasses.field(default_factory=time.time)
+    fit_started: float = 0.0
+    """``time.perf_counter()`` when this session's ``fit`` started."""
+    seconds_before: float = 0.0
+    """Training seconds of the sessions before this one (from the checkpoint)."""
+
+    @property
+    def phase_ends(self) -> set[int]:
+        """The global steps that end a phase (their checkpoints are never pruned)."""
+        return {sum(p.steps for p in self.config.phases[: i + 1]) for i in range(len(self.config.phases))}
+
+    def training_seconds(self) -> float:
+        """Training time over all sessions, up to now."""
+        return self.seconds_before + time.perf_counter() - self.fit_started
 
 
 def run_pretrain(
@@ -174,13 +138,15 @@ def run_pretrain(
     mask_fn: MaskFn | None = None,
     init_from: str = "",
     pad_id: int | None = None,
+    callbacks: Callbacks | None = None,
 ) -> Manifest:
     """Pretrain BERT on the example stage at ``examples_url``; write checkpoints and final weights.
 
     Continues from the latest good checkpoint under ``output_url`` when its config allows
     (``model/resume.py``); ``restart=True`` clears ``output_url`` first. ``init_from``: a BERT
     folder in Hugging Face layout whose weights start the run (continued pretraining).
-    ``mask_fn`` is needed for dynamic masking. ``log_fn(metrics, step)`` runs on rank 0.
+    ``mask_fn`` is needed for dynamic masking. ``log_fn(metrics, step)`` runs on rank 0;
+    ``callbacks`` (``model.callbacks.Callbacks``) on every process.
     """
     session = setup(
         config,
@@ -192,6 +158,7 @@ def run_pretrain(
         mask_fn=mask_fn,
         init_from=init_from,
         pad_id=pad_id,
+        callbacks=callbacks,
     )
     fit(session)
     return finish(session)
@@ -222,10 +189,13 @@ def setup(
     mask_fn: MaskFn | None = None,
     init_from: str = "",
     pad_id: int | None = None,
+    callbacks: Callbacks | None = None,
 ) -> Session:
     """Check everything that can fail before training, build the model and resume or start."""
     t_start = time.time()
-    backend = setup_backend(config.backend, config.precision, config.parallel)
+    backend = setup_backend(config.backend, config.precision, config.parallel, config.xla_cache)
+    unpad = choose(config.unpad, backend.unpad_default)
+    compiled = choose(config.compile, backend.compile_default and unpad)
     examples = read_manifest(examples_url)
     examples_fp = fingerprint_input(examples_url)
     data_world = backend.data_world  # processes (torchrun ranks, or the hosts of a TPU pod slice)
@@ -280,7 +250,9 @@ def setup(
         log.info("initialised from %s", init_from)
     model.to(backend.device)
     model.tie_weights()
-    model.sparse_prediction = backend.name != "xla"  # XLA wants static shapes
+    model.sparse_prediction = backend.sparse_head  # XLA wants static shapes: the dense head
+    if compiled:  # lazily, at the first step; the modules and their state_dict keys stay
+        backend.compile(model)
     record = run_record(config, model_config, examples_fp, data_parts, init_from)
     state = TrainState(run_digest=exact_digest(record), record=record)
     found = load_latest_good(output_url)
@@ -290,7 +262,7 @@ def setup(
             f"(this host: {found[0] if found else 'none'}); rerun: they must continue the same step"
         )
     if found is not None:  # weights before wrapping: DDP broadcasts rank 0's, FSDP shards them
-        state = _check_resume(found[0], found[2], state)
+        state = check_resume(found[0], found[2], state)
         load_hf_state_dict(model, found[1], source=found[0])
     train_model = backend.wrap(model)  # FSDP swaps in sharded parameters: build the optimizer after
     optimizer = build_optimizer(
@@ -300,7 +272,7 @@ def setup(
     if backend.rank:  # distinct dropout per DDP rank (weights: rank 0's); XLA hosts share one program
         torch.manual_seed(stable_seed(config.seed, "rank", backend.rank))
     if found is not None:
-        _restore(found, model, optimizer, scheduler, backend, state, config)
+        restore(found, model, optimizer, scheduler, backend, state, config)
     train_model.train()
     return Session(
         config,
@@ -318,6 +290,9 @@ def setup(
         pad_id,
         mask_fn,
         log_fn,
+        callbacks or Callbacks(),
+        peak_tflops(config.peak_tflops, backend.device, backend.precision),
+        unpad,
         t_start,
     )
 
@@ -336,102 +311,6 @@ def _micro_batches(phase: PhaseConfig, world_size: int, data_parts: int) -> int:
     return local // micro
 
 
-def _check_resume(url: str, saved: dict, fresh: TrainState) -> TrainState:
-    """The saved state, if its config may continue under the current one (``model/resume.py``)."""
-    state = TrainState(**saved["train"])
-    if state.run_digest != fresh.run_digest:
-        binding, tunable = compare(state.record or {}, fresh.record)
-        if binding:
-            raise ResumeError(
-                f"checkpoint {url} was written by a run with a different {', '.join(binding)}: it cannot "
-                "continue under this config. Rerun with --force pretrain (restart=true in the training "
-                "spec) to start this stage over"
-            )
-        log.warning("resuming %s under changed settings: %s", url, ", ".join(tunable))
-    state.run_digest, state.record = fresh.run_digest, fresh.record
-    return state
-
-
-def _restore(found, model, optimizer, scheduler, backend: Backend, state: TrainState, config: PretrainConfig) -> None:
-    url, _, saved = found
-    if backend.parallel == "fsdp" and backend.world_size > 1:
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
-
-        set_optimizer_state_dict(model, optimizer, saved["optimizer"], options=StateDictOptions(full_state_dict=True))
-    else:
-        optimizer.load_state_dict(saved["optimizer"])
-    scheduler.load_state_dict(saved["scheduler"])
-    # the current config's hyper-parameters and schedule (identical values on an exact resume)
-    lam = scheduler.lr_lambdas[0]
-    lam.warmup_steps, lam.total_steps = config.warmup_steps, config.total_steps
-    scheduler.base_lrs = [config.learning_rate] * len(optimizer.param_groups)
-    for i, group in enumerate(optimizer.param_groups):
-        group["initial_lr"] = config.learning_rate
-        group["lr"] = config.learning_rate * lam(scheduler.last_epoch)
-        group["betas"], group["eps"] = (config.beta1, config.beta2), config.eps
-        group["weight_decay"] = config.weight_decay if i == 0 else 0.0
-    if backend.rank == 0:  # the saved RNG states are rank 0's (on XLA: every host's, one SPMD program)
-        rng = saved["rng"]
-        random.setstate(rng["python"])
-        torch.set_rng_state(rng["torch"])
-        backend.set_rng_state(rng["device"])
-    else:  # other ranks: a fresh dropout stream per (rank, step); exact resume is for rank 0's
-        torch.manual_seed(stable_seed(config.seed, "rank", backend.rank, state.global_step))
-    log.info("resuming from %s (step %d)", url, state.global_step)
-
-
-def _sharded(s: Session) -> bool:
-    return s.backend.parallel == "fsdp" and s.backend.world_size > 1
-
-
-def _full_model(s: Session) -> torch.nn.Module | None:
-    """A CPU model with all weights on rank 0 (None elsewhere); a collective under FSDP, and on
-    an XLA pod slice, where every host fetches the weights (a transfer of SPMD data may run a
-    program on all hosts) and host 0 keeps them."""
-    if s.backend.multihost:
-        weights = to_cpu(unwrap(s.model).state_dict())
-        if not s.backend.is_main:
-            return None
-        model = BertForPreTraining(s.model_config)
-        model.load_state_dict(weights)
-        model.tie_weights()
-        return model
-    if not _sharded(s):
-        return unwrap(s.model) if s.backend.is_main else None
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-    full = get_model_state_dict(s.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    if not s.backend.is_main:
-        return None
-    model = BertForPreTraining(s.model_config)
-    model.load_state_dict(full, strict=False)  # the tied decoder weight comes with the embeddings
-    model.tie_weights()
-    return model
-
-
-def _optimizer_state(s: Session) -> dict:
-    if s.backend.multihost:  # every host fetches (see _full_model)
-        return to_cpu(s.optimizer.state_dict())
-    if not _sharded(s):
-        return s.optimizer.state_dict()
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
-
-    return get_optimizer_state_dict(
-        s.model, s.optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
-    )
-
-
-def _buckets(backend: Backend, length: int) -> tuple[int, ...]:
-    """Fixed pad lengths on XLA (a compiled graph each); empty elsewhere (round up to 8).
-    On several hosts only the phase's length: every host's slice of a global batch must have the
-    same width, and a host sees only its own examples."""
-    if backend.name != "xla":
-        return ()
-    if backend.multihost:
-        return (length,)
-    return tuple(sorted({max(16, -(-length // 4 // 8) * 8), max(16, -(-length // 2 // 8) * 8), length}))
-
-
 def make_loader(s: Session, phase: PhaseConfig, held_out: bool = False) -> StreamingLoader:
     """The phase's training loader (all shards but the reserved one) or its held-out loader."""
     urls = shard_urls(s.examples, phase.max_seq_length)
@@ -447,7 +326,8 @@ def make_loader(s: Session, phase: PhaseConfig, held_out: bool = False) -> Strea
         buffer_size=s.config.loader_buffer,
         vocab_size=s.model_config.vocab_size,
         pad_id=s.pad_id,
-        buckets=_buckets(s.backend, phase.max_seq_length),
+        buckets=s.backend.buckets(phase.max_seq_length),
+        unpad=s.unpad,
         shuffle=not held_out,
         max_predictions=_max_predictions(s.examples, phase.max_seq_length),
     )
@@ -464,16 +344,22 @@ def make_loader(s: Session, phase: PhaseConfig, held_out: bool = False) -> Strea
 
 
 # -- fit --------------------------------------------------------------------------------------------
+@dataclasses.dataclass
+class PhaseRun:
+    """One phase being trained: what ``_fit_phase`` and its steps share."""
+
+    phase: PhaseConfig
+    index: int
+    feed: StepFeed
+    window: Window
+    stop: StopSignals
+
+
 def fit(s: Session) -> None:
     """Train every remaining step of every phase; on SIGTERM/SIGINT checkpoint, then raise Preempted."""
     cfg, st, be = s.config, s.state, s.backend
-    phase_ends = {sum(p.steps for p in cfg.phases[: i + 1]) for i in range(len(cfg.phases))}
-    session_start, seconds_before = time.perf_counter(), st.seconds
-    peak = peak_tflops(cfg.peak_tflops, be.device, be.precision)
-    trace = os.environ.get("BERTFLOW_TRACE_DATA")  # debugging/tests: what each rank saw and holds
-    if trace:
-        with open(os.path.join(trace, f"rank{be.data_rank}.pid"), "w") as f:
-            f.write(str(os.getpid()))
+    s.fit_started, s.seconds_before = time.perf_counter(), st.seconds
+    s.callbacks.on_fit_start(be.data_rank)
     with StopSignals() as stop:
         for phase_index in range(st.phase_index, len(cfg.phases)):
             phase = cfg.phases[phase_index]
@@ -497,103 +383,65 @@ def fit(s: Session) -> None:
                 st.global_step + 1,
                 st.global_step + phase.steps - st.phase_step,
             )
-            window = Window(be.device)
-            feed = StepFeed(loader, be)
+            feed = StepFeed(loader, be, ahead=be.feed_ahead)
             try:
-                _fit_phase(
-                    s, phase, phase_index, feed, window, stop, phase_ends, trace, peak, seconds_before, session_start
-                )
+                _fit_phase(s, PhaseRun(phase, phase_index, feed, Window(be.device), stop))
             finally:
                 feed.close()
-    st.seconds = seconds_before + time.perf_counter() - session_start
-    if trace:  # every rank's weights, to check that the replicas agree
-        model = _full_model(s) if _sharded(s) else unwrap(s.model)
-        if model is not None:
-            torch.save(
-                {k: v.detach().cpu() for k, v in model.state_dict().items()},
-                os.path.join(trace, f"rank{be.data_rank}.weights.pt"),
-            )
+    st.seconds = s.training_seconds()
+    cb = s.callbacks
+    cb.on_fit_end(be.replica(s.model, s.model_config) if cb.wants_weights else None)
 
 
-def _fit_phase(
-    s: Session,
-    phase: PhaseConfig,
-    phase_index: int,
-    feed: StepFeed,
-    window: Window,
-    stop: StopSignals,
-    phase_ends: set[int],
-    trace: str | None,
-    peak: float,
-    seconds_before: float,
-    session_start: float,
-) -> None:
+def _fit_phase(s: Session, run: PhaseRun) -> None:
     """The remaining steps of one phase."""
-    cfg, st, be = s.config, s.state, s.backend
+    cfg, st, be, phase = s.config, s.state, s.backend, run.phase
     while st.phase_step < phase.steps:
         lr = s.optimizer.param_groups[0]["lr"]
-        _train_step(s, feed, window)
-        if trace:
-            with open(os.path.join(trace, f"rank{be.data_rank}.txt"), "a") as f:
-                f.write(" ".join(f"{a}:{b}" for a, b in feed.last_keys.tolist()) + "\n")
+        _train_step(s, run)
+        s.callbacks.on_step(run.feed.last_keys)
         st.global_step += 1
         st.phase_step += 1
         st.examples_seen += phase.batch_size
-        st.loader_position = feed.position
+        st.loader_position = run.feed.position
         phase_end = st.phase_step == phase.steps
         if st.global_step % cfg.log_every == 0 or phase_end:
-            metrics = summary(window, be, lr, phase_index, peak)
-            metrics["epoch"] = feed.epoch
+            metrics = summary(run.window, be, lr, run.index, s.peak)
+            metrics["epoch"] = run.feed.epoch
             _report(s, metrics, phase)
-            window.reset()
+            run.window.reset()
         if cfg.eval_every and (st.global_step % cfg.eval_every == 0 or phase_end):
             st.last_eval = evaluate(s, phase)
             if be.is_main and s.log_fn is not None:
                 s.log_fn(st.last_eval, st.global_step)
-        stopping = be.any_rank(stop.requested is not None)
+        stopping = be.any_rank(run.stop.requested is not None)
         if st.global_step % cfg.checkpoint_every == 0 or phase_end or stopping:
-            st.seconds = seconds_before + time.perf_counter() - session_start
-            _checkpoint(s, phase.name, phase_ends)
+            st.seconds = s.training_seconds()
+            _checkpoint(s, phase.name)
         if stopping:
-            raise Preempted(stop.requested or signal.SIGTERM, st.global_step)
+            raise Preempted(run.stop.requested or signal.SIGTERM, st.global_step)
 
 
-def _train_step(s: Session, feed: StepFeed, window: Window) -> None:
+def _train_step(s: Session, run: PhaseRun) -> None:
     """One optimizer step over the micro-batches of this process's share of the global batch."""
     be, cfg = s.backend, s.config
-    micro = feed.next_step()
-    if be.name == "xla":  # SPMD: the device batch is the global one, its labels give global counts
-        counts = [(batch["labels"] != IGNORE_INDEX).sum().to(torch.float32) for batch, _ in micro]
-        total = torch.clamp(torch.stack(counts).sum(), min=1.0)
-        weights = [c / total for c in counts]
-    else:  # DDP/FSDP: this rank's micro-batches, the total over ranks; DDP averages over ranks
-        total = be.all_reduce_sum(torch.tensor(float(sum(info.masked for _, info in micro)), device=be.device))
-        total = torch.clamp(total, min=1.0)
-        weights = [torch.tensor(float(info.masked * be.world_size), device=be.device) / total for _, info in micro]
-    ddp = hasattr(s.train_model, "no_sync")
+    micro = run.feed.next_step()
+    weights = be.loss_weights(micro)  # global-batch MLM mean (see the module docstring)
     for i, (batch, info) in enumerate(micro):
-        last = i == len(micro) - 1
-        if _sharded(s):  # reduce-scatter gradients on the last micro-batch only
-            s.train_model.set_requires_gradient_sync(last)
-        sync = contextlib.nullcontext() if (not ddp or last) else s.train_model.no_sync()
-        with sync:
+        with be.grad_sync(s.train_model, last=i == len(micro) - 1):
             with be.autocast():
                 out = s.train_model(**batch)
-            # global-batch MLM mean (see the module docstring)
             loss = out.mlm_loss * weights[i] + out.nsp_loss / len(micro)
             loss.backward()
-        window.add_micro(
-            out, batch, step_flops(s.model_config, info.rows, info.width, info.masked), info.tokens, examples=info.rows
-        )
+        flops = step_flops(s.model_config, info.rows, info.width, info.masked, info.packed_tokens, info.pairs)
+        run.window.add_micro(out, batch, flops, info.tokens, examples=info.rows)
     max_norm = cfg.max_grad_norm if cfg.max_grad_norm > 0 else float("inf")
-    norm = torch.nn.utils.clip_grad_norm_(s.model.parameters(), max_norm)
-    if hasattr(norm, "full_tensor"):  # FSDP: a DTensor
-        norm = norm.full_tensor()
+    norm = be.grad_norm(torch.nn.utils.clip_grad_norm_(s.model.parameters(), max_norm))
     s.optimizer.step()
     s.scheduler.step()
     s.optimizer.zero_grad(set_to_none=True)
     be.step_done()
-    window.add_step(norm)
+    run.window.add_step(norm)
 
 
 def evaluate(s: Session, phase: PhaseConfig) -> dict[str, float]:
@@ -608,7 +456,8 @@ def evaluate(s: Session, phase: PhaseConfig) -> dict[str, float]:
                 batch = be.put_batch(batch)
                 with be.autocast():
                     out = s.train_model(**batch)
-                correct, total = mlm_correct(out.prediction_logits, batch["labels"])
+                labels = out.mlm_labels if out.mlm_labels is not None else batch["labels"]
+                correct, total = mlm_correct(out.prediction_logits, labels)
                 label = batch["next_sentence_label"]
                 sums += torch.stack(
                     [
@@ -673,9 +522,10 @@ def _report(s: Session, metrics: dict[str, float], phase: PhaseConfig) -> None:
         s.log_fn(metrics, st.global_step)
 
 
-def _checkpoint(s: Session, phase_name: str, phase_ends: set[int]) -> None:
+def _checkpoint(s: Session, phase_name: str) -> None:
     be = s.backend
-    model, optim_state = _full_model(s), _optimizer_state(s)  # collectives under FSDP: every rank
+    # every process: collectives under FSDP, transfers on every host of a pod slice
+    model, optim_state = be.full_model(s.model, s.model_config), be.optimizer_state(s.model, s.optimizer)
     if be.is_main:
         url = checkpoint_url(s.output_url, phase_name, s.state.global_step)
         save_checkpoint(
@@ -688,7 +538,7 @@ def _checkpoint(s: Session, phase_name: str, phase_ends: set[int]) -> None:
                 "rng": {"python": random.getstate(), "torch": torch.get_rng_state(), "device": be.rng_state()},
             },
         )
-        prune_checkpoints(s.output_url, s.config.keep_checkpoints, keep=phase_ends)
+        prune_checkpoints(s.output_url, s.config.keep_checkpoints, keep=s.phase_ends)
     be.barrier()
 
 
@@ -697,7 +547,7 @@ def finish(s: Session) -> Manifest:
     """Write ``final/`` (HF layout) and the stage manifest, last."""
     be, st = s.backend, s.state
     final_url = join_url(s.output_url, "final")
-    model = _full_model(s)
+    model = be.full_model(s.model, s.model_config)
     if be.is_main:
         save_pretrained(model, final_url)
     be.barrier()

@@ -22,9 +22,12 @@ class SquadConfig:
     """Window length in tokens ([CLS] question [SEP] context [SEP]); 0: ``finetune.max_seq_length``
     (the paper: 384)."""
     doc_stride: int = 128
-    """Tokens between the starts of two context windows of one question."""
+    """Tokens between the starts of two context windows of one question. The window must hold
+    max_query_length + 3 + doc_stride tokens (checked before any work), so every window has at
+    least doc_stride tokens of context and consecutive windows overlap or touch."""
     max_query_length: int = 64
-    """Question tokens kept (the rest cut)."""
+    """Question tokens kept, the rest cut (the reference's flag): whatever a question's length,
+    its windows keep at least doc_stride tokens of context."""
     n_best_size: int = 20
     """Start and end candidates per window considered when decoding a span."""
     max_answer_length: int = 30
@@ -48,6 +51,24 @@ class SquadConfig:
         check(self.n_best_size >= 1, "finetune.squad.n_best_size", "must be >= 1")
         check(self.max_answer_length >= 1, "finetune.squad.max_answer_length", "must be >= 1")
 
+    def window(self, run_max_seq_length: int) -> int:
+        """The window length in tokens: ``max_seq_length``, or the run's (``finetune.max_seq_length``)."""
+        return self.max_seq_length or run_max_seq_length
+
+    def check_window(self, run_max_seq_length: int) -> None:
+        """Raise a ConfigError naming the fields when the window cannot hold a full-length question,
+        [CLS] and two [SEP] and ``doc_stride`` tokens of context."""
+        window = self.window(run_max_seq_length)
+        need = self.max_query_length + 3 + self.doc_stride
+        where = "finetune.squad.max_seq_length" if self.max_seq_length else "finetune.max_seq_length"
+        check(
+            window >= need,
+            where,
+            f"a SQuAD window of {window} tokens cannot hold finetune.squad.max_query_length "
+            f"{self.max_query_length} + 3 special tokens + finetune.squad.doc_stride {self.doc_stride} "
+            f"tokens of context ({need}); lengthen the window or shorten max_query_length/doc_stride",
+        )
+
 
 @dataclass(frozen=True)
 class GridConfig:
@@ -59,8 +80,11 @@ class GridConfig:
     """
 
     learning_rates: tuple[float, ...] = ()
+    """Learning rates of the grid (JSON list or comma-separated); empty: finetune.learning_rate."""
     batch_sizes: tuple[int, ...] = ()
+    """Batch sizes of the grid; empty: finetune.batch_size."""
     epochs: tuple[float, ...] = ()
+    """Epoch counts of the grid; empty: finetune.epochs."""
     seeds: tuple[int, ...] = ()
     """Seeds of every grid point; empty: ``finetune.seed`` alone."""
     workers: int = 1
@@ -112,7 +136,9 @@ class NerConfig:
     """Tags the model learns: "iob2" (files in IOB1 are converted; conlleval's chunks are the
     same) or "asis" (the file's own tags)."""
     train_file: str = "eng.train"
+    """File name of the training set under the task's data URL (CoNLL-2003's own name)."""
     dev_file: str = "eng.testa"
+    """File name of the dev set, scored to pick the best epoch and unit."""
     test_file: str = "eng.testb"
     """Optional: scored and written when present."""
 
@@ -129,6 +155,7 @@ class FeatureConfig:
     lstm_hidden: int = 768
     """Hidden size of each direction of the BiLSTM (the paper: 768)."""
     lstm_layers: int = 2
+    """Layers of the BiLSTM over the frozen features (the paper: 2)."""
 
     def __post_init__(self):
         check(len(self.layer_mixes) >= 1, "finetune.features.layer_mixes", "name at least one mix")
@@ -143,7 +170,9 @@ class SwagConfig:
     """SWAG multiple choice."""
 
     train_file: str = "train.csv"
+    """File name of the training set under the task's data URL (SWAG's own name)."""
     dev_file: str = "val.csv"
+    """File name of the dev set, scored to pick the best epoch and unit."""
     test_file: str = "test.csv"
     """Optional: predictions written when present."""
 
@@ -153,13 +182,23 @@ class FinetuneConfig:
     """One fine-tune/eval run of a pretrained model on a downstream task, and each task's options."""
 
     learning_rate: float = 2e-5
+    """Peak learning rate of a unit (AdamW, linear warm-up then decay), unless the grid sets it."""
     batch_size: int = 32
+    """Training examples per step, unless the grid sets it."""
     epochs: float = 3.0
+    """Passes over the training set (a fraction allowed), unless the grid sets it; dev is scored
+    after each and the best epoch kept."""
     max_seq_length: int = 128
+    """Longest input in tokens of the GLUE, NER and SWAG tasks (longer inputs are cut);
+    SQuAD's window too unless finetune.squad.max_seq_length is set."""
     warmup_proportion: float = 0.1
+    """Share of a unit's steps spent warming the learning rate up linearly from 0, in [0, 1]."""
     weight_decay: float = 0.01
+    """AdamW weight decay (not applied to biases and LayerNorm weights)."""
     seed: int = 42
+    """Seed of the head's initialisation, dropout and shuffling when the grid gives no seeds."""
     classifier_dropout: float = 0.1
+    """Dropout before the task head, in [0, 1)."""
     squad: SquadConfig = field(default_factory=SquadConfig)
     grid: GridConfig = field(default_factory=GridConfig)
     ner: NerConfig = field(default_factory=NerConfig)

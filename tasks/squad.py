@@ -185,7 +185,8 @@ def _read_question(qa: dict, context: str, version: str, where: str, seen: set[s
     question = qa.get("question")
     if not isinstance(question, str):
         raise SquadDataError(f"{where}: 'question' missing or not a string")
-    impossible = bool(qa.get("is_impossible", False)) if version == "2.0" else False
+    marked = bool(qa.get("is_impossible", False))
+    impossible = marked and version == "2.0"
     answers = []
     for i, ans in enumerate(qa.get("answers") or []):
         text, start = (ans.get("text"), ans.get("answer_start")) if isinstance(ans, dict) else (None, None)
@@ -197,7 +198,14 @@ def _read_question(qa: dict, context: str, version: str, where: str, seen: set[s
             )
         answers.append((text, start))
     if not answers and not impossible:
-        raise SquadDataError(f"{where}: no answers (and not marked is_impossible)")
+        if marked:  # a v2.0 question read as v1.1, which has no unanswerable questions
+            raise SquadDataError(
+                f"{where}: marked is_impossible, which SQuAD v1.1 does not have: this is a v2.0 file "
+                "(read it as version '2.0': the squad2 task)"
+            )
+        if version == "2.0":
+            raise SquadDataError(f"{where}: no answers and not marked is_impossible")
+        raise SquadDataError(f"{where}: no answers (every SQuAD v1.1 question has at least one)")
     if impossible:
         answers = []
     return SquadExample(qid, question, context, answers, impossible)
@@ -265,7 +273,15 @@ def make_features(
     max_query_length: int = 64,
     training: bool = False,
 ) -> tuple[list[Feature], list[Window], int]:
-    """Model features and their windows (aligned lists), and the number of skipped answers."""
+    """Model features and their windows (aligned lists), and the number of skipped answers.
+
+    A question is cut to ``max_query_length`` tokens (the reference's flag), so every window of
+    every question has at least ``doc_stride`` tokens of context: a window too short for that is
+    refused here, before any question, as :meth:`tasks.config.SquadConfig.check_window` refuses
+    the config."""
+    SquadConfig(max_seq_length=max_seq_length, doc_stride=doc_stride, max_query_length=max_query_length).check_window(
+        max_seq_length
+    )
     cls_id, sep_id = special_id(tokenizer, "[CLS]"), special_id(tokenizer, "[SEP]")
     questions = tokenizer.encode_batch([e.question for e in examples], add_special_tokens=False)
     contexts = sorted({e.context for e in examples})
@@ -277,9 +293,7 @@ def make_features(
         q_ids = q.ids[:max_query_length]
         enc = context_enc[ex.context]
         c_ids, c_offsets = enc.ids, [tuple(o) for o in enc.offsets]
-        max_tokens = max_seq_length - len(q_ids) - 3
-        if max_tokens < 1:
-            raise ValueError(f"max_seq_length {max_seq_length} leaves no room for the context")
+        max_tokens = max_seq_length - len(q_ids) - 3  # >= doc_stride (checked above)
         answer = None
         if training and not ex.is_impossible:
             text, start_char = ex.answers[0]
@@ -425,6 +439,7 @@ def run_squad(
     if version not in FILES:
         raise ValueError(f"SQuAD version must be '1.1' or '2.0', got {version!r}")
     sq = config.squad
+    sq.check_window(config.max_seq_length)  # before any work (the run config checks it too)
     train_name, dev_name = squad_files(version, sq)
     inputs, tokenizer = begin_run(config.seed, model_url, data_url, output_url)
     train_examples = read_squad(join_url(data_url, train_name), version)

@@ -110,9 +110,11 @@ def main(argv: list[str] | None = None) -> int:
     pretrain_cfg, model_cfg = build_configs(spec)
     mask_fn, pad_id = masking_from(spec)
 
+    from model.callbacks import DataTrace
     from model.resume import ResumeError
     from model.train import Preempted, run_pretrain
 
+    trace = os.environ.get("BERTFLOW_TRACE_DATA")  # tests: what each rank saw and holds
     try:
         log_fn = progress_reporter(log_fn_from_env()) if rank == 0 else None
         run_pretrain(
@@ -125,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
             mask_fn=mask_fn,
             init_from=spec.get("init_from") or "",
             pad_id=pad_id,
+            callbacks=DataTrace(trace) if trace else None,
         )
     except Preempted as exc:
         log.warning("%s; rerun to resume", exc)

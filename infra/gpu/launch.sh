@@ -80,5 +80,7 @@ export BERTFLOW_RDZV_ID="$RDZV_ID" BERTFLOW_BACKEND="${BERTFLOW_BACKEND:-cuda}"
 [[ "$DRY_RUN" == 1 ]] && echo "+ export BERTFLOW_NNODES=$NNODES BERTFLOW_NODE_RANK=$RANK_ BERTFLOW_RDZV_ENDPOINT=$ENDPOINT BERTFLOW_RDZV_ID=$RDZV_ID BERTFLOW_BACKEND=$BERTFLOW_BACKEND"
 run "$PY" "${args[@]}"
 if [[ "$DRY_RUN" == 1 ]]; then  # what flows.proc.cluster would start on this node (reads no input)
-  "$PY" "${args[@]}" --dry-run | sed 's/^/# /'
+  # from this checkout, so a dry run needs only bash and a python3 (not the project installed)
+  repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+  PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}" "$PY" "${args[@]}" --dry-run | sed 's/^/# /'
 fi

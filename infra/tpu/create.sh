@@ -17,7 +17,10 @@ own part of the data) and host 0 alone writes: "TPU pods" in docs/pretraining.md
   --zone ZONE              zone with the accelerator, e.g. us-central2-b for v4 (required)
   --project PROJECT        GCP project (required)
   --accelerator-type TYPE  v4-8 | v4-32 | v5litepod-16 | ... (default: v4-32, a 4-host pod slice)
-  --version VERSION        TPU software version (default: tpu-ubuntu2204-base)
+  --version VERSION        TPU software (runtime) version; default by accelerator type, as
+                           https://cloud.google.com/tpu/docs/runtimes lists them for PyTorch:
+                           v2/v3/v4: tpu-ubuntu2204-base, v5e (v5litepod-*): v2-alpha-tpuv5-lite,
+                           v5p: v2-alpha-tpuv5, v6e: v2-alpha-tpuv6e (another type needs --version)
   --service-account EMAIL  the hosts' service account (needs read/write on the gs:// root)
   --spot                   a Spot (preemptible) slice: cheaper; a preempted run resumes
                            from its last gs:// checkpoint when relaunched
@@ -26,7 +29,7 @@ own part of the data) and host 0 alone writes: "TPU pods" in docs/pretraining.md
 TXT
 }
 
-NAME="" ZONE="" PROJECT="" ACCEL="v4-32" VERSION="tpu-ubuntu2204-base" SA="" SPOT=0
+NAME="" ZONE="" PROJECT="" ACCEL="v4-32" VERSION="" SA="" SPOT=0
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --name) need_value "$@"; NAME=$2; shift 2 ;;
@@ -45,6 +48,15 @@ require "$NAME" --name
 require "$ZONE" --zone
 require "$PROJECT" --project
 [[ "$ACCEL" =~ ^v[0-9a-z]+-[0-9]+$ ]] || die "--accelerator-type '$ACCEL' is not a TPU type like v4-32"
+if [[ -z "$VERSION" ]]; then  # the runtime image of each generation (the TPU runtimes page)
+  case "$ACCEL" in
+    v2-*|v3-*|v4-*) VERSION="tpu-ubuntu2204-base" ;;
+    v5litepod-*|v5e-*) VERSION="v2-alpha-tpuv5-lite" ;;
+    v5p-*) VERSION="v2-alpha-tpuv5" ;;
+    v6e-*) VERSION="v2-alpha-tpuv6e" ;;
+    *) die "--accelerator-type '$ACCEL': no default runtime image known for it; give --version" ;;
+  esac
+fi
 
 cmd=(gcloud compute tpus tpu-vm create "$NAME" --project "$PROJECT" --zone "$ZONE"
      --accelerator-type "$ACCEL" --version "$VERSION")

@@ -21,7 +21,7 @@ from pipeline.corpus.dedup import (
     windowed,
 )
 from pipeline.corpus.documents import _build_paragraphs
-from pipeline.corpus.filters import RECORD_REJECTS
+from pipeline.corpus.filters import NOTES, RECORD_REJECTS
 from pipeline.corpus.read import PROGRESS_EVERY
 from pipeline.schema.storage import join_url
 
@@ -52,6 +52,8 @@ class _CleanToFragments(Writing):
         for reason, n in rejects.items():
             if reason not in RECORD_REJECTS:
                 self.count(reason, n)
+                if reason not in NOTES:
+                    self.count(f"{record['source']}.{reason}", n)
         self._processed += 1
         if self._processed % PROGRESS_EVERY == 0:
             log.info("corpus: %d documents processed by this worker (last %s)", self._processed, record["doc_id"])

@@ -5,9 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from pipeline.beam.config import BeamConfig
-from pipeline.schema.config import check
+from pipeline.schema.config import check, suggest
 
-CORPUS_SOURCES = ("wiki", "books")
+CORPUS_SOURCES = ("wiki", "books", "text")
+DEFAULT_SOURCES = ("wiki", "books")
 BOOKS_LAYOUTS = ("paragraphs", "line_per_document")
 WIKI_READERS = ("auto", "process", "thread", "inline")
 
@@ -16,9 +17,13 @@ WIKI_READERS = ("auto", "process", "thread", "inline")
 class CorpusConfig:
     """Cleaning, sentence splitting, filtering and dedup of raw corpora into documents."""
 
-    sources: tuple[str, ...] = CORPUS_SOURCES
-    """Sources this run needs; each must be given and non-empty (a clear error before any work).
-    ("wiki",) runs on Wikipedia alone; an input of a source not listed here is ignored."""
+    sources: tuple[str, ...] = DEFAULT_SOURCES
+    """Sources this run needs, of "wiki", "books", "text"; each must be given and non-empty (a clear
+    error before any work). ("wiki",) runs on Wikipedia alone; an input of a source not listed
+    here is ignored (data.text set with "text" left out is refused)."""
+    allow_empty_sources: bool = False
+    """A source whose files yield no document fails the stage, naming the source, its files and its
+    top reject reasons (documents 0 is never "done"); true lets such a source be empty."""
     min_sentence_chars: int = 12
     """Sentences shorter than this (after cleaning) are dropped as junk."""
     max_sentence_chars: int = 2000
@@ -46,7 +51,14 @@ class CorpusConfig:
     max_page_bytes: int = 16 << 20
     """A dump page larger than this is skipped unread (page_too_large): bounds worker memory."""
     max_book_bytes: int = 256 << 20
-    """A book file larger than this is rejected (file_too_large)."""
+    """A book file larger than this (bytes, decompressed) is rejected (file_too_large), unread
+    past the limit."""
+    max_line_bytes: int = 16 << 20
+    """A line longer than this (bytes) is skipped unread, never held whole: in the
+    line_per_document layout and in a JSONL text file it is a rejected record (line_too_long),
+    in a book a dropped part (long_line; the rest of the book is kept), a Parquet/Arrow text
+    value this long is a rejected record (record_too_large). Bounds a worker's memory whatever
+    the input's line lengths (default 16 MiB)."""
     books_layout: str = "paragraphs"
     """"paragraphs": one book a file, blank-line paragraphs; "line_per_document": every line
     of a file is a document (news/crawl layouts)."""
@@ -60,6 +72,14 @@ class CorpusConfig:
     pages beside the cleaning), "thread" (decompression on a second thread), "inline" (one
     thread); "auto": "process" with a local runner and 2+ cores per worker, else "thread" with
     2+ cores, else "inline". The output is the same."""
+    text_field: str = "text"
+    """The text source's field (JSONL key, Parquet/Arrow column) holding each document's text; a
+    record without it, or with a null or non-string one, is rejected (missing_text)."""
+    text_id_field: str = "id"
+    """The text source's id field, used when a file has it: doc_id "text:<id>" (ids must be unique:
+    a repeat is a duplicate_doc_id reject); without it "text:<file stem>:<record number>"."""
+    text_title_field: str = "title"
+    """The text source's title field, used when a file has it; else the title is empty."""
     num_shards: int = 2
     """Parquet files per source."""
     beam: BeamConfig = field(default_factory=BeamConfig)
@@ -74,7 +94,7 @@ class CorpusConfig:
             check(
                 source in CORPUS_SOURCES,
                 "corpus.sources",
-                f"unknown source {source!r}; expected some of {CORPUS_SOURCES}",
+                f"unknown source {source!r}{suggest(source, CORPUS_SOURCES)}; expected some of {CORPUS_SOURCES}",
             )
         check(self.min_sentence_chars >= 0, "corpus.min_sentence_chars", "must be >= 0")
         check(
@@ -92,6 +112,8 @@ class CorpusConfig:
         check(0.0 <= self.near_dup_threshold < 1.0, "corpus.near_dup_threshold", "must lie in [0, 1)")
         check(self.max_page_bytes >= 1024, "corpus.max_page_bytes", "must be >= 1024")
         check(self.max_book_bytes >= 1024, "corpus.max_book_bytes", "must be >= 1024")
+        check(self.max_line_bytes >= 1024, "corpus.max_line_bytes", "must be >= 1024")
+        check(bool(self.text_field), "corpus.text_field", "must name a field")
         check(
             self.books_layout in BOOKS_LAYOUTS,
             "corpus.books_layout",

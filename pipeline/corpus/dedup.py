@@ -224,8 +224,10 @@ class Writing(Counted):
         writer.add(row)
 
     def reject(self, source: str, reason: str, **fields) -> None:
-        """Count ``reason`` and write a reject row (ordered by a digest of its whole content)."""
+        """Count ``reason`` (and ``<source>.<reason>``) and write a reject row (ordered by a digest of
+        its whole content)."""
         self.count(reason)
+        self.count(f"{source}.{reason}")
         row = reject_row(source, reason, **fields)
         row[KEY] = sort_key("\x1f".join((row["reject_id"], row["title"] or "", row["sample"])))
         self.write(REJECTS_FOLDER, row)

@@ -10,7 +10,7 @@ import re
 
 from pipeline.corpus import filters
 from pipeline.corpus.config import CorpusConfig
-from pipeline.corpus.filters import normalise, sentence_reject
+from pipeline.corpus.filters import normalise, scrub_controls, sentence_reject
 from pipeline.corpus.records import Page
 from pipeline.corpus.sentences import book_paragraphs, split_sentences, strip_boilerplate
 from pipeline.corpus.wikitext import clean_wikitext
@@ -36,13 +36,16 @@ def page_record(page: Page) -> tuple[dict | None, str | None]:
     return {"doc_id": f"wiki:{page.page_id}", "source": "wiki", "title": page.title, "text": page.text}, None
 
 
-def paragraphs_of(record: dict, config: CorpusConfig) -> list[str]:
+def paragraphs_of(record: dict, config: CorpusConfig, text: str | None = None) -> list[str]:
+    """The cleaned paragraphs of a record (of ``text`` when given: the record's, repaired)."""
+    text = record["text"] if text is None else text
     if record["source"] == "wiki":
-        return clean_wikitext(record["text"])
+        return clean_wikitext(text)
     if record.get("layout") == "line":
-        return [" ".join(record["text"].split())]
-    text = strip_boilerplate(record["text"]) if config.strip_boilerplate else record["text"]
-    return book_paragraphs(text)
+        return [" ".join(text.split())]
+    if record["source"] == "books" and config.strip_boilerplate:
+        text = strip_boilerplate(text)
+    return book_paragraphs(text)  # books, and the text source's records
 
 
 def build_paragraphs(record: dict, config: CorpusConfig) -> tuple[list[list[str]] | None, collections.Counter]:
@@ -61,7 +64,11 @@ def _build_paragraphs(record: dict, config: CorpusConfig):
     of every kept sentence when ``config.dedup_sentences`` (computed for the sentence dedup
     anyway; the document digest and paragraph hashes are made from it), else None."""
     rejects: collections.Counter = collections.Counter()
-    paragraphs = paragraphs_of(record, config)
+    # NUL & co anywhere in any source: spaces (a dump's page went through the XML parser)
+    text, controls = scrub_controls(record["text"], xml=record["source"] == "wiki")
+    if controls:
+        rejects["control_chars"] += 1
+    paragraphs = paragraphs_of(record, config, text)
     reason = filters.document_reject(paragraphs, config)
     if reason:
         rejects[reason] += 1

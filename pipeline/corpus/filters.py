@@ -17,6 +17,7 @@ Design choices:
 from __future__ import annotations
 
 import hashlib
+import re
 
 import pyarrow as pa
 
@@ -34,6 +35,10 @@ RECORD_REJECTS = (
     "file_too_large",
     "unreadable_book",
     "unsupported_file",
+    "line_too_long",  # a line (a document) or a JSONL record over corpus.max_line_bytes: skipped unread
+    "record_too_large",  # a Parquet/Arrow text value over corpus.max_line_bytes
+    "malformed_record",  # a JSONL line that is not a JSON object
+    "missing_text",  # a text record without the text field (or null, or not a string)
     # kind of page
     "redirect",
     "non_article_namespace",
@@ -50,8 +55,9 @@ RECORD_REJECTS = (
     "duplicate_doc_id",
     "all_paragraphs_duplicate",  # every paragraph kept by another document
 )
-FILE_EVENTS = ("unreadable_file", "truncated_file")
+FILE_EVENTS = ("unreadable_file", "truncated_file", "no_pages")
 PART_DROPS = (
+    "long_line",  # a line of a book over corpus.max_line_bytes: skipped unread, the rest kept
     "sentence_too_short",
     "sentence_too_long",
     "sentence_low_alpha",
@@ -59,9 +65,11 @@ PART_DROPS = (
     "duplicate_paragraph",
     "duplicate_paragraph_corpus",
 )
-WRITTEN_PART_DROPS = ("duplicate_paragraph_corpus",)
+WRITTEN_PART_DROPS = ("duplicate_paragraph_corpus", "long_line")
 """Part drops also written to ``rejects/`` (one row each, with the document id)."""
-NOTES = ("invalid_utf8", "books_reencoded")
+NOTES = ("invalid_utf8", "books_reencoded", "wiki_reencoded", "control_chars")
+"""Repairs, the record kept: invalid UTF-8 replaced, a book or dump read in another encoding,
+control characters (NUL, ...) replaced by spaces."""
 REJECT_REASONS = RECORD_REJECTS + FILE_EVENTS + PART_DROPS
 
 REJECT_SCHEMA = pa.schema(
@@ -77,6 +85,29 @@ REJECT_SCHEMA = pa.schema(
     ]
 )
 SAMPLE_CHARS = 1000
+
+
+_CONTROL = re.compile("[\x00-\x08\x0e-\x1f\x7f-\x9f]")
+"""C0 and C1 control characters but the whitespace ones (tab, newlines, vertical tab, form feed)."""
+
+
+_XML_CONTROL = re.compile("[\x7f-\x9f]")
+"""The control characters XML 1.0 lets through (it refuses the C0 ones but tab and newlines)."""
+
+
+def scrub_controls(text: str, xml: bool = False) -> tuple[str, int]:
+    """``text`` with NUL and the other control characters replaced by spaces, and how many; a text
+    without any is returned as it is (one C-speed scan). ``xml``: text an XML parser accepted,
+    which holds no C0 control, so only DEL and C1 are looked for (an ASCII text: a memchr for DEL)."""
+    if xml:
+        if text.isascii() and "\x7f" not in text:  # isascii is O(1) on CPython's compact strings
+            return text, 0
+        pattern = _XML_CONTROL
+    else:
+        pattern = _CONTROL
+    if pattern.search(text) is None:
+        return text, 0
+    return pattern.subn(" ", text)
 
 
 def digest(text: str) -> str:

@@ -1,4 +1,8 @@
-"""Raw corpus inputs: a file, a folder or a glob, expanded to the files of each source."""
+"""Raw corpus inputs: a file, a folder or a glob, expanded to the files of each source.
+
+Every file found is read or rejected with a reason, never skipped silently, except what a
+source's layout names as its own companions: a dump folder's multistream index and checksum
+files, a ``datasets`` folder's ``dataset_info.json``/``state.json``/``dataset_dict.json``."""
 
 from __future__ import annotations
 
@@ -12,7 +16,10 @@ from pipeline.corpus.config import CORPUS_SOURCES, CorpusConfig
 WIKI_SUFFIXES = (".xml", ".xml.bz2", ".xml.gz")
 # Parts of a split dump: enwiki-…-pages-articles-multistream3.xml-p1p41242.bz2
 _WIKI_PART = re.compile(r"\.xml(?:-p\d+p\d+)?(?:\.bz2|\.gz)?$", re.I)
+_WIKI_COMPANION = re.compile(r"-index\d*\.txt(?:-p\d+p\d+)?\.bz2$|(?:md5|sha1|sha256)sums\.txt$|\.part$", re.I)
+"""A multistream index, a checksum list, a download in progress (``bertflow fetch-wiki`` writes them)."""
 BOOK_SUFFIXES = (".txt", ".txt.gz", ".txt.bz2")
+_DATASET_METADATA = ("dataset_info.json", "state.json", "dataset_dict.json")
 _GLOB_CHARS = ("*", "?", "[")
 
 log = logging.getLogger("bertflow.corpus")
@@ -71,8 +78,19 @@ class CorpusInputError(ValueError):
 
 
 def _input_files(name: str, url: str) -> list[str]:
-    # Books: every file, so a stray binary or .pdf is counted as a reject rather than skipped.
-    return expand_inputs(url, WIKI_SUFFIXES if name == "wiki" else None)
+    """Every file of a source's input: a stray binary, a .pdf among the books or a .zst dump is a
+    unit its reader rejects with a reason, not a file skipped; only a layout's own companions
+    (a dump's index and checksums, a ``datasets`` folder's metadata) are left out."""
+    found = expand_inputs(url)
+    base = lambda u: u.rstrip("/").rsplit("/", 1)[-1]  # noqa: E731
+    if name == "wiki":
+        return [u for u in found if is_wiki_file(u) or not _WIKI_COMPANION.search(base(u))]
+    if name == "text":
+        kept = [u for u in found if base(u) not in _DATASET_METADATA]
+        if not kept:
+            raise FileNotFoundError(f"input {url} holds only a dataset's metadata files, no data")
+        return kept
+    return found
 
 
 def check_corpus_inputs(config: CorpusConfig, inputs: dict[str, str]) -> dict[str, list[str]]:
@@ -108,6 +126,6 @@ def check_corpus_inputs(config: CorpusConfig, inputs: dict[str, str]) -> dict[st
                 f"corpus.sources includes {name!r}, so it may not be empty"
             )
         files[name] = found
-    for name in sorted(set(inputs) - set(config.sources)):
+    for name in sorted(n for n in set(inputs) - set(config.sources) if inputs[n]):
         log.warning("corpus: ignoring the %s input %s (not in corpus.sources %s)", name, inputs[name], config.sources)
     return files

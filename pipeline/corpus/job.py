@@ -1,4 +1,4 @@
-"""Stage 1, the corpus job: raw Wikipedia dumps and books to cleaned, deduplicated documents.
+"""Stage 1, the corpus job: raw Wikipedia dumps, books and text records to cleaned, deduplicated documents.
 
     check_corpus_inputs -> plan_units (files, multistream ranges) -> spread_units -> Create
     -> Reshuffle -> ReadUnits (pages / books / lines; rejects to runs; a handing-off reader's
@@ -20,7 +20,9 @@ Design choices:
 3. Nothing is lost silently: every record read is either a document or a reject with a reason
    (``{source}_read == documents + sum of RECORD_REJECTS``, checked by a test), every reject row
    goes to ``rejects/`` with a sample, and a fault in a file costs only what is unreadable
-   (:mod:`pipeline.corpus.wiki` resynchronises at the next page).
+   (:mod:`pipeline.corpus.wiki` resynchronises at the next page). A source whose files give 0
+   documents fails the stage before its manifest (:func:`check_sources_not_empty`), naming the
+   files and the top reject reasons; ``corpus.allow_empty_sources`` lets it be empty.
 4. Output is byte-identical whatever the parallelism: every dedup decision sorts by stable
    keys, and the shards are a merge of key-sorted runs (:mod:`pipeline.corpus.dedup`).
 5. ``rejects/`` is written beside the source folders but left out of the manifest's ``files``:
@@ -120,6 +122,7 @@ def run_corpus(config: CorpusConfig, inputs: dict[str, str], output_url: str) ->
         else:
             out_files.append(describe_file(output_url, rel, rows=n))
     counts["rejects_written"] = rejects_written
+    check_sources_not_empty(config, files, counts, join_url(output_url, REJECTS_FOLDER))
     seconds = time.monotonic() - started
     manifest = write_manifest(
         stage="corpus",
@@ -139,6 +142,34 @@ def run_corpus(config: CorpusConfig, inputs: dict[str, str], output_url: str) ->
         join_url(output_url, REJECTS_FOLDER),
     )
     return manifest
+
+
+class EmptySourceError(RuntimeError):
+    """A source of the run yielded no document; the message names it, its files and why."""
+
+
+def check_sources_not_empty(
+    config: CorpusConfig, files: dict[str, list[str]], counts: dict[str, float], rejects_url: str
+) -> None:
+    """Raise :class:`EmptySourceError` for the first source with 0 documents (unless
+    ``corpus.allow_empty_sources``): its files, what was read and the top reject reasons, so a
+    run on inputs that all fail never ends "done"."""
+    if config.allow_empty_sources:
+        return
+    for name, urls in files.items():
+        if counts.get(f"{name}_documents", 0) > 0:
+            continue
+        reasons = sorted(
+            ((k.split(".", 1)[1], int(v)) for k, v in counts.items() if k.startswith(f"{name}.") and v),
+            key=lambda kv: (-kv[1], kv[0]),
+        )
+        why = ", ".join(f"{reason} {n}" for reason, n in reasons[:5]) or "no reject either"
+        shown = ", ".join(urls[:3]) + (f" and {len(urls) - 3} more" if len(urls) > 3 else "")
+        raise EmptySourceError(
+            f"corpus: the {name} source gave 0 documents: {int(counts.get(f'{name}_read', 0))} records read "
+            f"from {len(urls)} file(s) ({shown}); top reject reasons: {why} (rows with samples under "
+            f"{rejects_url}); fix the input, or set corpus.allow_empty_sources=true to let it be empty"
+        )
 
 
 def _counts(found: dict[str, int], files: dict[str, list[str]]) -> dict[str, float]:

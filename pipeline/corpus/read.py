@@ -16,7 +16,8 @@ from pipeline.corpus.config import CorpusConfig
 from pipeline.corpus.dedup import RUNS, Writing
 from pipeline.corpus.documents import page_record
 from pipeline.corpus.inputs import BOOK_SUFFIXES
-from pipeline.corpus.records import CorpusReadError, Page
+from pipeline.corpus.records import CorpusReadError, LongLine, Page
+from pipeline.corpus.text import TextReject, iter_text_records, text_kind
 from pipeline.corpus.wiki import plan_reads
 from pipeline.corpus.wiki_reader import read_wiki, wiki_reader_mode
 from pipeline.schema.storage import join_url
@@ -80,6 +81,8 @@ class _ReadUnit(Writing):
                 )
             for batch in batches.close() if batches is not None else []:
                 yield beam.pvalue.TaggedOutput(BATCHES, batch)
+        elif source == "text":
+            read = yield from self._text(url)
         elif self.config.books_layout == "line_per_document":
             read = yield from self._book_lines(url)
         else:
@@ -87,17 +90,21 @@ class _ReadUnit(Writing):
             yield from self._book(url)
         self.count(f"{source}_read", read)
 
+    def _not_a_book(self, url: str, rid: str) -> None:
+        reason = "binary_file" if _is_binary(url) else "unsupported_file"
+        hint = f"not a book file (expected {', '.join(BOOK_SUFFIXES)})"
+        if text_kind(url):  # a JSONL or Parquet corpus given as books
+            hint += f"; a {text_kind(url)} file is read by the text source: data.text, corpus.sources with 'text'"
+        log.error("corpus: %s among the books rejected (%s): %s", url, reason, hint)
+        self.reject("books", reason, record_id=rid, url=url, detail=hint)
+
     def _book(self, url: str):
         rid = f"books:{book_stem(url)}"
         if not url.lower().endswith(BOOK_SUFFIXES):
-            reason = "binary_file" if _is_binary(url) else "unsupported_file"
-            log.error("corpus: %s among the books rejected (%s)", url, reason)
-            self.reject(
-                "books", reason, record_id=rid, url=url, detail=f"not a book file (expected {', '.join(BOOK_SUFFIXES)})"
-            )
+            self._not_a_book(url, rid)
             return
         try:
-            book = read_book(url, self.config.max_book_bytes)
+            book = read_book(url, self.config.max_book_bytes, self.config.max_line_bytes)
         except CorpusReadError as exc:
             reason = "unreadable_book" if exc.reason == "unreadable_file" else exc.reason
             log.error("corpus: book rejected (%s): %s", reason, exc)
@@ -106,25 +113,47 @@ class _ReadUnit(Writing):
         if book.encoding != "utf-8":
             self.count("books_reencoded")
             log.warning("corpus: %s is not UTF-8; read as %s", url, book.encoding)
+        for line in book.long_lines:  # the book is kept without them
+            log.warning("corpus: %s: %s", url, line.detail(self.config.max_line_bytes))
+            detail = line.detail(self.config.max_line_bytes)
+            self.reject("books", "long_line", record_id=rid, url=url, detail=detail, sample=line.sample())
         yield {"doc_id": f"books:{book.name}", "source": "books", "title": book.title, "text": book.text}
 
     def _book_lines(self, url: str):
         stem = book_stem(url)
         if _is_binary(url) or not url.lower().endswith(BOOK_SUFFIXES):
-            reason = "binary_file" if _is_binary(url) else "unsupported_file"
-            log.error("corpus: %s among the books rejected (%s)", url, reason)
-            self.reject("books", reason, record_id=f"books:{stem}", url=url)
+            self._not_a_book(url, f"books:{stem}")
             return 1
         read = 0
-        for number, line in iter_book_lines(url):
+        for number, line in iter_book_lines(url, self.config.max_line_bytes):
             read += 1
-            yield {
-                "doc_id": f"books:{stem}:{number:09d}",
-                "source": "books",
-                "title": stem,
-                "text": line,
-                "layout": "line",
-            }
+            rid = f"books:{stem}:{number:09d}"
+            if isinstance(line, LongLine):
+                detail = line.detail(self.config.max_line_bytes)
+                self.reject("books", "line_too_long", record_id=rid, url=url, detail=detail, sample=line.sample())
+                continue
+            yield {"doc_id": rid, "source": "books", "title": stem, "text": line, "layout": "line"}
+        return read
+
+    def _text(self, url: str):
+        """Records of a JSONL/Parquet/Arrow file; a bad record is a reject naming file and record."""
+        read = 0
+        try:
+            for item in iter_text_records(url, self.config):
+                read += 1
+                if isinstance(item, TextReject):
+                    self.reject(
+                        "text", item.reason, record_id=item.record_id, url=url, detail=item.detail, sample=item.sample
+                    )
+                    continue
+                yield item
+        except CorpusReadError as exc:
+            log.error("corpus: text file rejected (%s): %s", exc.reason, exc)
+            if exc.reason == "unreadable_file":  # a fault of the file: no record (read stays as far as it got)
+                self.reject("text", exc.reason, url=url, detail=str(exc))
+            else:
+                read += 1
+                self.reject("text", exc.reason, record_id=f"text:{url.rsplit('/', 1)[-1]}", url=url, detail=str(exc))
         return read
 
 

@@ -1,4 +1,4 @@
-"""The records the corpus readers yield: pages, books, events, and the read error."""
+"""The records the corpus readers yield: pages, books, long lines, events, and the read error."""
 
 from __future__ import annotations
 
@@ -41,12 +41,29 @@ class Page:
     text: str
 
 
+@dataclasses.dataclass
+class LongLine:
+    """A line longer than ``corpus.max_line_bytes``, skipped unread: its number, its size in bytes
+    (as far as it was counted) and its first bytes."""
+
+    number: int
+    size: int
+    head: bytes
+
+    def sample(self) -> str:
+        return self.head.decode("utf-8", "replace")[:1000]
+
+    def detail(self, limit: int) -> str:
+        return f"line {self.number}: {self.size} bytes, over corpus.max_line_bytes={limit}; skipped unread"
+
+
 @dataclasses.dataclass(frozen=True)
 class Book:
-    """One book: a UTF-8 text file."""
+    """One book: a text file, decoded."""
 
     name: str  # file stem, the stable id
     title: str
     text: str
     url: str
     encoding: str = "utf-8"  # as read; another one was detected
+    long_lines: tuple[LongLine, ...] = ()  # lines left out, unread (over corpus.max_line_bytes)

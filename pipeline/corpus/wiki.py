@@ -14,7 +14,15 @@ Design choices:
 4. A truncated or corrupt archive ends the file with a ``truncated_file`` event after every page
    decompressed before the fault (bz2 decompresses whole blocks, so the pages of the block cut
    in half are lost with it; a multistream dump loses at most one stream of 100 pages).
-5. Multistream ``.bz2`` dumps come with an index (``offset:page_id:title`` per page); the
+5. Any XML encoding: UTF-8 (the dumps Wikimedia writes) is scanned as it is; a byte-order mark
+   (UTF-16/32, LE or BE), the UTF-16/32 shape of ``<?xml`` or an encoding declaration
+   (``<?xml version="1.0" encoding="ISO-8859-1"?>``) makes :func:`utf8_chunks` transcode the
+   decompressed bytes to UTF-8 chunk by chunk (an incremental decoder, memory flat) before the
+   same scanner, so the fast path costs one peek at the first KiB. An encoding Python does not
+   know is an ``unreadable_file`` event naming it, a file with bytes but no ``<page>`` a
+   ``no_pages`` event: never 0 pages and 0 rejects. Byte offsets in messages are then those of
+   the UTF-8 stream.
+6. Multistream ``.bz2`` dumps come with an index (``offset:page_id:title`` per page); the
    stream offsets split one big file into byte ranges that separate Beam workers read
    (:func:`plan_reads`). Each range is decompressed stream by stream from its own start.
 
@@ -26,6 +34,8 @@ counts every page read as kept or rejected.
 from __future__ import annotations
 
 import bz2
+import codecs
+import itertools
 import queue
 import re
 import threading
@@ -207,6 +217,111 @@ def prefetched(chunks: Iterator[bytes], depth: int = PREFETCH_CHUNKS) -> Iterato
                 thread.join(0.05)
 
 
+# -- encodings ---------------------------------------------------------------------------------
+SNIFF_BYTES = 1024
+_DECLARATION = re.compile(rb"""\s*<\?xml[^>]{0,200}?encoding\s*=\s*["']([A-Za-z0-9._:-]{1,40})["']""")
+_BOMS = (
+    (codecs.BOM_UTF32_LE, "utf-32-le"),
+    (codecs.BOM_UTF32_BE, "utf-32-be"),
+    (codecs.BOM_UTF8, "utf-8"),
+    (codecs.BOM_UTF16_LE, "utf-16-le"),
+    (codecs.BOM_UTF16_BE, "utf-16-be"),
+)
+_SHAPES = ((b"<\0\0\0", "utf-32-le"), (b"\0\0\0<", "utf-32-be"), (b"<\0", "utf-16-le"), (b"\0<", "utf-16-be"))
+
+
+def sniff_encoding(head: bytes) -> tuple[str, int]:
+    """(Python codec name, bytes of byte-order mark to skip) of XML whose first bytes are
+    ``head``: a BOM, else the UTF-16/32 shape of ``<`` (XML 1.0 appendix F; also the middle of a
+    UTF-16 file: NULs between ASCII letters), else the encoding declaration, else UTF-8.
+    Raises ValueError naming a declared encoding Python does not know."""
+    for bom, encoding in _BOMS:
+        if head.startswith(bom):
+            return encoding, len(bom)
+    body = head.lstrip(b" \t\r\n") if b"\0" not in head[:2] else head
+    for shape, encoding in _SHAPES:
+        if body.startswith(shape):
+            return encoding, 0
+    sample = head[:512]
+    if len(sample) >= 16 and sample.count(0) > len(sample) // 3:  # text that is half NULs: UTF-16
+        odd = sample[1::2].count(0)
+        return ("utf-16-le" if odd > sample[0::2].count(0) else "utf-16-be"), 0
+    m = _DECLARATION.match(head)
+    if not m:
+        return "utf-8", 0
+    declared = m.group(1).decode("ascii")
+    try:
+        name = codecs.lookup(declared).name
+    except LookupError:
+        raise ValueError(f"the XML declares encoding {declared!r}, which Python does not know") from None
+    if name in ("utf-8", "ascii") or name.startswith(("utf-16", "utf-32")):
+        return "utf-8", 0  # ASCII-compatible bytes (the declaration read as such): UTF-8 or its subset
+    return name, 0
+
+
+class Transcoding:
+    """What :func:`utf8_chunks` found: the encoding read, characters it could not decode."""
+
+    def __init__(self):
+        self.encoding = "utf-8"
+        self.replaced = 0
+
+
+def utf8_chunks(chunks: Iterable[bytes], state: Transcoding, head: bytes | None = None) -> Iterator[bytes]:
+    """``chunks`` as UTF-8: passed through untouched when the XML is UTF-8 (one peek at its first
+    KiB, or at ``head``, the file's own first bytes, for a range that starts in the middle),
+    else decoded incrementally from its encoding (:func:`sniff_encoding`) and re-encoded, chunk by
+    chunk; bytes that do not decode become U+FFFD (counted in ``state.replaced``)."""
+    chunks = iter(chunks)
+    peeked: list[bytes] = []
+    size = 0
+    while size < SNIFF_BYTES:
+        data = next(chunks, None)
+        if data is None:
+            break
+        peeked.append(data)
+        size += len(data)
+    data = None  # not held: the chunks stay the scanner's to drop
+    encoding, skip = sniff_encoding(head if head is not None else b"".join(peeked)[:SNIFF_BYTES])
+    if head is not None:
+        skip = 0  # the BOM was at the file's start, not here
+    if encoding == "utf-8":
+        peeked.reverse()
+        while peeked:  # handed on, not held: the scanner's memory bound stays its own
+            yield peeked.pop()
+        yield from chunks
+        return
+    state.encoding = encoding
+    decoder = codecs.getincrementaldecoder(encoding)(errors="replace")
+    first = [b"".join(peeked)[skip:]]
+    peeked.clear()
+    for data in itertools.chain(_drain(first), chunks):
+        text = decoder.decode(data)
+        if text:
+            state.replaced += text.count("\ufffd")
+            yield text.encode("utf-8")
+    text = decoder.decode(b"", final=True)
+    if text:
+        state.replaced += text.count("\ufffd")
+        yield text.encode("utf-8")
+
+
+def _drain(items: list[bytes]) -> Iterator[bytes]:
+    while items:
+        yield items.pop()
+
+
+def _file_head(url: str) -> bytes:
+    """The first decompressed bytes of a dump file (its BOM or declaration)."""
+    chunks = _file_chunks(url)
+    try:
+        return next(chunks, b"")[:SNIFF_BYTES]
+    except (OSError, EOFError, ValueError):
+        return b""
+    finally:
+        chunks.close()
+
+
 # -- the page scanner --------------------------------------------------------------------------
 def scan_pages(
     chunks: Iterable[bytes], url: str, max_page_bytes: int = DEFAULT_MAX_PAGE_BYTES, part: int = 0, parts: int = 1
@@ -229,6 +344,7 @@ def scan_pages(
     scan_from = 0  # where to resume searching (absolute index in buf)
     offset = 0
     received = False
+    total = 0  # decompressed bytes met
     chunks = iter(chunks)
     ordinal = -1  # of the last page met
 
@@ -275,6 +391,7 @@ def scan_pages(
         if data is None:
             break
         received = True
+        total += len(data)
         # compact: drop what is consumed (and, outside a page, all but a possible partial tag)
         keep_from = pos if in_page and not skipping else max(pos, len(buf) - len(_CLOSE))
         offset += keep_from
@@ -345,6 +462,17 @@ def scan_pages(
         yield ReadEvent(
             "page", "truncated_page", url, page_id, title, "<page> not closed at the end of the file", sample
         )
+    if ordinal < 0 and received and part == 0:
+        yield ReadEvent(
+            "file",
+            "no_pages",
+            url,
+            "",
+            "",
+            f"no <page> element in its {total} bytes: not a MediaWiki export, or compressed in a form not read "
+            "(.bz2 and .gz are)",
+            _sample(buf[:2000]),
+        )
 
 
 def _parse_page(data: bytes, url: str, offset: int) -> Iterator[Page | ReadEvent]:
@@ -393,9 +521,16 @@ def iter_wiki(
     ``reader``: "thread" decompresses on a second thread, "inline" in this one (one core); the
     same items either way (:func:`pipeline.corpus.wiki_reader.read_wiki` adds "process")."""
     chunks = _file_chunks(url) if start is None else _range_chunks(url, start, end)
+    state = Transcoding()
+    chunks = utf8_chunks(chunks, state, _file_head(url) if start else None)  # UTF-8: untouched
     if reader == "thread" and (start is not None or url.lower().endswith((".bz2", ".gz"))):
         chunks = prefetched(chunks)  # decompression on a second core; a plain file is cheap to read
     yield from scan_pages(chunks, url, max_page_bytes, part, parts)
+    if state.encoding != "utf-8" and part == 0:
+        detail = f"read as {state.encoding}, transcoded to UTF-8"
+        if state.replaced:
+            detail += f"; {state.replaced} undecodable byte sequences replaced (U+FFFD)"
+        yield ReadEvent("note", "wiki_reencoded", url, "", "", detail)
 
 
 def iter_pages(url: str) -> Iterator[Page]:

@@ -20,8 +20,13 @@ class ExamplesConfig:
     max_predictions_per_seq: tuple[int, ...] = (20, 80)
     """Cap on masked positions, one per entry of max_seq_lengths."""
     masked_lm_prob: float = 0.15
+    """Share of a sequence's tokens chosen for MLM (80% [MASK], 10% random, 10% kept), up to
+    max_predictions_per_seq."""
     short_seq_prob: float = 0.1
+    """Share of examples made shorter than max_seq_length (a random target length), so the model
+    also sees short inputs."""
     random_next_prob: float = 0.5
+    """Share of NSP pairs whose B is a random span from another document (is_random_next)."""
     dupe_factor: int = 5
     """Copies of each document: each masked differently ("static"), or each a different draw of
     A/B pairs left unmasked ("dynamic")."""
@@ -35,6 +40,8 @@ class ExamplesConfig:
     """Word boundaries for whole-word masking of CJK ideographs: "none", "jieba" (Chinese) or
     "fugashi" (Japanese, with unidic-lite); needs the 'cjk' extra and whole_word_mask."""
     seed: int = 12345
+    """Seed of the masking and pairing; each document's generator is derived from it and a
+    stable digest of its id, so the output does not depend on the worker count."""
     num_shards: int = 4
     """Parquet files per sequence length (row counts within one of each other)."""
     docs_per_bucket: int = 4096

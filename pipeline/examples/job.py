@@ -351,6 +351,11 @@ def run_examples(config: ExamplesConfig, corpus_url: str, vocab_url: str, output
                 files.append(describe_file(output_url, rel, rows=file_rows))
                 rows += file_rows
         counts.update(shard_counts(name, n, rows, beam_counts))
+        if rows == 0:  # a phase at this length would have no data: never "done"
+            raise ValueError(
+                f"examples: 0 examples of length {n} from the {num_documents} documents of {corpus_url} "
+                "(a document needs at least one sentence of tokens; see the corpus stage's counts)"
+            )
     for key in COUNTERS:
         counts.setdefault(key, beam_counts.get(key, 0))  # a counter never incremented is absent
     return write_manifest(

@@ -9,6 +9,7 @@ params record configs through :func:`redact` (secrets), :func:`flatten` and :fun
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 import re
@@ -23,6 +24,13 @@ def check(ok: bool, name: str, message: str) -> None:
     """Raise :class:`ConfigError` ``"<name>: <message>"`` unless ``ok``."""
     if not ok:
         raise ConfigError(f"{name}: {message}")
+
+
+def suggest(name: str, choices) -> str:
+    """`` (did you mean 'x'?)`` for the closest of ``choices`` (``difflib``), or empty: for every
+    message that refuses a mistyped name (a field, preset, task, stage, source)."""
+    close = difflib.get_close_matches(str(name), [str(c) for c in choices], n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 _SECRET_WORDS = r"(pass(word|wd)?|secret|token|api[_-]?key|access[_-]?key|credentials?|private[_-]?key|auth)"

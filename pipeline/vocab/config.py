@@ -15,7 +15,11 @@ class VocabConfig:
     vocab_size: int = 30522
     """Total entries including [PAD], [unused*], [UNK], [CLS], [SEP], [MASK]."""
     min_frequency: int = 2
+    """A merge (a WordPiece candidate) must occur at least this many times in the training
+    sentences to enter the vocabulary."""
     lowercase: bool = True
+    """Lower-case and strip accents before splitting (an "uncased" vocabulary, as Google's
+    uncased models); false keeps case (a "cased" one)."""
     num_unused: int = 99
     """[unused0..N-1] slots after [PAD], as in Google's released vocabularies."""
     max_sentences: int = 0

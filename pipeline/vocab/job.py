@@ -111,6 +111,12 @@ def run_vocab(config: VocabConfig, corpus_url: str, output_url: str) -> Manifest
             seconds=time.time() - start,
         )
     vocab, counts = train_vocab_with_stats(sentences, config)
+    if counts["learned_tokens"] <= 0:  # only [PAD], [unused*], [UNK], [CLS], [SEP], [MASK]: never "done"
+        raise ValueError(
+            f"vocab: no piece learnt beyond the {len(vocab)} special entries from {counts.get('sentences_used', 0)} "
+            f"sentences of {corpus_url} (vocab.sample_fraction={config.sample_fraction}, "
+            f"vocab.max_sentences={config.max_sentences}): the corpus stage's output has no text to learn from"
+        )
     write_vocab(vocab, join_url(output_url, VOCAB_FILE))
     tok = build_tokenizer(vocab, config.lowercase)
     write_atomically(join_url(output_url, TOKENIZER_FILE), tok.to_str(pretty=True))

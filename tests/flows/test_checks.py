@@ -84,37 +84,3 @@ def test_manifests_never_hold_secrets(tmp_path):
     text = (tmp_path / "_manifest.json").read_text()
     assert "zzz" not in text and "--runner=DataflowRunner" in text
     assert read_manifest(str(tmp_path)).matches(config, {})  # the skip check compares redacted
-
-
-@pytest.fixture
-def tracker(tmp_path):
-    from flows.tracking import Tracker
-
-    t = Tracker(f"sqlite:///{tmp_path}/mlflow.db")
-    t.use_experiment("bertflow", artifact_root=str(tmp_path / "artifacts"))
-    return t
-
-
-def test_runs_left_running_by_a_killed_process_are_marked_killed(tracker, tmp_path):
-    root = str(tmp_path / "root")
-    stuck = tracker.start_run("corpus", tags={"bertflow.root": root})
-    other = tracker.start_run("corpus", tags={"bertflow.root": "/elsewhere"})
-    assert tracker.mark_killed_runs(root) == [stuck]
-    assert tracker.client.get_run(stuck).info.status == "KILLED"
-    assert tracker.client.get_run(other).info.status == "RUNNING"
-
-
-def test_champion_moves_only_to_a_better_score(tracker):
-    run = tracker.start_run("pretrain-tiny")
-    tracker.client.create_registered_model("bert-x")
-    versions = [
-        str(tracker.client.create_model_version("bert-x", f"file:///m{i}", run_id=run).version) for i in range(4)
-    ]
-    assert tracker.set_alias_by_score("bert-x", versions[0], 0.70) == "champion"
-    assert tracker.set_alias_by_score("bert-x", versions[1], 0.65) == "challenger"
-    assert tracker.set_alias_by_score("bert-x", versions[2], 0.80) == "champion"
-    assert tracker.set_alias_by_score("bert-x", versions[3], None) == "challenger"
-    aliases = {
-        a: str(tracker.client.get_model_version_by_alias("bert-x", a).version) for a in ("champion", "challenger")
-    }
-    assert aliases == {"champion": versions[2], "challenger": versions[3]}

@@ -2,8 +2,13 @@
 
 import bz2
 import json
+from pathlib import Path
+
+import pytest
 
 from flows.cli import main
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_synth_corpus_writes_both_formats_and_downstream_sets(tmp_path, capsys):
@@ -32,3 +37,83 @@ def test_bad_config_fails_before_any_work(tmp_path, capsys):
     assert code == 2
     assert "model.hidden_size" in capsys.readouterr().err
     assert not (tmp_path / "r").exists()  # nothing started: no folder, no server, no MLflow db
+
+
+@pytest.mark.parametrize(
+    "argv, wrong, closest",
+    [
+        (["config", "--preset", "tinyy"], "tinyy", "tiny"),
+        (["config", "--set", "pretrain.lerning_rate=1"], "lerning_rate", "learning_rate"),
+        (["config", "--set", "finetune_tasks=[sst3]"], "sst3", "sst2"),
+        (["config", "--set", "finetune_tasks=sst2,squad3"], "squad3", "squad2"),
+        (["config", "--set", "data.downstream_urls.sst3=/data/SST-2"], "sst3", "sst2"),
+        (["config", "--set", "corpus.sources=wiki,bokos"], "bokos", "books"),
+        (["stage", "corpsu"], "corpsu", "corpus"),
+        (["run", "--force", "vocabb"], "vocabb", "vocab"),
+        (["stage", "vocab", "--input", "corpsu=/x"], "corpsu", "corpus"),
+    ],
+)
+def test_a_mistyped_name_is_answered_with_the_closest(tmp_path, capsys, argv, wrong, closest):
+    if argv[0] in ("run", "stage"):
+        argv = [*argv, "--root", str(tmp_path / "r")]
+    try:
+        code = main(argv)
+    except SystemExit as exc:  # argparse's own refusal (a stage name): also exit code 2
+        code = exc.code
+    assert code == 2
+    err = capsys.readouterr().err
+    assert f"did you mean {closest!r}?" in err and wrong in err, err
+    assert f"'[{wrong}]'" not in err  # a list's brackets are not part of a name
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("value", ["sst2,squad1", "[sst2,squad1]", "[sst2, squad1]", '["sst2", "squad1"]'])
+def test_list_values_are_json_or_comma_separated(capsys, value):
+    assert main(["config", "--set", f"finetune_tasks={value}", "--set", "finetune.grid.learning_rates=5e-4,1e-3"]) == 0
+    cfg = json.loads(capsys.readouterr().out)
+    assert cfg["finetune_tasks"] == ["sst2", "squad1"]
+    assert cfg["finetune"]["grid"]["learning_rates"] == [5e-4, 1e-3]
+
+
+def test_help_lists_every_preset_and_every_exit_code(capsys):
+    from flows.cli import EXIT_CODES, build_parser
+    from flows.presets import PRESETS
+
+    run_help = build_parser()._subparsers._group_actions[0].choices["run"].format_help()
+    for preset in PRESETS:
+        assert preset in run_help.split("--preset PRESET", 2)[-1].split("--root")[0], preset
+    top = build_parser().format_help()
+    readme = (REPO / "README.md").read_text()
+    for code in EXIT_CODES:
+        assert f"\n  {code:>3}  " in top, code
+        assert f"`{code}`" in readme, f"README does not list exit code {code}"
+
+
+def test_config_help_describes_every_field_with_its_default(capsys):
+    """Every leaf field of RunConfig has an attribute docstring (it is the CLI help) and its default."""
+    from flows.config_docs import describe_fields
+    from flows.presets import RunConfig
+
+    fields = describe_fields(RunConfig)
+    assert len(fields) > 140
+    assert [name for name, _, _, doc in fields if not doc] == []
+    with pytest.raises(SystemExit):
+        main(["config", "--help"])
+    out = capsys.readouterr().out
+    assert "pretrain.learning_rate (float, default 0.0001): Peak learning rate" in out
+    assert "examples.max_seq_lengths (tuple[int, ...], default [128, 512])" in out
+    for name, _, default, _ in fields:
+        assert f"  {name} (" in out and f"default {default})" in out, name
+
+
+def test_status_tells_a_missing_root_from_an_empty_one(tmp_path, capsys):
+    assert main(["status", "--root", str(tmp_path / "no-such-root")]) == 2
+    assert "no run root at" in capsys.readouterr().err
+    (tmp_path / "a-file").write_text("x")
+    assert main(["status", "--root", str(tmp_path / "a-file")]) == 2
+    assert "is a file" in capsys.readouterr().err
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main(["status", "--root", str(empty), "--json"]) == 3
+    rows = json.loads(capsys.readouterr().out)
+    assert rows and {r["state"] for r in rows} == {"missing"}

@@ -1,8 +1,10 @@
 """The whole chain through the real command line, on the bundled sample data (see conftest)."""
 
 import json
+import os
 
 import pyarrow.parquet as pq
+import pytest
 
 from flows.overrides import parse_overrides
 from flows.presets import load_config
@@ -101,16 +103,26 @@ def test_mlflow_holds_runs_and_a_registered_model(chain, chain_overrides):
     artifacts = {a.path for a in client.list_artifacts(children["pretrain"].info.run_id)}
     assert {"manifest.json", "loss_curve.png"} <= artifacts
     assert first_parent.data.tags["bertflow.git_commit"] and first_parent.data.tags["bertflow.config_fingerprint"]
+    assert exp.tags["mlflow.experimentKind"] == "custom_model_development"  # MLflow opens its training runs
+    for r in units.values():  # each unit's grid point is its params
+        assert {"learning_rate", "batch_size", "epochs", "seed"} <= set(r.data.params)
+        assert float(r.data.params["learning_rate"]) in cfg.finetune.grid.learning_rates
     versions = sorted(client.search_model_versions("name='bert-tiny'"), key=lambda v: int(v.version))
-    # the second run skipped export (no new version); `bertflow stage export` reran it (version 2)
-    assert [str(v.version) for v in versions] == ["1", "2"]
-    assert "sst2.eval_accuracy" in versions[0].tags
-    assert versions[0].run_id == first_parent.info.run_id
-    assert versions[0].tags["lineage.raw.wiki"].endswith("data/sample/wiki")
-    assert versions[0].tags["lineage.examples.fingerprint"] == read_manifest(str(root / "examples")).fingerprint
-    # version 1 was scored on the downstream tasks; version 2 (export alone) has no score
+    # one export, one version: the second run skipped export and `bertflow stage export` rewrote
+    # the same weights, so neither registered another
+    assert [str(v.version) for v in versions] == ["1"]
+    v1 = versions[0]
+    assert v1.run_id == first_parent.info.run_id
+    assert v1.tags["bertflow.export_fingerprint"] == read_manifest(str(root / "model")).fingerprint
+    assert v1.tags["lineage.raw.wiki"].endswith("data/sample/wiki")
+    assert v1.tags["lineage.examples.fingerprint"] == read_manifest(str(root / "examples")).fingerprint
+    # scored in percent on every task: SST-2's accuracy as 76.5, not 0.765
+    percents = {t: float(v1.tags[f"{t}.score_percent"]) for t in ("sst2", "squad1", "conll2003")}
+    assert all(1.0 < p <= 100.0 for p in percents.values())
+    assert float(v1.tags["bertflow.score"]) == pytest.approx(sum(percents.values()) / 3, abs=1e-3)
+    assert float(v1.tags["bertflow.glue_average"]) == pytest.approx(percents["sst2"], abs=1e-3)
+    assert "in percent" in client.get_model_version("bert-tiny", "1").description
     assert str(client.get_model_version_by_alias("bert-tiny", "champion").version) == "1"
-    assert str(client.get_model_version_by_alias("bert-tiny", "challenger").version) == "2"
 
 
 def test_the_champion_loads_back_as_a_pyfunc_model(chain):
@@ -122,6 +134,20 @@ def test_the_champion_loads_back_as_a_pyfunc_model(chain):
     mlflow.set_tracking_uri(uri)
     mlflow.set_registry_uri(uri)
     model = mlflow.pyfunc.load_model("models:/bert-tiny@champion")
+    # the model is code and one copy of the weights (the Hugging Face folder), no pickle
+    local = mlflow.artifacts.download_artifacts("models:/bert-tiny@champion")
+    files = {os.path.relpath(os.path.join(d, f), local) for d, _, fs in os.walk(local) for f in fs}
+    assert not any(f.endswith((".pkl", ".pickle")) for f in files), files
+    assert sum(f.endswith("model.safetensors") for f in files) == 1
+    assert "served_model.py" in " ".join(files)
+    # a list, a string and a DataFrame all work; a [MASK] after 300 words is still filled
+    assert (
+        model.predict(["the [MASK] of the river"])["filled"][0] == model.predict("the [MASK] of the river")["filled"][0]
+    )
+    long = " ".join(["the town lies on the river"] * 60) + " the [MASK] of the river"
+    with pytest.warns(UserWarning, match="overlapping windows"):
+        far = model.predict(long)
+    assert len(far["filled"][0]) == 1 and far["windows"][0] > 1
     out = model.predict(pd.DataFrame({"text": ["the [MASK] of the river", "a plain sentence"]}))
     assert [len(f) for f in out["filled"]] == [1, 0]
     assert out["filled"][0][0] not in ("[MASK]", "[PAD]")
@@ -185,3 +211,12 @@ def test_status_lists_every_stage_done_and_inspect_decodes_outputs(chain, cli, c
     corpus = inspect(root / "corpus")
     assert corpus.startswith(("books:", "wiki:")) and " sentences)" in corpus
     assert "eval_exact_match" in inspect(root / "finetune" / "squad1")
+
+
+def test_only_a_run_that_trains_makes_a_progress_artifact(chain, cli_env):
+    """Three commands, one of which trained: one progress artifact (a skipped stage made one at 0%)."""
+    import sqlite3
+
+    with sqlite3.connect(os.path.join(cli_env["PREFECT_HOME"], "prefect.db")) as db:
+        rows = db.execute("select key, data from artifact where type = 'progress'").fetchall()
+    assert [(key, float(data)) for key, data in rows] == [("pretrain-progress", 100.0)]

@@ -1,7 +1,7 @@
 import pytest
 
 from flows.overrides import parse_overrides
-from flows.presets import load_config
+from flows.presets import PRESETS, load_config
 from pipeline.schema.config import ConfigError, flatten
 
 
@@ -69,3 +69,14 @@ def test_unknown_preset_and_bad_override_syntax():
 def test_flatten_for_mlflow_params():
     flat = flatten({"a": {"b": 1, "c": [{"d": 2}, {"d": 3}]}, "e": [1, 2]})
     assert flat == {"a.b": 1, "a.c.0.d": 2, "a.c.1.d": 3, "e": [1, 2]}
+
+
+def test_every_preset_with_squad_has_a_window_that_fits_and_a_bad_one_is_refused():
+    from tasks.registry import TASKS
+
+    for name in PRESETS:
+        cfg = load_config(name, {"finetune_tasks": sorted(t for t in TASKS if TASKS[t].family == "squad")})
+        cfg.finetune.squad.check_window(cfg.finetune.max_seq_length)
+    with pytest.raises(ConfigError, match="finetune.max_seq_length: a SQuAD window of 64 tokens cannot hold"):
+        load_config("tiny", {"finetune.squad.max_query_length": 64})  # the tiny preset's former window
+    load_config("tiny", {"finetune.squad.max_query_length": 64, "finetune_tasks": ["sst2"]})  # no SQuAD: no check

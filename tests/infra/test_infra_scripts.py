@@ -65,6 +65,34 @@ def test_tpu_create_prints_the_gcloud_call():
 
 
 @pytest.mark.parametrize(
+    "accelerator, image",
+    [  # https://cloud.google.com/tpu/docs/runtimes: the PyTorch/JAX runtime of each generation
+        ("v4-8", "tpu-ubuntu2204-base"),
+        ("v3-8", "tpu-ubuntu2204-base"),
+        ("v5litepod-16", "v2-alpha-tpuv5-lite"),  # v5e (the v4 image does not drive it)
+        ("v5e-8", "v2-alpha-tpuv5-lite"),
+        ("v5p-8", "v2-alpha-tpuv5"),
+        ("v6e-8", "v2-alpha-tpuv6e"),
+    ],
+)
+def test_tpu_create_picks_the_runtime_image_of_the_accelerator(accelerator, image):
+    out = sh("infra/tpu/create.sh", *TPU, "--accelerator-type", accelerator, "--dry-run")
+    assert out.returncode == 0, out.stderr
+    [cmd] = commands(out.stdout)
+    assert cmd[cmd.index("--version") + 1] == image
+    mine = sh("infra/tpu/create.sh", *TPU, "--accelerator-type", accelerator, "--version", "my-image", "--dry-run")
+    [cmd] = commands(mine.stdout)
+    assert cmd[cmd.index("--version") + 1] == "my-image"  # an explicit --version wins
+
+
+def test_tpu_create_refuses_to_guess_the_image_of_an_unknown_generation():
+    out = sh("infra/tpu/create.sh", *TPU, "--accelerator-type", "v9z-8", "--dry-run")
+    assert out.returncode == 2 and "give --version" in out.stderr and not commands(out.stdout)
+    out = sh("infra/tpu/create.sh", *TPU, "--accelerator-type", "v9z-8", "--version", "v2-alpha-x", "--dry-run")
+    assert out.returncode == 0 and commands(out.stdout)[0][-1] == "v2-alpha-x"
+
+
+@pytest.mark.parametrize(
     "script, args, flag",
     [
         ("infra/tpu/create.sh", ["--name", "x", "--zone", "z"], "--project"),
@@ -278,12 +306,54 @@ def test_the_indexed_job_has_what_the_rendezvous_needs():
     assert any(m["mountPath"] == "/dev/shm" for m in c["volumeMounts"])
 
 
+POOLS = {"k8s-gpu": "kubernetes", "vertex-tpu": "vertex-ai", "gke-tpu": "kubernetes"}
+"""Each job template under infra/prefect/ and the work-pool type it is for."""
+
+
+def check_base_job_template(name: str, template: dict) -> None:
+    """What a Prefect 3 server does to a base job template on ``work-pool create``, offline: the
+    request model's check (every ``{{ placeholder }}`` a declared variable), then the work-pool
+    route's (``validate_job_variable_defaults_for_work_pool``: the variables must be a valid JSON
+    schema, ``Invalid schema: ...`` otherwise, and every default must satisfy it). Raises what the
+    server answers (a 422 ``HTTPException`` with its detail)."""
+    import asyncio
+
+    from prefect.server.api.validation import validate_job_variable_defaults_for_work_pool
+    from prefect.server.schemas.actions import WorkPoolCreate
+
+    WorkPoolCreate(name=name, type=POOLS[name], base_job_template=template)
+    # the session is only used to resolve a block-document default ({"$ref": {"block_document_id"}})
+    assert "block_document_id" not in json.dumps(template["variables"]), "needs a server to resolve"
+    asyncio.run(validate_job_variable_defaults_for_work_pool(None, name, template))
+
+
+def test_every_template_has_a_pool_type():
+    assert sorted(p.stem for p in REPO.glob("infra/prefect/*.json")) == sorted(POOLS)
+
+
+def test_the_template_check_is_prefects_own():
+    """A string where a property object belongs (the fault gke-tpu.json had) is refused as the server
+    refuses it; a template that uses an undeclared variable too."""
+    from fastapi import HTTPException
+
+    template = json.loads((REPO / "infra/prefect/gke-tpu.json").read_text())
+    template["variables"]["properties"]["description"] = "a string, not a schema"
+    with pytest.raises(HTTPException, match="Invalid schema"):
+        check_base_job_template("gke-tpu", template)
+    template = json.loads((REPO / "infra/prefect/k8s-gpu.json").read_text())
+    template["job_configuration"]["command"] = "{{ no_such_variable }}"
+    with pytest.raises(ValueError, match="no_such_variable"):
+        check_base_job_template("k8s-gpu", template)
+    template = json.loads((REPO / "infra/prefect/k8s-gpu.json").read_text())
+    template["variables"]["properties"]["gpus"]["default"] = "eight"  # a default its own type refuses
+    with pytest.raises(HTTPException, match="gpus"):
+        check_base_job_template("k8s-gpu", template)
+
+
 @pytest.mark.parametrize("name, backend", [("k8s-gpu", "cuda"), ("vertex-tpu", "xla"), ("gke-tpu", "xla")])
 def test_pool_templates_are_valid_and_set_backend_and_tracking(name, backend):
-    from prefect.server.schemas.actions import validate_base_job_template
-
     template = json.loads((REPO / f"infra/prefect/{name}.json").read_text())
-    validate_base_job_template(template)  # every {{ placeholder }} is a declared variable
+    check_base_job_template(name, template)
     props = template["variables"]["properties"]
     env = props["env"]["default"]
     assert env["BERTFLOW_BACKEND"] == backend and env["MLFLOW_TRACKING_URI"].startswith("https://")
@@ -294,3 +364,53 @@ def test_pool_templates_are_valid_and_set_backend_and_tracking(name, backend):
         assert '"google.com/tpu": "{{ tpu_chips }}"' in text and "gke-tpu-topology" in text
     else:
         assert "{{ tpu_topology }}" in text and props["machine_type"]["default"].startswith("ct")
+
+
+@pytest.fixture(scope="module")
+def bare_python(tmp_path_factory) -> Path:
+    """A fresh venv with nothing installed (no bertflow, no fsspec, no pip): what a laptop that
+    only prints the commands has."""
+    venv = tmp_path_factory.mktemp("bare") / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    assert subprocess.run([str(venv / "bin/python"), "-c", "import fsspec"], capture_output=True).returncode != 0
+    return venv / "bin"
+
+
+@pytest.mark.parametrize(
+    "script, args",
+    [
+        ("infra/tpu/create.sh", [*TPU, "--accelerator-type", "v5litepod-16"]),
+        ("infra/tpu/install.sh", TPU),
+        ("infra/tpu/launch.sh", [*TPU, "--root", "gs://b/r", "--mlflow-uri", "https://m"]),
+        ("infra/tpu/delete.sh", TPU),
+        (
+            "infra/gpu/launch.sh",
+            ["--nnodes", "2", "--node-rank", "0", "--rdzv-endpoint", "h0:29500", "--nproc-per-node", "8"]
+            + ["--root", "gs://b/r", "--mlflow-uri", "https://m"],
+        ),
+        ("infra/gpu/launch.sh", ["--nnodes", "1", "--nproc-per-node", "4", "--root", "/tmp/run", "--preset", "tiny"]),
+        (
+            "infra/dataflow/run.sh",
+            ["--project", "p", "--region", "r", "--root", "gs://b/r", "--mlflow-uri", "https://m", "--setup-file"],
+        ),
+    ],
+)
+def test_dry_runs_need_nothing_installed(bare_python, tmp_path, script, args):
+    """Every launcher's --dry-run with only bash and a bare python3 on PATH and no environment
+    (env -i): no bertflow, no PYTHONPATH. The GPU launcher prints its torchrun line too (from the
+    checkout), saying that the config could not be checked here."""
+    env = {"PATH": f"{bare_python}:/usr/bin:/bin", "HOME": str(tmp_path)}
+    out = subprocess.run(
+        ["env", "-i", *(f"{k}={v}" for k, v in env.items()), "bash", str(REPO / script), *args, "--dry-run"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
+    assert out.returncode == 0, out.stderr
+    assert commands(out.stdout), out.stdout
+    if script == "infra/gpu/launch.sh":
+        cmd = torchrun_line(out.stdout)
+        assert cmd[0] == "python3" or cmd[0].startswith(str(bare_python)), cmd
+        assert "--nproc_per_node=8" in cmd or "--standalone" in cmd
+        assert "# config not checked: " in out.stdout  # the config needs the project's packages

@@ -122,3 +122,42 @@ def test_no_warmup():
     opt.step()
     sched.step()
     assert opt.param_groups[0]["lr"] == pytest.approx(0.75)
+
+
+def _lamb_reference(params, grads_per_step, lr, betas, eps, wd):
+    """LAMB one tensor at a time (the paper's algorithm as written before the multi-tensor version)."""
+    b1, b2 = betas
+    params = [p.detach().clone() for p in params]
+    m = [torch.zeros_like(p) for p in params]
+    v = [torch.zeros_like(p) for p in params]
+    for t, grads in enumerate(grads_per_step, start=1):
+        for p, g, mi, vi in zip(params, grads, m, v):
+            mi.mul_(b1).add_(g, alpha=1 - b1)
+            vi.mul_(b2).addcmul_(g, g, value=1 - b2)
+            update = (mi / (1 - b1**t)) / ((vi / (1 - b2**t)).sqrt().add_(eps))
+            update.add_(p, alpha=wd)
+            w_norm, u_norm = p.norm(), update.norm()
+            trust = torch.where((w_norm > 0) & (u_norm > 0), w_norm / u_norm, torch.ones_like(w_norm))
+            p.add_(update * trust, alpha=-lr)
+    return params
+
+
+def test_multi_tensor_lamb_is_the_per_tensor_algorithm():
+    from model.optim import Lamb
+
+    torch.manual_seed(0)
+    params = [
+        torch.randn(7, 5, requires_grad=True),
+        torch.randn(11, requires_grad=True),
+        torch.zeros(3, requires_grad=True),
+    ]
+    grads_per_step = [[torch.randn_like(p) for p in params] for _ in range(4)]
+    want = _lamb_reference(params, grads_per_step, 1e-2, (0.9, 0.999), 1e-6, 0.01)
+    opt = Lamb(params, lr=1e-2, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01)
+    for grads in grads_per_step:
+        for p, g in zip(params, grads):
+            p.grad = g.clone()
+        opt.step()
+    for got, ref in zip(params, want):
+        torch.testing.assert_close(got.detach(), ref, atol=1e-7, rtol=1e-6)
+    assert float(opt.state[params[0]]["step"]) == 4.0 and opt.state[params[0]]["step"].device.type == "cpu"

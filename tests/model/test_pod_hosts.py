@@ -1,5 +1,5 @@
 """A TPU pod slice's hosts, played on the CPU without torch_xla: the XLA backend's data rank and
-world come from the runtime's process index / count (faked through the ``xla_process`` seam), so
+world come from the runtime's process index / count (faked through the ``model.xla.process`` seam), so
 each host's loader reads a disjoint part of the shards and together they read all of it, the
 hosts' local batches add up to exactly the global batch one process sees, and only host 0 writes.
 
@@ -17,8 +17,9 @@ import pytest
 import torch
 from pretrain_shards import MODEL, write_example_stage
 
-import model.backend as backend_mod
-from model.backend import Backend, setup_backend
+import model.xla as xla_mod
+from model.backend import Backend, XlaBackend, setup_backend
+from model.callbacks import DataTrace
 from model.config import BertConfig, PhaseConfig, PretrainConfig
 from model.train import run_pretrain
 
@@ -36,10 +37,11 @@ def fake_host(monkeypatch, index: int, count: int) -> list:
     joined = []
     fake_xla = types.SimpleNamespace(sync=lambda: None, device=lambda: torch.device("cpu"))
     fake_xm = types.SimpleNamespace(wait_device_ops=lambda: None, get_rng_state=lambda: 0, set_rng_state=lambda s: None)
-    monkeypatch.setattr(backend_mod, "_torch_xla", lambda: (fake_xla, fake_xm))
-    monkeypatch.setattr(backend_mod, "_spmd_mesh", lambda: None)
-    monkeypatch.setattr(backend_mod, "xla_process", lambda: (index, count))
-    monkeypatch.setattr(backend_mod, "join_hosts", lambda: joined.append(index))
+    monkeypatch.setattr(xla_mod, "torch_xla_modules", lambda: (fake_xla, fake_xm))
+    monkeypatch.setattr(xla_mod, "spmd_mesh", lambda: None)
+    monkeypatch.setattr(xla_mod, "persistent_cache", lambda folder: None)
+    monkeypatch.setattr(xla_mod, "process", lambda: (index, count))
+    monkeypatch.setattr(xla_mod, "join_hosts", lambda: joined.append(index))
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
         monkeypatch.delenv(k, raising=False)
     return joined
@@ -67,7 +69,7 @@ def test_one_host_is_main_and_joins_nobody(monkeypatch):
 
 
 def test_cpu_and_cuda_data_rank_is_the_ddp_rank():
-    be = Backend("cpu", torch.device("cpu"), rank=1, world_size=2)
+    be = Backend(torch.device("cpu"), rank=1, world_size=2)
     assert (be.data_rank, be.data_world) == (1, 2) and not be.is_main and not be.multihost
 
 
@@ -98,8 +100,7 @@ def test_pod_hosts_read_disjoint_complete_parts_and_only_host0_writes(examples, 
         fake_host(monkeypatch, index, 2)
         trace = tmp_path / f"trace{index}"
         trace.mkdir()
-        monkeypatch.setenv("BERTFLOW_TRACE_DATA", str(trace))
-        m = run_pretrain(cfg, model, examples, str(tmp_path / f"host{index}"))
+        m = run_pretrain(cfg, model, examples, str(tmp_path / f"host{index}"), callbacks=DataTrace(trace))
         assert m.counts["steps"] == STEPS
         hosts[index] = _trace(trace, f"rank{index}.txt")
         assert len(hosts[index]) == STEPS and all(len(step) == BATCH // 2 for step in hosts[index])
@@ -115,8 +116,8 @@ def test_pod_hosts_read_disjoint_complete_parts_and_only_host0_writes(examples, 
     monkeypatch.undo()
     trace = tmp_path / "trace-cpu"
     trace.mkdir()
-    monkeypatch.setenv("BERTFLOW_TRACE_DATA", str(trace))
-    run_pretrain(_config(loader_workers=workers, backend="cpu"), model, examples, str(tmp_path / "cpu"))
+    cfg = _config(loader_workers=workers, backend="cpu")
+    run_pretrain(cfg, model, examples, str(tmp_path / "cpu"), callbacks=DataTrace(trace))
     one = _trace(trace, "rank0.txt")
     assert [a + b for a, b in zip(hosts[0], hosts[1])] == one
 
@@ -128,7 +129,7 @@ def _host_group(index, port, out):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.distributed.init_process_group("gloo", rank=index, world_size=2)  # what join_hosts sets up
     try:
-        be = Backend("xla", torch.device("cpu"), data_rank=index, data_world=2)
+        be = XlaBackend(torch.device("cpu"), data_rank=index, data_world=2)
         be.barrier()
         out.put((index, [(be.same_everywhere(values[index]), be.any_rank(flags[index])) for values, flags in CASES]))
     finally:

@@ -14,6 +14,7 @@ import torch
 from pretrain_shards import MODEL, MaskRule, write_example_stage
 
 from model.bert import BertForPreTraining
+from model.callbacks import DataTrace
 from model.checkpoint import find_latest_checkpoint, list_checkpoints
 from model.config import BertConfig, PhaseConfig, PretrainConfig
 from model.export import load_pretrained, save_pretrained
@@ -192,11 +193,17 @@ def test_accumulation_matches_the_whole_batch(examples, tmp_path):
     assert_same(final_weights(tmp_path / "accum"), final_weights(tmp_path / "whole"), atol=2e-5)
 
 
-def test_held_out_evaluation_uses_the_reserved_shard_only(examples, tmp_path, monkeypatch):
-    monkeypatch.setenv("BERTFLOW_TRACE_DATA", str(tmp_path))
+def test_held_out_evaluation_uses_the_reserved_shard_only(examples, tmp_path):
     cfg = config(phases=(PhaseConfig("p1", 16, 20, 8),), eval_every=10, eval_batches=2)
     logged = []
-    m = run_pretrain(cfg, MODEL, examples, str(tmp_path / "run"), log_fn=lambda d, s: logged.append((s, d)))
+    m = run_pretrain(
+        cfg,
+        MODEL,
+        examples,
+        str(tmp_path / "run"),
+        log_fn=lambda d, s: logged.append((s, d)),
+        callbacks=DataTrace(tmp_path),
+    )
     evals = [(s, d) for s, d in logged if "eval_mlm_loss" in d]
     assert [s for s, _ in evals] == [10, 20]
     assert evals[1][1]["eval_mlm_loss"] < evals[0][1]["eval_mlm_loss"]

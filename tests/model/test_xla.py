@@ -32,7 +32,7 @@ if backend == "xla":
     from model.data import shard_urls
     from model.feed import StepFeed
     from model.stream import LoaderSpec, StreamingLoader
-    from pipeline.schema import read_manifest
+    from model.contract import read_manifest
     batch = be.put_batch({"input_ids": torch.zeros(8, 16, dtype=torch.long)})
     result["devices"] = be.devices
     result["sharding"] = torch_xla._XLAC._get_xla_sharding_spec(batch["input_ids"])

@@ -236,3 +236,18 @@ def test_decode_examples_shows_masks(stages):
         assert "[CLS]" in line and line.count("[SEP]") == 2
         assert "→" in line  # every static example has a masked position
     assert len(decode_examples(manifest.url, 3, max_seq_length=64)) == 3
+
+
+def test_no_examples_never_ends_done(stages, tmp_path):
+    """A corpus stage that finished with 0 documents (corpus.allow_empty_sources) gives the vocab
+    stage nothing to learn and the examples stage nothing to write: both fail, no manifest."""
+    from pipeline.schema.manifest import has_manifest
+
+    _, _, _, vocab, _ = stages
+    empty = write_corpus(tmp_path / "empty", [], shards=1)
+    with pytest.raises(ValueError, match="no sentences"):
+        run_vocab(VocabConfig(vocab_size=300, min_frequency=2), empty, str(tmp_path / "v"))
+    assert not has_manifest(str(tmp_path / "v"))
+    with pytest.raises(ValueError, match="examples: 0 examples of length 32 from the 0 documents"):
+        run_examples(CONFIG, empty, vocab, str(tmp_path / "ex"))
+    assert not has_manifest(str(tmp_path / "ex"))

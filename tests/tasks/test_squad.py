@@ -218,3 +218,89 @@ def test_run_squad_end_to_end(tmp_path, tiny_model_url, version):
     assert any("eval_f1" in m for m in logged) and any("train_loss" in m for m in logged)
     config_json = json.loads((out / "config.json").read_text())
     assert config_json["architectures"] == ["BertForQuestionAnswering"]
+
+
+# -- windows that always fit ----------------------------------------------------------------------
+TINY_SQUAD = SquadConfig(max_query_length=16, doc_stride=32)  # the tiny preset's, in its 64-token window
+LONG_QUESTION = " ".join(["what", "is", "the", "capital", "of", "france"] + FILLER * 6) + " ?"  # 90+ pieces
+
+
+def _with_a_long_question(folder, version: str) -> str:
+    """write_squad's files with one more question per article: a run-on question of 90+ pieces."""
+    write_squad(folder, version)
+    for split in ("train", "dev"):
+        path = folder / f"{split}-v{version}.json"
+        data = json.loads(path.read_text())
+        for article in data["data"]:
+            paragraph = article["paragraphs"][0]
+            paris = next((qa for qa in paragraph["qas"] if qa["id"].endswith("france")), None)
+            if paris is not None:
+                long = {**paris, "id": paris["id"] + "-long", "question": LONG_QUESTION}
+                paragraph["qas"].append(long)
+        path.write_text(json.dumps(data, ensure_ascii=False))
+    return str(folder)
+
+
+def test_a_long_question_is_cut_and_every_window_keeps_its_context(tmp_path, tiny_tokenizer):
+    """At the tiny preset's window a question of 61+ pieces used to raise "max_seq_length 64 leaves
+    no room for the context" and kill the unit; now it is cut to max_query_length."""
+    assert len(tiny_tokenizer.encode(LONG_QUESTION, add_special_tokens=False).ids) > 61
+    data = _with_a_long_question(tmp_path, "1.1")
+    examples = read_squad(f"{data}/train-v1.1.json", "1.1")
+    long = [i for i, e in enumerate(examples) if e.qid.endswith("-long")]
+    assert long
+    args = dict(max_seq_length=64, doc_stride=TINY_SQUAD.doc_stride, max_query_length=TINY_SQUAD.max_query_length)
+    features, windows, skipped = make_features(tiny_tokenizer, examples, training=True, **args)
+    assert skipped == 0
+    per_example: dict[int, list[int]] = {}
+    for f, w in zip(features, windows):
+        assert len(f["input_ids"]) <= 64
+        question = f["token_type_ids"].count(0) - 2  # [CLS] question [SEP]
+        assert question == 16 if w.example_index in long else question <= 16  # cut, not dropped
+        per_example.setdefault(w.example_index, []).append(sum(1 for o in w.offsets if o is not None))
+    for contexts in per_example.values():  # every window but an example's last is full: >= doc_stride
+        assert all(n >= 32 for n in contexts[:-1]) and contexts[-1] >= 1
+    assert any(len(contexts) > 1 for i, contexts in per_example.items() if i in long)
+    found = {windows[i].example_index for i, f in enumerate(features) if f["start_positions"] > 0}
+    assert set(long) <= found  # the long question's answer is still labelled in some window
+
+
+def test_a_window_too_small_for_question_and_stride_is_refused_naming_the_fields(tiny_tokenizer):
+    old_tiny = SquadConfig()  # max_query_length 64, doc_stride 128 in the 64-token window
+    with pytest.raises(ValueError, match="finetune.max_seq_length: a SQuAD window of 64 tokens cannot hold"):
+        old_tiny.check_window(64)
+    with pytest.raises(ValueError, match="max_query_length 64 \\+ 3 special tokens \\+ finetune.squad.doc_stride 128"):
+        make_features(tiny_tokenizer, [], max_seq_length=64, doc_stride=128, max_query_length=64)
+    with pytest.raises(ValueError, match="finetune.squad.max_seq_length: a SQuAD window of 40"):
+        SquadConfig(max_seq_length=40, doc_stride=8, max_query_length=32).check_window(128)
+    SquadConfig(max_seq_length=40, doc_stride=5, max_query_length=32).check_window(128)  # 32 + 3 + 5 fits
+    TINY_SQUAD.check_window(64)
+
+
+def test_run_squad_with_a_long_question_at_the_tiny_window(tmp_path, tiny_model_url):
+    """The tiny preset's own fine-tuning config (its window, query length and stride)."""
+    import dataclasses
+
+    from flows.presets import load_config
+
+    tiny = load_config("tiny").finetune
+    assert (tiny.max_seq_length, tiny.squad) == (64, TINY_SQUAD)
+    data = _with_a_long_question(tmp_path / "squad", "1.1")
+    config = dataclasses.replace(tiny, epochs=1, batch_size=8)
+    manifest = run_squad(config, data, tiny_model_url, str(tmp_path / "out"), version="1.1", save_model=False)
+    predictions = json.loads((tmp_path / "out" / "predictions.json").read_text())
+    assert any(q.endswith("-long") for q in predictions) and manifest.counts["train_skipped"] == 0
+
+
+def test_a_v2_file_read_as_v1_names_what_it_is(tmp_path):
+    write_squad(tmp_path, "2.0")
+    with pytest.raises(SquadDataError, match="norway: marked is_impossible, which SQuAD v1.1 does not have") as e:
+        read_squad(str(tmp_path / "dev-v2.0.json"), "1.1")
+    assert "not marked is_impossible" not in str(e.value)
+    qa = {"id": "x9", "question": "q?", "answers": []}
+    path = tmp_path / "v2.json"
+    path.write_text(json.dumps({"data": [{"paragraphs": [{"context": "a b c", "qas": [qa]}]}]}))
+    with pytest.raises(SquadDataError, match="x9: no answers and not marked is_impossible"):
+        read_squad(str(path), "2.0")
+    with pytest.raises(SquadDataError, match="x9: no answers \\(every SQuAD v1.1 question has at least one\\)"):
+        read_squad(str(path), "1.1")

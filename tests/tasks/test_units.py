@@ -226,3 +226,18 @@ def test_units_no_longer_planned_are_removed_on_fsspec_urls(fake_task):
     assert sorted(p.rsplit("/", 1)[-1] for p in fs.ls("/dsgrid/out/units", detail=False)) == ["lr0.5_bs32_ep3_seed2"]
     assert manifest.counts["units"] == 1 and manifest.counts["dev_median"] == pytest.approx(62.0)
     assert fake_task == ["lr0.5_bs32_ep3_seed1", "lr0.5_bs32_ep3_seed2"]  # seed 2 was not rerun
+
+
+def test_a_task_with_no_training_rows_never_ends_done(tmp_path, tiny_model_url):
+    """SST-2 whose train.tsv is its header alone: every unit fails and the task with it, naming
+    why; no manifest, so the stage is not "done"."""
+    from model.contract import has_manifest
+
+    data = tmp_path / "SST-2"
+    data.mkdir()
+    (data / "train.tsv").write_text("sentence\tlabel\n")
+    (data / "dev.tsv").write_text((SAMPLE / "glue" / "SST-2" / "dev.tsv").read_text())
+    config = FinetuneConfig(learning_rate=1e-3, batch_size=8, epochs=1, max_seq_length=32)
+    with pytest.raises(RuntimeError, match="sst2: all 1 units failed.*no training"):
+        U.run_downstream("sst2", config, str(data), tiny_model_url, str(tmp_path / "out"))
+    assert not has_manifest(str(tmp_path / "out"))

@@ -1,0 +1,127 @@
+"""The model registry as an outcome: the root's exported model always has a registered version.
+
+Registration is keyed on the export's manifest fingerprint (tag ``bertflow.export_fingerprint``),
+not on "the export stage ran in this run": whenever the root's export is not a registered
+version's, a version is registered, whatever happened in between (a run killed after the export,
+a store that was locked while it ran). An export already registered gets no second version; its
+score is filled in when downstream results arrive later.
+
+The score (``bertflow.score``) is on one scale, percent: the mean over the downstream tasks of
+each task's headline dev metric (the median over seeds of the grid's best point, in percent as
+the paper's tables print it: accuracy x 100, F1 as the official scripts give it). The GLUE average
+(``bertflow.glue_average``) is the paper's: the GLUE tasks' headline metrics, WNLI left out. Both
+definitions are written into the version's description. ``champion`` moves to a version whose
+score beats the champion's (or when there is none); otherwise it becomes ``challenger``.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+from dataclasses import dataclass
+
+from flows.calls import StageResult
+from flows.tracking import Tracker, quoted, tag_filter
+
+log = logging.getLogger("bertflow.flow")
+
+TAG_FINGERPRINT = "bertflow.export_fingerprint"
+TAG_SCORE = "bertflow.score"
+
+
+@dataclass(frozen=True)
+class TaskScore:
+    task: str
+    metric: str
+    percent: float
+    glue_average: bool
+
+
+def task_scores(downstream: list[tuple[str, StageResult]]) -> list[TaskScore]:
+    """Each finished downstream task's headline dev metric in percent (``dev_median`` of its
+    aggregate manifest, which the task registry's scale put in percent)."""
+    from tasks.registry import get_task
+
+    out = []
+    for task, result in downstream:
+        if "dev_median" in result.counts:
+            t = get_task(task)
+            out.append(TaskScore(task, t.metric, float(result.counts["dev_median"]), t.glue_average))
+    return out
+
+
+def model_score(scores: list[TaskScore]) -> tuple[float | None, float | None]:
+    """(the score: mean of every task's percent metric, the paper's GLUE average), None when empty."""
+    score = statistics.fmean(s.percent for s in scores) if scores else None
+    glue = [s.percent for s in scores if s.glue_average]
+    return score, (statistics.fmean(glue) if glue else None)
+
+
+def describe(scores: list[TaskScore], score: float | None, glue: float | None) -> str:
+    """The version's description: what the score is, and its parts."""
+    lines = [
+        "BERT pretrained by bertflow (MLM + NSP); pyfunc: fill masks, embed text.",
+        "bertflow.score: the mean over the downstream tasks of each task's headline dev metric in percent "
+        "(median over seeds of the best grid point; accuracy and GLUE's F1/MCC/Spearman x 100, SQuAD and "
+        "CoNLL F1 as their official scripts report them).",
+        "bertflow.glue_average: the paper's GLUE average, the same metrics over the GLUE tasks but WNLI.",
+    ]
+    if scores:
+        parts = ", ".join(f"{s.task} {s.metric.removeprefix('eval_')} {s.percent:.2f}" for s in scores)
+        lines.append(f"This version: score {score:.2f} ({parts})" + (f"; GLUE average {glue:.2f}" if glue else ""))
+    else:
+        lines.append("This version: no downstream score yet.")
+    return "\n".join(lines)
+
+
+def find_version(tracker: Tracker, name: str, fingerprint: str):
+    """The registered version of ``name`` made from the export with this fingerprint, or None."""
+    from mlflow.exceptions import MlflowException
+
+    literal = quoted(name)
+    filters = [f"name = {literal}" if literal else None, tag_filter(TAG_FINGERPRINT, fingerprint)]
+    try:
+        versions = tracker.client.search_model_versions(" and ".join(f for f in filters if f))
+    except MlflowException:
+        return None
+    found = [v for v in versions if v.name == name and v.tags.get(TAG_FINGERPRINT) == fingerprint]
+    return max(found, key=lambda v: int(v.version)) if found else None
+
+
+def ensure_registered_model(tracker: Tracker, name: str) -> None:
+    from mlflow.exceptions import MlflowException
+
+    try:
+        tracker.client.get_registered_model(name)
+    except MlflowException:
+        tracker.client.create_registered_model(
+            name, description="BERT pretrained by bertflow (MLM + NSP); pyfunc: fill masks, embed text."
+        )
+
+
+def set_alias_by_score(tracker: Tracker, name: str, version: str, score: float | None) -> str:
+    """``champion`` moves to ``version`` if its score beats the champion's (or there is none);
+    otherwise ``version`` becomes the ``challenger``. Returns the alias given."""
+    from mlflow.exceptions import MlflowException
+
+    client = tracker.client
+    if score is not None:
+        client.set_model_version_tag(name, version, TAG_SCORE, f"{score:.6f}")
+    try:
+        champion = client.get_model_version_by_alias(name, "champion")
+    except MlflowException:
+        champion = None
+    best = None
+    if champion is not None and str(champion.version) != str(version):
+        try:
+            best = float(champion.tags.get(TAG_SCORE, "nan"))
+        except ValueError:
+            best = None
+    if champion is None or str(champion.version) == str(version):
+        client.set_registered_model_alias(name, "champion", version)
+        return "champion"
+    if score is not None and (best is None or best != best or score > best):
+        client.set_registered_model_alias(name, "champion", version)
+        return "champion"
+    client.set_registered_model_alias(name, "challenger", version)
+    return "challenger"

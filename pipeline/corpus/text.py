@@ -1,0 +1,203 @@
+"""The ``text`` source: corpora as they are passed around today, each record a document.
+
+JSON Lines (``.jsonl``, ``.jsonl.gz``, ``.jsonl.zst``: OSCAR, C4, crawls), Parquet (a text column:
+Hugging Face's Parquet export, data lakes) and a Hugging Face ``datasets`` folder written by
+``save_to_disk`` (Arrow IPC stream files ``data-*.arrow`` beside ``dataset_info.json`` and
+``state.json``; a ``DatasetDict``'s split folders under one ``dataset_dict.json``). Local or
+``gs://``, through fsspec.
+
+Design choices:
+1. Read with the libraries made for the formats, batch by batch: pyarrow's Parquet reader one
+   record batch of the needed columns at a time (memory: one row group's columns, the writer's
+   choice), its IPC reader one record batch at a time, JSON Lines line by line through
+   :func:`pipeline.corpus.books.bounded_lines` (a line over ``corpus.max_line_bytes`` is
+   skipped unread). The ``datasets`` package is not needed: its files are Arrow.
+2. Field names are configuration (``corpus.text_field``, ``text_id_field``,
+   ``text_title_field``); a file without the id or title field still reads (ids from the file
+   stem and the record number). A bad record costs that record: a reject naming the file and
+   the record (``malformed_record``, ``missing_text``, ``line_too_long``,
+   ``record_too_large``), never the file.
+3. A text is cleaned like a book without its boilerplate step: blank-line paragraphs, wrapped
+   lines joined (:func:`pipeline.corpus.sentences.book_paragraphs`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import fsspec
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from pipeline.corpus.books import LINE_CHUNK, bounded_lines
+from pipeline.corpus.config import CorpusConfig
+from pipeline.corpus.records import CorpusReadError, LongLine
+
+JSONL_SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst", ".ndjson", ".ndjson.gz", ".ndjson.zst")
+PARQUET_SUFFIXES = (".parquet",)
+ARROW_SUFFIXES = (".arrow",)
+TEXT_SUFFIXES = JSONL_SUFFIXES + PARQUET_SUFFIXES + ARROW_SUFFIXES
+DATASET_METADATA = ("dataset_info.json", "state.json", "dataset_dict.json")
+"""A ``datasets`` folder's own files: read by no one, rejected by no one."""
+BATCH_ROWS = 1024
+_ID_CHARS = 200
+
+
+@dataclass(frozen=True)
+class TextReject:
+    """A record of a text file not read, and why."""
+
+    reason: str
+    record_id: str
+    detail: str
+    sample: str = ""
+
+
+def text_kind(url: str) -> str | None:
+    """ "jsonl", "parquet" or "arrow" by the file name, else None."""
+    name = url.lower()
+    if name.endswith(JSONL_SUFFIXES):
+        return "jsonl"
+    if name.endswith(PARQUET_SUFFIXES):
+        return "parquet"
+    if name.endswith(ARROW_SUFFIXES):
+        return "arrow"
+    return None
+
+
+def is_dataset_metadata(url: str) -> bool:
+    return url.rstrip("/").rsplit("/", 1)[-1] in DATASET_METADATA
+
+
+def text_stem(url: str) -> str:
+    name = url.rstrip("/").rsplit("/", 1)[-1]
+    for suffix in TEXT_SUFFIXES:
+        if name.lower().endswith(suffix):
+            return name[: -len(suffix)]
+    return name
+
+
+def iter_text_records(url: str, config: CorpusConfig) -> Iterator[dict | TextReject]:
+    """Raw records ``{doc_id, source, title, text}`` of one text file, in file order, and a
+    :class:`TextReject` for each record that is not one. Raises CorpusReadError naming the file
+    when it cannot be read at all (reason ``unsupported_file`` or ``unreadable_file``)."""
+    kind = text_kind(url)
+    if kind is None:
+        raise CorpusReadError(
+            f"{url}: not a text-source file (expected {', '.join(TEXT_SUFFIXES)})", "unsupported_file"
+        )
+    try:
+        if kind == "jsonl":
+            yield from _jsonl(url, config)
+        else:
+            yield from _columns(url, kind, config)
+    except CorpusReadError:
+        raise
+    except (OSError, EOFError, ValueError, pa.ArrowException) as exc:
+        raise CorpusReadError(f"{url}: unreadable {kind} file: {type(exc).__name__}: {exc}") from exc
+
+
+def _record(url: str, stem: str, number: int, text, doc_id, title) -> dict | TextReject:
+    where = f"{url}: record {number}"
+    rid = f"text:{stem}:{number:09d}" if doc_id is None else f"text:{str(doc_id)[:_ID_CHARS]}"
+    if text is None:
+        return TextReject("missing_text", rid, f"{where}: no text (null or missing field)")
+    if not isinstance(text, str):
+        return TextReject("missing_text", rid, f"{where}: text is a {type(text).__name__}, not a string", str(text))
+    return {"doc_id": rid, "source": "text", "title": "" if title is None else str(title), "text": text}
+
+
+def _jsonl(url: str, config: CorpusConfig) -> Iterator[dict | TextReject]:
+    stem = text_stem(url)
+    field, id_field, title_field = config.text_field, config.text_id_field, config.text_title_field
+    with fsspec.open(url, "rb", compression="infer") as f:
+        chunks = iter(lambda: f.read(LINE_CHUNK), b"")
+        for number, line in bounded_lines(chunks, config.max_line_bytes):
+            rid = f"text:{stem}:{number:09d}"
+            if isinstance(line, LongLine):
+                yield TextReject("line_too_long", rid, f"{url}: {line.detail(config.max_line_bytes)}", line.sample())
+                continue
+            if number == 1 and line.startswith(b"\xef\xbb\xbf"):
+                line = line[3:]
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
+                sample = line[:1000].decode("utf-8", "replace")
+                yield TextReject("malformed_record", rid, f"{url}: line {number}: not JSON ({exc})", sample)
+                continue
+            if not isinstance(obj, dict):
+                yield TextReject(
+                    "malformed_record", rid, f"{url}: line {number}: a JSON {type(obj).__name__}, not an object"
+                )
+                continue
+            if field not in obj:
+                yield TextReject(
+                    "missing_text",
+                    rid,
+                    f"{url}: line {number}: no {field!r} field (corpus.text_field); keys {sorted(obj)[:8]}",
+                )
+                continue
+            yield _record(url, stem, number, obj[field], obj.get(id_field), obj.get(title_field))
+
+
+def _batches(f, kind: str, columns: list[str]) -> Iterator[pa.RecordBatch]:
+    if kind == "parquet":
+        yield from pq.ParquetFile(f, pre_buffer=False, buffer_size=1 << 20).iter_batches(
+            batch_size=BATCH_ROWS, columns=columns
+        )
+        return
+    head = f.read(6)
+    f.seek(0)
+    reader = pa.ipc.open_file(f) if head == b"ARROW1" else pa.ipc.open_stream(f)  # datasets writes streams
+    if head == b"ARROW1":
+        for i in range(reader.num_record_batches):
+            yield reader.get_batch(i).select(columns)
+    else:
+        for batch in reader:
+            yield batch.select(columns)
+
+
+def _schema(f, kind: str) -> pa.Schema:
+    if kind == "parquet":
+        return pq.ParquetFile(f).schema_arrow
+    head = f.read(6)
+    f.seek(0)
+    schema = (pa.ipc.open_file(f) if head == b"ARROW1" else pa.ipc.open_stream(f)).schema
+    f.seek(0)
+    return schema
+
+
+def _columns(url: str, kind: str, config: CorpusConfig) -> Iterator[dict | TextReject]:
+    stem = text_stem(url)
+    fs, path = fsspec.core.url_to_fs(url)
+    with fs.open(path, "rb") as f:
+        names = _schema(f, kind).names
+        f.seek(0)
+        if config.text_field not in names:
+            raise CorpusReadError(
+                f"{url}: no {config.text_field!r} column (corpus.text_field); columns {names[:12]}", "missing_text"
+            )
+        columns = [c for c in (config.text_field, config.text_id_field, config.text_title_field) if c in names]
+        number = 0
+        for batch in _batches(f, kind, columns):
+            data = {c: batch.column(i).to_pylist() for i, c in enumerate(columns)}
+            texts = data[config.text_field]
+            ids = data.get(config.text_id_field, [None] * len(texts))
+            titles = data.get(config.text_title_field, [None] * len(texts))
+            for text, doc_id, title in zip(texts, ids, titles, strict=True):
+                number += 1
+                if isinstance(text, str) and len(text) > config.max_line_bytes:
+                    rid = f"text:{stem}:{number:09d}" if doc_id is None else f"text:{str(doc_id)[:_ID_CHARS]}"
+                    yield TextReject(
+                        "record_too_large",
+                        rid,
+                        f"{url}: record {number}: {len(text)} characters, over "
+                        f"corpus.max_line_bytes={config.max_line_bytes}",
+                        text[:1000],
+                    )
+                    continue
+                yield _record(url, stem, number, text, doc_id, title)

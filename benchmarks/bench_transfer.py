@@ -9,6 +9,7 @@ compare fine-tuning budgets without pretraining again).
 
     python benchmarks/bench_transfer.py --size 30MB --work /tmp/transfer            # the full run
     python benchmarks/bench_transfer.py --size 5MB --steps 300,0 --work /tmp/t5     # shortened
+    python benchmarks/bench_transfer.py --preset tiny-ja --tasks jnli,jsquad --work /tmp/tja  # a bundled sample
 
 ``--steps`` overrides the preset's steps per phase (the warm-up shrinks with it); the printout
 states the schedule actually run. ``--models random`` fine-tunes only the random-init arm, which
@@ -26,7 +27,7 @@ import time
 
 import torch
 
-from flows.presets import load_config
+from flows.presets import load_config, resolve_data
 from flows.proc.launch import launch_pretrain
 from model.bert import BertForPreTraining
 from model.export import copy_tokenizer, run_export, save_pretrained
@@ -75,6 +76,10 @@ def main() -> None:
         "data.downstream": str(SAMPLE_DIR),
     }
     seeds = [int(x) for x in args.seeds.split(",")]
+    sample = load_config(args.preset).data.sample
+    if sample:  # tiny-ja, tiny-zh: the bundled corpus and sets of that language, not a generated corpus
+        bundled = resolve_data(load_config(args.preset).data)
+        overrides = {"data.wiki": bundled.wiki, "data.books": bundled.books, "data.downstream": bundled.downstream}
     cfg = load_config(args.preset, overrides)
     phases = list(cfg.pretrain.phases)
     if args.steps:
@@ -101,7 +106,7 @@ def main() -> None:
         f"{cfg.finetune.learning_rate}, seeds {args.seeds}"
     )
 
-    if not os.path.exists(os.path.join(data, "books")):
+    if not sample and not os.path.exists(os.path.join(data, "books")):
         t = time.time()
         counts = write_corpus(data, parse_size(args.size), seed=0)
         print(f"  corpus written: {counts['bytes'] / 1e6:.1f} MB in {time.time() - t:.0f} s")
@@ -157,7 +162,6 @@ def main() -> None:
     )
     for name in args.tasks.split(","):
         task = TASKS[name]
-        scale = 1.0 if task.percent else 100.0  # both as percentages
         scores: dict[str, list[float]] = {"pretrained": [], "random": []}
         for seed in seeds:
             finetune = dataclasses.replace(cfg.finetune, seed=seed)
@@ -178,7 +182,7 @@ def main() -> None:
                     m = run_downstream(name, finetune, cfg.data.downstream, model_url, out)
                     print(f"  ({name} {label} seed {seed}: {time.time() - t:.0f} s)", flush=True)
                 key = task.metric if task.metric in m.counts else f"eval_{task.metric}"
-                scores[label].append(float(m.counts[key]) * scale)
+                scores[label].append(task.percent(float(m.counts[key])))  # both as percentages
         if len(models) < 2:
             arm = scores[models[0]]
             print(f"{name:<18} {task.metric:<14} {models[0]}: " + " ".join(f"{x:.2f}" for x in arm), flush=True)

@@ -91,6 +91,27 @@ def check_backend(cfg: RunConfig) -> None:
             )
 
 
+def segmenter_preflight(cfg: RunConfig, inputs: dict[str, str]) -> set[str]:
+    """The 'cjk' extra is installed when the run segments Japanese or Chinese (vocab.word_tokenizer,
+    examples.segmenter) or scores CMRC 2018 (nltk): in seconds, not when the stage starts."""
+    import importlib.util
+
+    needs = {
+        "vocab.word_tokenizer": {"mecab": ("fugashi", "unidic_lite"), "jieba": ("jieba",)}.get(
+            cfg.vocab.word_tokenizer, ()
+        ),
+        "examples.segmenter": {"fugashi": ("fugashi", "unidic_lite"), "jieba": ("jieba",)}.get(
+            cfg.examples.segmenter, ()
+        ),
+        "finetune_tasks": ("nltk",) if "cmrc2018" in cfg.finetune_tasks else (),
+    }
+    for field, modules in needs.items():
+        missing = [m for m in modules if importlib.util.find_spec(m) is None]
+        if missing:
+            raise ValueError(f"{field}: needs {', '.join(missing)}, the 'cjk' extra: pip install 'bertflow[cjk]'")
+    return set()
+
+
 def backend_preflight(cfg: RunConfig, inputs: dict[str, str]) -> set[str]:
     """The backend exists here, and pretraining on the CPU fits this host's memory (an estimate:
     ``flows.sizes.check_training_memory``)."""

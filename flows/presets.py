@@ -54,6 +54,10 @@ class DataConfig:
     required: bool = False
     """The run needs the user's corpora: an empty ``wiki`` or ``books`` is an error before any
     work (flows.checks.preflight), never the bundled sample (the base and large presets)."""
+    sample: str = ""
+    """Which bundled sample fills the empty URLs: "" (English, data/sample/), "ja" or "zh"
+    (data/sample-ja/, data/sample-zh/: a jawiki/zhwiki-style export, books, JGLUE or CLUE sets).
+    Default "" (tiny-ja and tiny-zh set it)."""
 
     def __post_init__(self):
         if not isinstance(self.text, str):
@@ -112,12 +116,17 @@ class RunConfig:
         for t in self.finetune_tasks:
             if t not in TASKS:
                 raise ConfigError(f"finetune_tasks: unknown task {t!r}{suggest(t, TASKS)}; known: {sorted(TASKS)}")
+        if self.vocab.word_tokenizer != "none" and self.examples.segmenter != "none":
+            raise ConfigError(
+                f"examples.segmenter: {self.examples.segmenter!r} with vocab.word_tokenizer="
+                f"{self.vocab.word_tokenizer!r}: the vocabulary's words already are the whole words; set it to none"
+            )
         if self.data.text and "text" not in self.corpus.sources:
             raise ConfigError(
                 f"data.text: set to {self.data.text}, but corpus.sources {list(self.corpus.sources)} leaves the "
                 f"text source out: add it (--set corpus.sources={','.join([*self.corpus.sources, 'text'])})"
             )
-        if any(TASKS[t].family == "squad" for t in self.finetune_tasks):
+        if any(TASKS[t].family == "squad" or TASKS[t].options.get("kind") == "qa" for t in self.finetune_tasks):
             self.finetune.squad.check_window(self.finetune.max_seq_length)
 
 
@@ -268,11 +277,44 @@ def _paper(name: str, layers: int, hidden: int, heads: int, parallel: str = "ddp
     )
 
 
+def _language(base: RunConfig, lang: str, name: str, vocab_size: int, tasks: tuple[str, ...]) -> RunConfig:
+    """A Japanese or Chinese preset on the shape and schedule of ``base``: whole-word masking,
+    and the reference models' tokenisation (docs/languages.md). Japanese: MeCab with unidic-lite
+    before WordPiece, cased, as cl-tohoku's bert-base-japanese-v3 (32,768 pieces); Chinese:
+    BERT's one token per ideograph, lower-cased, as bert-base-chinese (21,128 pieces), with
+    jieba's words used only to mask whole words (HFL's Chinese BERT-wwm)."""
+    cjk_alphabet = 1000 if vocab_size < 10_000 else 8000  # kanji and hanzi: thousands of characters
+    if lang == "ja":
+        vocab = dataclasses.replace(
+            base.vocab, vocab_size=vocab_size, lowercase=False, word_tokenizer="mecab", max_alphabet=cjk_alphabet
+        )
+        segmenter = "none"
+    else:
+        vocab = dataclasses.replace(base.vocab, vocab_size=vocab_size, max_alphabet=cjk_alphabet)
+        segmenter = "jieba"
+    return dataclasses.replace(
+        base,
+        preset=name,
+        data=dataclasses.replace(base.data, sample="" if base.data.required else lang),
+        # a Japanese or Chinese character carries about what three English ones do: "南野村出身。"
+        corpus=dataclasses.replace(base.corpus, min_sentence_chars=6),
+        vocab=vocab,
+        examples=dataclasses.replace(base.examples, whole_word_mask=True, segmenter=segmenter),
+        model=dataclasses.replace(base.model, vocab_size=vocab_size),
+        finetune_tasks=tasks,
+        model_name=f"bert-{name}",
+    )
+
+
 PRESETS = {
     "tiny": _tiny,
     "small": _small,
     "base": lambda: _paper("base", 12, 768, 12),
     "large": lambda: _paper("large", 24, 1024, 16, parallel="fsdp"),
+    "tiny-ja": lambda: _language(_tiny(), "ja", "tiny-ja", 4096, ("jnli", "jsquad", "marc_ja")),
+    "tiny-zh": lambda: _language(_tiny(), "zh", "tiny-zh", 4096, ("tnews", "afqmc", "cmrc2018")),
+    "base-ja": lambda: _language(_paper("base", 12, 768, 12), "ja", "base-ja", 32768, ("jnli", "jsquad", "jsts")),
+    "base-zh": lambda: _language(_paper("base", 12, 768, 12), "zh", "base-zh", 21128, ("tnews", "afqmc", "cmrc2018")),
 }
 
 
@@ -295,6 +337,8 @@ def as_dict(cfg: Any) -> dict[str, Any]:
 def resolve_data(cfg: DataConfig) -> DataConfig:
     """Fill empty data URLs with the bundled sample (or $BERTFLOW_SAMPLE_DATA)."""
     sample = Path(os.environ.get("BERTFLOW_SAMPLE_DATA", SAMPLE_DATA))
+    if cfg.sample:
+        sample = sample.parent / f"{sample.name}-{cfg.sample}"
     return DataConfig(
         wiki=cfg.wiki or str(sample / "wiki"),
         books=cfg.books or str(sample / "books"),
@@ -303,6 +347,7 @@ def resolve_data(cfg: DataConfig) -> DataConfig:
         downstream_urls=dict(cfg.downstream_urls),
         finetune_model=cfg.finetune_model,
         required=cfg.required,
+        sample=cfg.sample,
     )
 
 

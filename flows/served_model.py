@@ -52,10 +52,16 @@ class BertModel(mlflow.pyfunc.PythonModel):
         from tokenizers import Tokenizer
 
         from model.bert import BertForPreTraining
-        from model.export import load_pretrained
+        from model.contract import WordTokenizer, word_tokenizer_of
+        from model.export import load_pretrained, read_tokenizer_config
 
         folder = context.artifacts["hf_model"]
-        self.tokenizer = Tokenizer.from_file(f"{folder}/tokenizer.json")
+        segmented = word_tokenizer_of(read_tokenizer_config(folder))  # MeCab or jieba before WordPiece
+        if segmented is not None:
+            with open(f"{folder}/vocab.txt", encoding="utf-8", newline="") as f:
+                self.tokenizer = WordTokenizer(f.read().rstrip("\n").split("\n"), *segmented)
+        else:
+            self.tokenizer = Tokenizer.from_file(f"{folder}/tokenizer.json")
         self.tokenizer.no_truncation()
         self.tokenizer.no_padding()
         self.model = load_pretrained(folder, BertForPreTraining).eval()

@@ -276,7 +276,7 @@ STAGES: dict[str, Stage] = {
             inputs=lambda cfg, root: {"corpus": _at(root, "corpus")},
             config=lambda cfg, inputs: dataclasses.asdict(cfg.vocab),
             run=_run_vocab, code=("pipeline.vocab", "pipeline.beam.config", "pipeline.schema"), provides="vocab",
-            figures=("vocab_size",), retries=1, timeout_s=12 * 3600,
+            figures=("vocab_size",), retries=1, timeout_s=12 * 3600, preflight=hooks.segmenter_preflight,
             preview=hooks.vocab_preview, artifacts=hooks.vocab_artifact,
             doc="train a WordPiece vocabulary (Google's vocab.txt layout)",
         ),

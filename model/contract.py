@@ -11,6 +11,7 @@ from pipeline.schema import config as _config
 from pipeline.schema import manifest as _manifest
 from pipeline.schema import parquet as _parquet
 from pipeline.schema import storage as _storage
+from pipeline.schema import tokenization as _tokenization
 
 # the Parquet columns of the examples stage and how its files are read (pipeline/schema/parquet.py)
 EXAMPLE_COLUMNS = _parquet.EXAMPLE_COLUMNS
@@ -39,6 +40,10 @@ check_at_most = _config.check_at_most
 LIMITS = _config.LIMITS
 config_digest = _config.config_digest
 
+# the segmenting tokenizers of MeCab and jieba vocabularies (pipeline/schema/tokenization.py)
+WordTokenizer = _tokenization.WordTokenizer
+word_tokenizer_of = _tokenization.word_tokenizer_of
+
 __all__ = [
     "EXAMPLE_COLUMNS",
     "LIMITS",
@@ -46,6 +51,7 @@ __all__ = [
     "ConfigError",
     "Manifest",
     "ManifestError",
+    "WordTokenizer",
     "check",
     "check_at_most",
     "clear_stage",
@@ -57,6 +63,7 @@ __all__ = [
     "list_files",
     "manifest_url",
     "read_manifest",
+    "word_tokenizer_of",
     "write_atomically",
     "write_manifest",
 ]

@@ -33,6 +33,7 @@ from model.contract import (
     fingerprint_input,
     join_url,
     read_manifest,
+    word_tokenizer_of,
     write_atomically,
     write_manifest,
 )
@@ -159,8 +160,22 @@ def save_pretrained(model: nn.Module, output_url: str, vocab_url: str | None = N
         copy_tokenizer(vocab_url, output_url, inner.config.max_position_embeddings)
 
 
+def read_tokenizer_config(folder_url: str) -> dict:
+    """A folder's ``tokenizer_config.json`` ({} when it has none)."""
+    fs, path = fsspec.core.url_to_fs(join_url(folder_url, "tokenizer_config.json"))
+    if not fs.exists(path):
+        return {}
+    with fs.open(path, "r", encoding="utf-8") as f:
+        return json.load(f)
+
+
 def copy_tokenizer(vocab_url: str, output_url: str, model_max_length: int) -> None:
-    """vocab.txt (required) and tokenizer.json (if present), plus HF's tokenizer config files."""
+    """vocab.txt (required) and tokenizer.json (if present), plus HF's tokenizer config files.
+
+    A MeCab or jieba vocabulary's ``tokenizer_config.json`` is carried over as it is (it tells
+    ``AutoTokenizer`` to build ``BertJapaneseTokenizer`` with MeCab, or marks jieba input), with
+    ``model_max_length`` set; otherwise BERT's, lower-casing as the vocabulary's config says."""
+    source = read_tokenizer_config(vocab_url)
     for name, required in (("vocab.txt", True), ("tokenizer.json", False)):
         src_fs, src = fsspec.core.url_to_fs(join_url(vocab_url, name))
         if not src_fs.exists(src):
@@ -169,10 +184,14 @@ def copy_tokenizer(vocab_url: str, output_url: str, model_max_length: int) -> No
             continue
         with src_fs.open(src, "rb") as f:
             write_atomically(join_url(output_url, name), f.read())
+    if word_tokenizer_of(source) is not None:
+        _write_json(join_url(output_url, "tokenizer_config.json"), {**source, "model_max_length": model_max_length})
+        _write_json(join_url(output_url, "special_tokens_map.json"), SPECIAL_TOKENS)
+        return
     _write_json(
         join_url(output_url, "tokenizer_config.json"),
         {
-            "do_lower_case": True,
+            "do_lower_case": bool(source.get("do_lower_case", True)),
             "model_max_length": model_max_length,
             "tokenizer_class": "BertTokenizer",
             **SPECIAL_TOKENS,

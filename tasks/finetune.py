@@ -36,8 +36,8 @@ from safetensors.torch import save as safetensors_save
 from tokenizers import Tokenizer
 
 from model.config import BertConfig
-from model.contract import clear_stage, fingerprint_input
-from model.export import copy_tokenizer
+from model.contract import WordTokenizer, clear_stage, fingerprint_input, word_tokenizer_of
+from model.export import copy_tokenizer, read_tokenizer_config
 from model.optim import build_optimizer, warmup_linear_schedule
 
 logger = logging.getLogger("bertflow.finetune")
@@ -82,15 +82,22 @@ def pick_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def load_tokenizer(model_url: str) -> Tokenizer:
+def load_tokenizer(model_url: str) -> Tokenizer | WordTokenizer:
     """The model folder's ``tokenizer.json`` (local or gs://), with padding and truncation off.
 
     A released BERT folder with only Google's ``vocab.txt`` gets the BERT WordPiece tokenizer
     built from it (lower-casing as its ``tokenizer_config.json`` says, else by the folder name:
-    "uncased" lower-cases)."""
+    "uncased" lower-cases). A folder whose ``tokenizer_config.json`` names MeCab (ours, or a
+    cl-tohoku model: ``word_tokenizer_type="mecab"`` with unidic-lite) or jieba gets the
+    segmenting tokenizer of its ``vocab.txt``, which tokenises as ``BertJapaneseTokenizer`` does."""
     fs, root = fsspec.core.url_to_fs(model_url)
     root = root.rstrip("/")
-    if fs.exists(f"{root}/tokenizer.json"):
+    segmented = word_tokenizer_of(read_tokenizer_config(model_url))
+    if segmented is not None:
+        with fs.open(f"{root}/vocab.txt", "r", encoding="utf-8", newline="") as f:
+            vocab = f.read().rstrip("\n").split("\n")
+        tokenizer = WordTokenizer(vocab, *segmented, specials=True)
+    elif fs.exists(f"{root}/tokenizer.json"):
         with fs.open(f"{root}/tokenizer.json", "r", encoding="utf-8") as f:
             tokenizer = Tokenizer.from_str(f.read())
     elif fs.exists(f"{root}/vocab.txt"):

@@ -57,7 +57,7 @@ class Task:
 
     name: str
     family: str
-    """The module that runs it, ``tasks.<family>``: glue | squad | ner | swag."""
+    """The module that runs it, ``tasks.<family>``: glue | squad | ner | swag | jglue | clue."""
     folder: str
     """Its official files under the downstream data root (``data.downstream``)."""
     metric: str
@@ -125,6 +125,108 @@ def _ner(name: str, feature_based: bool = False) -> Task:
     return Task(name, "ner", "conll2003", "eval_f1", 1.0, "tasks.ner:read_conll", head, feature_based=feature_based)
 
 
+def _jsonl(
+    family: str, name: str, folder: str, metric: str, layout: GlueLayout | None, kind: str = "classification", **options
+) -> Task:
+    """A JGLUE or CLUE row: JSON-lines classification (its keys in ``layout``), multiple choice or span QA."""
+    head = {
+        "classification": "tasks.heads:BertForSequenceClassification",
+        "choice": "tasks.heads:BertForMultipleChoice",
+        "qa": "tasks.heads:BertForQuestionAnswering",
+    }[kind]
+    scale = 1.0 if kind == "qa" else 100.0
+    reader = {"jglue": "tasks.jglue:read_jglue", "clue": "tasks.clue:read_clue"}[family]
+    if kind == "qa":
+        reader = "tasks.squad:read_squad"
+    return Task(name, family, folder, metric, scale, reader, head, layout=layout, options={"kind": kind, **options})
+
+
+_CLUE_NLI = ("contradiction", "entailment", "neutral")
+_TNEWS = ("100", "101", "102", "103", "104", "106", "107", "108", "109", "110", "112", "113", "114", "115", "116")
+_JSONL_TASKS = (
+    # JGLUE (tasks/jglue.py): JSON lines as the JGLUE repository publishes them; JSQuAD SQuAD JSON
+    _jsonl(
+        "jglue",
+        "marc_ja",
+        "jglue/marc_ja-v1.1",
+        "eval_accuracy",
+        GlueLayout("marc_ja", "MARC-ja", "sentence", None, "label", ("positive", "negative"), ("accuracy",)),
+    ),
+    _jsonl(
+        "jglue",
+        "jsts",
+        "jglue/jsts-v1.1",
+        "eval_pearson",
+        GlueLayout("jsts", "JSTS", "sentence1", "sentence2", "label", None, ("pearson", "spearman")),
+    ),
+    _jsonl(
+        "jglue",
+        "jnli",
+        "jglue/jnli-v1.1",
+        "eval_accuracy",
+        GlueLayout(
+            "jnli", "JNLI", "sentence1", "sentence2", "label", ("entailment", "contradiction", "neutral"), ("accuracy",)
+        ),
+    ),
+    _jsonl("jglue", "jsquad", "jglue/jsquad-v1.1", "eval_f1", None, kind="qa"),
+    _jsonl("jglue", "jcommonsenseqa", "jglue/jcommonsenseqa-v1.1", "eval_accuracy", None, kind="choice"),
+    # CLUE (tasks/clue.py): <task>_public/{train,dev}.json
+    _jsonl(
+        "clue",
+        "afqmc",
+        "clue/afqmc_public",
+        "eval_accuracy",
+        GlueLayout("afqmc", "AFQMC", "sentence1", "sentence2", "label", ("0", "1"), ("accuracy",)),
+    ),
+    _jsonl(
+        "clue",
+        "tnews",
+        "clue/tnews_public",
+        "eval_accuracy",
+        GlueLayout("tnews", "TNEWS", "sentence", None, "label", _TNEWS, ("accuracy",)),
+    ),
+    _jsonl(
+        "clue",
+        "iflytek",
+        "clue/iflytek_public",
+        "eval_accuracy",
+        GlueLayout("iflytek", "IFLYTEK", "sentence", None, "label", tuple(str(i) for i in range(119)), ("accuracy",)),
+    ),
+    _jsonl(
+        "clue",
+        "cmnli",
+        "clue/cmnli_public",
+        "eval_accuracy",
+        GlueLayout("cmnli", "CMNLI", "sentence1", "sentence2", "label", _CLUE_NLI, ("accuracy",)),
+        skip_unlabelled=True,
+    ),
+    _jsonl(
+        "clue",
+        "ocnli",
+        "clue/ocnli_public",
+        "eval_accuracy",
+        GlueLayout("ocnli", "OCNLI", "sentence1", "sentence2", "label", _CLUE_NLI, ("accuracy",)),
+        skip_unlabelled=True,
+    ),
+    _jsonl(
+        "clue",
+        "cluewsc2020",
+        "clue/cluewsc2020_public",
+        "eval_accuracy",
+        GlueLayout("cluewsc2020", "CLUEWSC2020", "text", None, "label", ("true", "false"), ("accuracy",)),
+        build="wsc",
+    ),
+    _jsonl(
+        "clue",
+        "csl",
+        "clue/csl_public",
+        "eval_accuracy",
+        GlueLayout("csl", "CSL", "keyword", "abst", "label", ("0", "1"), ("accuracy",)),
+        build="csl",
+    ),
+    _jsonl("clue", "cmrc2018", "clue/cmrc2018_public", "eval_f1", None, kind="qa"),
+)
+
 # fmt: off
 _NLI = ("entailment", "not_entailment")
 TASKS: dict[str, Task] = {t.name: t for t in (
@@ -150,6 +252,7 @@ TASKS: dict[str, Task] = {t.name: t for t in (
     _ner("conll2003"),
     _ner("conll2003_features", feature_based=True),
     Task("swag", "swag", "swag", "eval_accuracy", 100.0, "tasks.swag:read_swag", "tasks.heads:BertForMultipleChoice"),
+    *_JSONL_TASKS,
 )}
 # fmt: on
 

@@ -17,7 +17,8 @@ from pipeline.corpus.wikitext import clean_wikitext
 
 ARTICLE_NAMESPACE = 0
 _DISAMBIGUATION = re.compile(
-    r"\{\{\s*(?:disambiguation|disambig|dab|hndis|geodis|numberdis|letter-numbercombdisambig)"
+    r"\{\{\s*(?:disambiguation|disambig|dab|hndis|geodis|numberdis|letter-numbercombdisambig"
+    r"|aimai|曖昧さ回避|消歧义|消歧義)"
     r"\s*(?:\||\}\})",
     re.I,
 )

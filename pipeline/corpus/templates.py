@@ -227,6 +227,14 @@ def _nihongo(pos, named) -> str:  # {{nihongo|English|漢字|rōmaji}}
     return english or native or " "
 
 
+def _yomigana(pos, named) -> str:  # {{読み仮名|東京都|とうきょうと}} -> 東京都（とうきょうと）
+    base = pos[0] if pos else ""
+    reading = pos[1] if len(pos) > 1 else ""
+    if base and reading:
+        return f"{base}（{reading}）"
+    return base or " "
+
+
 def _frac(pos, named) -> str:
     if len(pos) == 3:
         return f"{pos[0]} {pos[1]}/{pos[2]}"
@@ -296,6 +304,16 @@ _RENDERERS: dict[str, Callable] = {
             "ublist",
         )
     },
+    # Japanese and Chinese Wikipedia: readings, ruby, links to articles in other languages
+    "読み仮名": _yomigana,
+    "読み仮名 ruby不使用": _yomigana,
+    "読み仮名 ruby使用": _yomigana,
+    "ruby": _nth(0),
+    "仮リンク": _nth(0),
+    "le": _nth(0),
+    "link-en": _nth(0),
+    "link-ja": _nth(0),
+    "illm": _nth(0),
     "script": _nth(1),
     "transl": lambda p, n: p[-1] if p else " ",
     "transliteration": lambda p, n: p[-1] if p else " ",

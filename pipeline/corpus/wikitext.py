@@ -53,6 +53,28 @@ NON_PROSE_SECTIONS = frozenset(
         "external sources",
         "general references",
         "explanatory notes",
+        # Japanese and Chinese Wikipedia
+        "脚注",
+        "注釈",
+        "出典",
+        "参考文献",
+        "参考資料",
+        "関連項目",
+        "外部リンク",
+        "参考资料",
+        "參考資料",
+        "參考文獻",
+        "参见",
+        "參見",
+        "外部链接",
+        "外部連結",
+        "注释",
+        "註釋",
+        "腳註",
+        "相关条目",
+        "相關條目",
+        "延伸阅读",
+        "延伸閱讀",
     }
 )
 
@@ -85,6 +107,8 @@ _DROP_TAGS = (
     "table",
     "style",
     "script",
+    "rt",  # ruby readings: the base text is what the sentence reads (漢字, not 漢字（かんじ）)
+    "rp",
 )
 # Tags removed but whose inner text is kept.
 _KEEP_TAGS = (
@@ -123,8 +147,6 @@ _KEEP_TAGS = (
     "section",
     "ruby",
     "rb",
-    "rt",
-    "rp",
     "wbr",
     "br",
     "hr",
@@ -192,12 +214,35 @@ _BARE_URL = re.compile(r"\b(?:https?|ftp)://[^\s<>\[\]{}|]+", re.I)
 _MAGIC_WORD = re.compile(r"__[A-Z]+__")
 _QUOTES = re.compile(r"'{2,}")
 _LANG_CODE = re.compile(r"^[a-z]{2,3}(?:-[a-z]{2,8})*$|^simple$")
-_DROP_NAMESPACES = frozenset({"file", "image", "media", "category"})
+_DROP_NAMESPACES = frozenset(
+    {"file", "image", "media", "category"}
+    # their Japanese and Chinese names and aliases ([[ファイル:..]], [[文件:..]], [[分类:..]] ...)
+    | {
+        "ファイル",
+        "画像",
+        "メディア",
+        "カテゴリ",
+        "文件",
+        "檔案",
+        "档案",
+        "图像",
+        "圖像",
+        "媒体",
+        "媒體",
+        "分类",
+        "分類",
+    }
+)
 _EMPTY_PARENS = re.compile(r"\(\s*(?:[,;:]\s*)*\)")
 _PAREN_LEAD = re.compile(r"\(\s*[,;:]\s*")
 _SPACE_BEFORE_PUNCT = re.compile(r"\s+([,.;:!?)\]])")
 _SPACE_AFTER_OPEN = re.compile(r"([(\[])\s+")
 _WS = re.compile(r"\s+")
+# Japanese and Chinese: a space between two wide characters (CJK, kana, full-width punctuation)
+# is left by removed markup ({{要出典}}, a ref), never written: "呼ばれていた 。" -> "呼ばれていた。"
+_WIDE_CHARS = "\u3000-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uff00-\uffef"
+_SPACE_BETWEEN_WIDE = re.compile(f"(?<=[{_WIDE_CHARS}]) +(?=[{_WIDE_CHARS}])")
+_HAS_WIDE = re.compile(f"[{_WIDE_CHARS}]")
 _LEFTOVER = re.compile(r"\[\[|\]\]|\{\{|\}\}")
 
 
@@ -319,6 +364,35 @@ def strip_braces(text: str, _depth: int = 0) -> str:
     return "".join(out)
 
 
+# -- 2b. Chinese variant markup ----------------------------------------------------------------
+# -{...}- of zhwiki: plain text shown as written, or rules "zh-hans:计算机;zh-hant:電腦;" of which
+# one variant is shown (simplified first), "-{H|..}-" / "-{T|..}-" rules that show nothing.
+_VARIANT = re.compile(r"-\{(?!\{)([^{}]*)\}-")
+_VARIANT_RULE = re.compile(r"(zh(?:-[a-z]{2,4})?)\s*:([^;]*)(?:;|$)")
+_VARIANT_ORDER = ("zh-hans", "zh-cn", "zh", "zh-sg", "zh-my", "zh-hant", "zh-tw", "zh-hk", "zh-mo")
+
+
+def _variant_text(m: re.Match) -> str:
+    inner = m.group(1)
+    flag, bar, rest = inner.partition("|")
+    if bar and len(flag.strip()) <= 3 and re.fullmatch(r"[A-Za-z;\s]+", flag.strip() or "x"):
+        if any(f in flag for f in "HT-"):
+            return ""
+        inner = rest
+    rules = dict((code, text.strip()) for code, text in _VARIANT_RULE.findall(inner))
+    if not rules or not re.match(r"\s*zh(?:-[a-z]{2,4})?\s*:", inner):
+        return inner
+    for code in _VARIANT_ORDER:
+        if code in rules:
+            return rules[code]
+    return next(iter(rules.values()))
+
+
+def resolve_variants(text: str) -> str:
+    """Chinese variant markup ``-{...}-`` replaced by the text a simplified-Chinese reader sees."""
+    return _VARIANT.sub(_variant_text, text) if "-{" in text else text
+
+
 # -- 3. links ----------------------------------------------------------------------------------
 def _link_text(m: re.Match) -> str:
     inner = m.group(1)
@@ -416,6 +490,8 @@ def _tidy(paragraph: str) -> str:
         text = _EMPTY_PARENS.sub("", text)
     text = _SPACE_AFTER_OPEN.sub(r"\1", text)
     text = _SPACE_BEFORE_PUNCT.sub(r"\1", text)
+    if _HAS_WIDE.search(text):
+        text = _SPACE_BETWEEN_WIDE.sub("", text)
     return " ".join(text.split())
 
 
@@ -433,6 +509,7 @@ def clean_wikitext(text: str) -> list[str]:
     if "<!--" in text:
         text = _COMMENT.sub("", text)
     text = _drop_tags(text)
+    text = resolve_variants(text)
     text = strip_braces(text)
     text = _resolve_links(text)  # before line splitting: [[File:..]] captions may span lines
     if "<" in text:

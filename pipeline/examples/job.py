@@ -46,7 +46,14 @@ from pipeline.beam.shards import KEY, RunWriter, merge_runs_in_levels, use_lean_
 from pipeline.examples.buckets import bucket_documents
 from pipeline.examples.config import ExamplesConfig
 from pipeline.examples.masking import VocabIds, create_instances_from_document, example_rng
-from pipeline.examples.tokens import NAMESPACE, TokenizeToBuckets, token_work, unmark, word_marked_vocab
+from pipeline.examples.tokens import (
+    NAMESPACE,
+    TokenizeToBuckets,
+    marks_words,
+    token_work,
+    unmark,
+    word_marked_vocab,
+)
 from pipeline.examples.view import histogram_bin, histogram_bins
 from pipeline.schema.manifest import (
     Manifest,
@@ -105,8 +112,9 @@ def seq_name(max_seq_length: int) -> str:
 class CreateBucketExamples(beam.DoFn):
     """(bucket, token file URLs) -> (seq name, (run URL, rows)) for each sorted run written."""
 
-    def __init__(self, config: ExamplesConfig, vocab: VocabIds, vocab_size: int, work_url: str):
+    def __init__(self, config: ExamplesConfig, vocab: VocabIds, vocab_size: int, work_url: str, marked=None):
         self.config = config
+        self.marked = config.segmenter != "none" if marked is None else marked
         self.vocab = vocab
         self.vocab_size = vocab_size
         self.work_url = work_url
@@ -130,7 +138,7 @@ class CreateBucketExamples(beam.DoFn):
         self.duplicates.inc(duplicates)
         cfg = self.config
         special = (self.vocab.cls_id, self.vocab.sep_id)
-        marked = cfg.segmenter != "none"
+        marked = self.marked
         vocab = word_marked_vocab(self.vocab, self.vocab_size) if marked else self.vocab
         for length, max_predictions in zip(cfg.max_seq_lengths, cfg.max_predictions_per_seq, strict=True):
             name = seq_name(length)
@@ -216,6 +224,8 @@ class ExamplesFromDocuments(beam.PTransform):
         lowercase: bool,
         num_buckets: int,
         output_url: str,
+        word_tokenizer: str = "none",
+        subword: str = "wordpiece",
     ):
         super().__init__()
         self.config = config
@@ -223,19 +233,24 @@ class ExamplesFromDocuments(beam.PTransform):
         self.lowercase = lowercase
         self.num_buckets = num_buckets
         self.output_url = output_url
+        self.word_tokenizer = word_tokenizer
+        self.subword = subword
 
     def expand(self, parts):
         cfg = self.config
         work = join_url(self.output_url, WORK_DIR)
         schemas = {seq_name(n): example_schema(len(self.vocab), n) for n in cfg.max_seq_lengths}
+        marked = marks_words(cfg.segmenter, self.word_tokenizer, self.subword, cfg.whole_word_mask)
+        tokenize = TokenizeToBuckets(
+            self.vocab, self.lowercase, self.num_buckets, work, cfg.segmenter, self.word_tokenizer, self.subword, marked
+        )
         return (
             parts
             | "SpreadFiles" >> beam.Reshuffle()
-            | "TokenizeToBuckets"
-            >> beam.ParDo(TokenizeToBuckets(self.vocab, self.lowercase, self.num_buckets, work, cfg.segmenter))
+            | "TokenizeToBuckets" >> beam.ParDo(tokenize)
             | "GroupByBucket" >> beam.GroupByKey()
             | "CreateExamples"
-            >> beam.ParDo(CreateBucketExamples(cfg, VocabIds.from_vocab(self.vocab), len(self.vocab), work))
+            >> beam.ParDo(CreateBucketExamples(cfg, VocabIds.from_vocab(self.vocab), len(self.vocab), work, marked))
             | "GroupByLength" >> beam.GroupByKey()
             | "MergeShards" >> beam.ParDo(MergeShards(self.output_url, schemas, cfg.num_shards, work))
         )
@@ -261,6 +276,8 @@ def build_examples_pipeline(
     lowercase: bool,
     num_buckets: int,
     output_url: str,
+    word_tokenizer: str = "none",
+    subword: str = "wordpiece",
 ) -> beam.Pipeline:
     """The examples job over the corpus files ``doc_urls``, built, not run, with the options of
     ``config.beam`` (any runner: a test validates it for Dataflow without submitting)."""
@@ -269,7 +286,8 @@ def build_examples_pipeline(
     _ = (
         pipeline
         | "ListFiles" >> beam.Create(token_work(doc_urls, config.beam))
-        | "Examples" >> ExamplesFromDocuments(config, vocab, lowercase, num_buckets, output_url)
+        | "Examples"
+        >> ExamplesFromDocuments(config, vocab, lowercase, num_buckets, output_url, word_tokenizer, subword)
     )
     return pipeline
 
@@ -286,13 +304,22 @@ def run_examples(config: ExamplesConfig, corpus_url: str, vocab_url: str, output
     inputs = {"corpus": fingerprint_input(corpus_url), "vocab": fingerprint_input(vocab_url)}
     vocab = read_vocab(join_url(vocab_url, VOCAB_FILE))
     lowercase = bool(vocab_manifest.config.get("lowercase", True))
+    word_tokenizer = vocab_manifest.config.get("word_tokenizer", "none")
+    subword = vocab_manifest.config.get("subword", "wordpiece")
+    if word_tokenizer != "none" and config.segmenter != "none":
+        raise ValueError(
+            f"examples.segmenter={config.segmenter!r} with a vocabulary segmented by {word_tokenizer!r}: its words"
+            " already give whole-word masking its units; set examples.segmenter=none"
+        )
     ids = VocabIds.from_vocab(vocab)
     doc_urls = corpus.file_urls(".parquet")
     num_documents, num_chars = corpus_size(doc_urls)
     num_buckets = num_buckets_for(num_documents, num_chars, config)
     clear_stage(output_url)
 
-    pipeline = build_examples_pipeline(config, doc_urls, vocab, lowercase, num_buckets, output_url)
+    pipeline = build_examples_pipeline(
+        config, doc_urls, vocab, lowercase, num_buckets, output_url, word_tokenizer, subword
+    )
     result = pipeline.run()
     result.wait_until_finish()
     beam_counts = counters(result, NAMESPACE)

@@ -18,6 +18,7 @@ from pipeline.examples.masking import VocabIds
 from pipeline.examples.segment import Segmenter, continuation_flags, has_cjk
 from pipeline.schema.parquet import READ_OPTIONS, WRITE_OPTIONS
 from pipeline.schema.storage import join_url
+from pipeline.schema.tokenization import WordTokenizer
 from pipeline.vocab.tokenizer import build_text_tokenizer
 
 NAMESPACE = "examples"
@@ -31,9 +32,20 @@ FLUSH_TOKENS = 500_000
 """Tokens a TokenizeToBuckets worker buffers (over all buckets) before writing them out."""
 
 
-def id_space(vocab_size: int, segmenter: str) -> int:
+def id_space(vocab_size: int, segmenter: str, marked: bool | None = None) -> int:
     """Ids in token files: the vocabulary, twice over when a segmenter marks continuations."""
-    return vocab_size * (2 if segmenter != "none" else 1)
+    marked = segmenter != "none" if marked is None else marked
+    return vocab_size * (2 if marked else 1)
+
+
+def marks_words(segmenter: str, word_tokenizer: str = "none", subword: str = "wordpiece", whole_word_mask: bool = True):
+    """Whether token files carry word marks (``id + vocab_size``): with an examples segmenter
+    (CJK ideographs of BERT's tokenizer), or a MeCab character vocabulary under whole-word
+    masking (its tokens are characters; MeCab's words are the units). A MeCab or jieba WordPiece
+    vocabulary needs none: its ``##`` pieces already continue the segmenter's words."""
+    if word_tokenizer != "none":
+        return subword == "character" and whole_word_mask
+    return segmenter != "none"
 
 
 def word_marked_vocab(ids: VocabIds, vocab_size: int) -> VocabIds:
@@ -119,9 +131,22 @@ class TokenizeToBuckets(beam.DoFn):
     Documents are tokenized (empty sentences and documents dropped and counted) and appended to
     one token file per bucket, flushed as row groups so the worker holds a bounded buffer."""
 
-    def __init__(self, vocab: list[str], lowercase: bool, num_buckets: int, work_url: str, segmenter: str = "none"):
+    def __init__(
+        self,
+        vocab: list[str],
+        lowercase: bool,
+        num_buckets: int,
+        work_url: str,
+        segmenter: str = "none",
+        word_tokenizer: str = "none",
+        subword: str = "wordpiece",
+        marked: bool | None = None,
+    ):
         self.vocab = vocab
         self.segmenter = segmenter
+        self.word_tokenizer = word_tokenizer
+        self.subword = subword
+        self.marked = marks_words(segmenter, word_tokenizer, subword) if marked is None else marked
         self.lowercase = lowercase
         self.num_buckets = num_buckets
         self.work_url = work_url
@@ -135,10 +160,18 @@ class TokenizeToBuckets(beam.DoFn):
 
     def setup(self):
         use_lean_memory_pool()
+        self.schema = token_schema(id_space(len(self.vocab), self.segmenter, self.marked))
+        if self.word_tokenizer != "none":  # MeCab or jieba words before the subword step
+            self.tokenizer = WordTokenizer(
+                self.vocab, self.word_tokenizer, self.subword, self.lowercase, specials=False
+            )
+            self.unk_id = self.tokenizer.token_to_id("[UNK]")
+            self.words = None
+            self.encode = lambda texts, **kw: self.tokenizer.encode_batch(texts, offsets=False, **kw)
+            return
         # No truncation: truncate_seq_pair cuts examples, not sentences.
         self.tokenizer = build_text_tokenizer(self.vocab, self.lowercase)
         self.unk_id = self.tokenizer.token_to_id("[UNK]")
-        self.schema = token_schema(id_space(len(self.vocab), self.segmenter))
         self.words = Segmenter(self.segmenter) if self.segmenter != "none" else None
         # Without a segmenter no character offsets are needed: encode_batch_fast gives the same
         # ids without computing them (~15% less tokenizing time, measured).
@@ -188,6 +221,11 @@ class TokenizeToBuckets(beam.DoFn):
     def _ids(self, text: str, encoding) -> list[int]:
         """The token ids; with a segmenter, an ideograph continuing a word gets + vocab size."""
         ids = encoding.ids
+        if self.word_tokenizer != "none":
+            if not self.marked:
+                return ids
+            v = len(self.vocab)
+            return [t if start else t + v for t, start in zip(ids, encoding.word_starts, strict=True)]
         if self.words is None or not has_cjk(text):
             return ids
         flags = continuation_flags(text, encoding.offsets, self.words.word_spans(text))

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pipeline.schema.config import LIMITS, check, check_at_most
+from pipeline.schema.tokenization import SUBWORDS, WORD_TOKENIZERS
 
 
 @dataclass(frozen=True)
@@ -26,6 +27,19 @@ class VocabConfig:
     sample_fraction: float = 1.0
     """Train on this share of the documents, picked by a stable digest of doc_id (the same
     documents on every run, spread over the whole corpus rather than its first files)."""
+    word_tokenizer: str = "none"
+    """What splits text into words before the subword step, here and in every later
+    tokenisation: "none" (BERT's basic tokenizer: whitespace, punctuation, one token per CJK
+    ideograph), "mecab" (Japanese: fugashi + unidic-lite, as transformers' BertJapaneseTokenizer),
+    "jieba" (Chinese words; the export then expects jieba-segmented text). mecab and jieba need
+    the 'cjk' extra. Default "none"."""
+    subword: str = "wordpiece"
+    """"wordpiece" (## continuations) or "character" (one token per character of a MeCab word,
+    as the cl-tohoku char models; word_tokenizer=mecab only). Default "wordpiece"."""
+    max_alphabet: int = 1000
+    """Most single characters kept (at most a quarter of vocab_size); words with a rarer one
+    tokenise to [UNK]. Default 1000 characters (Hugging Face's BERT trainer default); base-ja and
+    base-zh keep 8000 (kanji, hanzi)."""
 
     def __post_init__(self):
         check(
@@ -42,3 +56,15 @@ class VocabConfig:
         )
         check(self.min_frequency >= 1, "vocab.min_frequency", "must be >= 1")
         check_at_most(self.vocab_size, LIMITS.vocab_size, "vocab.vocab_size", "embedding rows")
+        check(
+            self.word_tokenizer in WORD_TOKENIZERS,
+            "vocab.word_tokenizer",
+            f"must be one of {WORD_TOKENIZERS}, got {self.word_tokenizer!r}",
+        )
+        check(self.subword in SUBWORDS, "vocab.subword", f"must be one of {SUBWORDS}, got {self.subword!r}")
+        check(
+            self.subword == "wordpiece" or self.word_tokenizer == "mecab",
+            "vocab.subword",
+            "'character' needs vocab.word_tokenizer=mecab (its words give whole-word masking its units)",
+        )
+        check(self.max_alphabet >= 1, "vocab.max_alphabet", "must be >= 1")

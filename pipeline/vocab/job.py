@@ -14,6 +14,7 @@ from pipeline.beam.config import to_dict
 from pipeline.schema.manifest import Manifest, clear_stage, fingerprint_input, read_manifest, write_manifest
 from pipeline.schema.parquet import READ_OPTIONS
 from pipeline.schema.storage import join_url, write_atomically
+from pipeline.schema.tokenization import WordTokenizer, hf_tokenizer_config, segmented_text
 from pipeline.vocab.config import VocabConfig
 from pipeline.vocab.tokenizer import (
     TOKENIZER_CONFIG_FILE,
@@ -23,7 +24,7 @@ from pipeline.vocab.tokenizer import (
     tokenizer_config,
     write_vocab,
 )
-from pipeline.vocab.wordpiece import train_vocab_with_stats
+from pipeline.vocab.wordpiece import train_char_vocab, train_vocab_with_stats
 
 
 def in_sample(doc_id: str, fraction: float) -> bool:
@@ -63,6 +64,31 @@ class ParquetSentences:
                             yield sentence
 
 
+class SegmentedSentences:
+    """Sentences as the segmenter's words, space-joined (re-iterable, like its source)."""
+
+    def __init__(self, sentences, word_tokenizer: str, lowercase: bool):
+        self.sentences = sentences
+        self.word_tokenizer = word_tokenizer
+        self.lowercase = lowercase
+
+    def __iter__(self) -> Iterator[str]:
+        segment = segmented_text(self.word_tokenizer, self.lowercase)
+        for sentence in self.sentences:
+            yield segment(sentence)
+
+
+def write_segmented_tokenizer(vocab: list[str], config: VocabConfig, output_url: str) -> None:
+    """tokenizer_config.json of a MeCab or jieba vocabulary (what AutoTokenizer builds from),
+    and for jieba the tokenizer.json BertTokenizerFast reads (jieba-segmented text in)."""
+    if config.word_tokenizer == "jieba":
+        tok = WordTokenizer(vocab, "jieba", lowercase=config.lowercase).rust
+        tok.enable_truncation(512)
+        write_atomically(join_url(output_url, TOKENIZER_FILE), tok.to_str(pretty=True))
+    hf = hf_tokenizer_config(config.word_tokenizer, config.subword, config.lowercase)
+    write_atomically(join_url(output_url, TOKENIZER_CONFIG_FILE), json.dumps(hf, indent=2, sort_keys=True) + "\n")
+
+
 def run_vocab(config: VocabConfig, corpus_url: str, output_url: str) -> Manifest:
     """Train the vocabulary on a finished corpus stage: vocab.txt, tokenizer.json, manifest."""
     start = time.time()
@@ -71,6 +97,20 @@ def run_vocab(config: VocabConfig, corpus_url: str, output_url: str) -> Manifest
     sentences = ParquetSentences(corpus.file_urls(".parquet"), config.max_sentences, config.sample_fraction)
     clear_stage(output_url)
 
+    if config.word_tokenizer != "none":
+        words = SegmentedSentences(sentences, config.word_tokenizer, config.lowercase)
+        train = train_char_vocab if config.subword == "character" else train_vocab_with_stats
+        vocab, counts = train(words, config)
+        write_vocab(vocab, join_url(output_url, VOCAB_FILE))
+        write_segmented_tokenizer(vocab, config, output_url)
+        return write_manifest(
+            stage="vocab",
+            stage_url=output_url,
+            config=to_dict(config),
+            inputs=inputs,
+            counts=counts,
+            seconds=time.time() - start,
+        )
     vocab, counts = train_vocab_with_stats(sentences, config)
     if counts["learned_tokens"] <= 0:  # only [PAD], [unused*], [UNK], [CLS], [SEP], [MASK]: never "done"
         raise ValueError(

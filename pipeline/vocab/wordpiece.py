@@ -17,9 +17,14 @@ The tokenizers ``WordPieceTrainer`` does the training (Rust, ~3 MB/s). Two thing
    continuations (code point order), then merged pieces in the order the trainer learned them
    (most frequent first).
 
-The alphabet is capped (:data:`MAX_ALPHABET`, the cap Hugging Face's BERT trainer uses, and at
-most a quarter of the budget): the most frequent characters are kept, ties broken by code point.
-Words with a dropped character tokenize to ``[UNK]``.
+The alphabet is capped (``vocab.max_alphabet``, by default :data:`MAX_ALPHABET`, the cap Hugging
+Face's BERT trainer uses, and at most a quarter of the budget): the most frequent characters are
+kept, ties broken by code point. Words with a dropped character tokenize to ``[UNK]``.
+
+With ``vocab.word_tokenizer`` set (MeCab, jieba: :mod:`pipeline.schema.tokenization`) the trainer
+reads the segmenter's words, space-joined, through the same normaliser and pre-tokenizer the
+later stages use; with ``vocab.subword=character`` there is no training, the vocabulary is the
+most frequent characters (:func:`train_char_vocab`).
 """
 
 from __future__ import annotations
@@ -32,10 +37,12 @@ from collections.abc import Iterable
 from tokenizers import (
     Tokenizer,
     models,
+    normalizers,
     pre_tokenizers,
     trainers,
 )
 
+from pipeline.schema.tokenization import text_normalizer, text_pre_tokenizer
 from pipeline.vocab.config import VocabConfig
 from pipeline.vocab.tokenizer import PREFIX, UNK, bert_normalizer, special_tokens
 
@@ -54,8 +61,24 @@ def _is_punctuation(c: str) -> bool:
 _FIRST_OF_WORD = re.compile(r"(?<!\S)\S")
 
 
+def _text_steps(config: VocabConfig):
+    """(normaliser or None, pre-tokenizer, whether punctuation splits words) of the vocabulary's
+    text: BERT's for word_tokenizer=none, else the segmented kinds' (MeCab: whitespace only)."""
+    if config.word_tokenizer == "none":
+        return bert_normalizer(config.lowercase), pre_tokenizers.BertPreTokenizer(), True
+    return (
+        text_normalizer(config.word_tokenizer, config.lowercase),
+        text_pre_tokenizer(config.word_tokenizer),
+        config.word_tokenizer == "jieba",
+    )
+
+
 def count_alphabet(
-    sentences: Iterable[str], lowercase: bool, batch_size: int = 2048
+    sentences: Iterable[str],
+    lowercase: bool,
+    batch_size: int = 2048,
+    normalizer: normalizers.Normalizer | None | str = "bert",
+    split_punctuation: bool = True,
 ) -> tuple[collections.Counter, set[str], int]:
     """Character counts over pre-tokenized words, the characters seen inside a word, #sentences.
 
@@ -63,20 +86,21 @@ def count_alphabet(
     creates a ``##`` continuation piece. Works on batches of normalized text with C-speed string
     operations (the normalizer acts per character, so a joined batch normalizes as its parts).
     """
-    norm = bert_normalizer(lowercase)
+    norm = bert_normalizer(lowercase) if normalizer == "bert" else normalizer
     chars: collections.Counter = collections.Counter()
     inner: set[str] = set()
     to_space: dict[int, str] = {}  # punctuation -> space, grown as new characters appear
     n = 0
 
     def add(batch: list[str]) -> None:
-        text = norm.normalize_str("\n".join(batch))
+        text = "\n".join(batch)
+        text = norm.normalize_str(text) if norm is not None else text
         counts = collections.Counter(text)
         for c in counts:
             if c.isspace():
                 continue
             chars[c] += counts[c]
-            if ord(c) not in to_space and _is_punctuation(c):
+            if split_punctuation and ord(c) not in to_space and _is_punctuation(c):
                 to_space[ord(c)] = " "
         # Drop each word's first character; whatever non-space is left sat inside a word.
         inner.update(_FIRST_OF_WORD.sub("", text.translate(to_space)))
@@ -93,8 +117,8 @@ def count_alphabet(
     return chars, {c for c in inner if not c.isspace()}, n
 
 
-def _choose_alphabet(chars: collections.Counter, budget: int) -> list[str]:
-    limit = max(1, min(MAX_ALPHABET, budget // 4))
+def _choose_alphabet(chars: collections.Counter, budget: int, max_alphabet: int = MAX_ALPHABET) -> list[str]:
+    limit = max(1, min(max_alphabet, budget // 4))
     ranked = sorted(chars.items(), key=lambda kv: (-kv[1], kv[0]))
     return sorted(c for c, _ in ranked[:limit])
 
@@ -118,8 +142,10 @@ def _train_pieces(
 ) -> list[str]:
     """The trainer's tokens by id: continuations, alphabet, then merges in the order learned."""
     tok = Tokenizer(models.WordPiece(unk_token=UNK))
-    tok.normalizer = bert_normalizer(config.lowercase)
-    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    normalizer, pre_tokenizer, _ = _text_steps(config)
+    if normalizer is not None:
+        tok.normalizer = normalizer
+    tok.pre_tokenizer = pre_tokenizer
     trainer = trainers.WordPieceTrainer(
         vocab_size=budget,
         min_frequency=config.min_frequency,
@@ -143,10 +169,13 @@ def train_vocab_with_stats(sentences: Iterable[str], config: VocabConfig) -> tup
     specials = special_tokens(config.num_unused)
     budget = config.vocab_size - len(specials)
 
-    chars, inner, num_sentences = count_alphabet(sentences, config.lowercase)
+    normalizer, _, split_punctuation = _text_steps(config)
+    chars, inner, num_sentences = count_alphabet(
+        sentences, config.lowercase, normalizer=normalizer, split_punctuation=split_punctuation
+    )
     if num_sentences == 0:
         raise ValueError("train_vocab: no sentences to train on (is the corpus empty?)")
-    alphabet = _choose_alphabet(chars, budget)
+    alphabet = _choose_alphabet(chars, budget, config.max_alphabet)
     continuations = [PREFIX + c for c in alphabet if c in inner]
     learned = _train_pieces(sentences, config, budget, alphabet, continuations)
     # Guard: a ## piece we did not foresee (a Unicode table differing between Python and Rust)
@@ -172,5 +201,36 @@ def train_vocab_with_stats(sentences: Iterable[str], config: VocabConfig) -> tup
         "characters_seen": len(chars),
         "characters_dropped": len(chars) - len(alphabet),
         "sentences_used": num_sentences,
+    }
+    return vocab, stats
+
+
+def train_char_vocab(sentences: Iterable[str], config: VocabConfig) -> tuple[list[str], dict[str, int]]:
+    """A character vocabulary (``vocab.subword=character``): the special entries, then the
+    characters seen at least ``min_frequency`` times, the most frequent first up to the budget
+    (ties by code point), written in code point order. ``sentences``: space-joined words."""
+    specials = special_tokens(config.num_unused)
+    budget = config.vocab_size - len(specials)
+    chars: collections.Counter = collections.Counter()
+    n = 0
+    for sentence in sentences:
+        n += 1
+        chars.update(sentence)
+    if n == 0:
+        raise ValueError("train_vocab: no sentences to train on (is the corpus empty?)")
+    ranked = sorted(((c, k) for c, k in chars.items() if not c.isspace()), key=lambda ck: (-ck[1], ck[0]))
+    taken = set(specials)
+    kept = sorted([c for c, k in ranked if k >= config.min_frequency and c not in taken][:budget])
+    vocab = specials + kept
+    seen = sum(1 for c in chars if not c.isspace())
+    stats = {
+        "vocab_size": len(vocab),
+        "learned_tokens": len(kept),
+        "alphabet_size": len(kept),
+        "continuation_chars": 0,
+        "merged_tokens": 0,
+        "characters_seen": seen,
+        "characters_dropped": seen - len(kept),
+        "sentences_used": n,
     }
     return vocab, stats

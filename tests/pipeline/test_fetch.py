@@ -143,3 +143,20 @@ def test_the_cli_fetches_and_names_the_next_command(server, tmp_path, capsys):
     printed = capsys.readouterr().out
     assert dump.name in printed and f"data.wiki={out}" in printed
     assert main(["fetch-wiki", "--lang", "yy", "--date", DATE, "--out", str(out), "--base-url", base]) == 1
+
+
+def test_select_dump_files_of_jawiki_and_zhwiki():
+    # the names Wikimedia publishes for jawiki and zhwiki: one multistream file with its index,
+    # and split parts (jawiki's pNNpNN ranges); the namespaces come from each page's <ns>
+    ja = [
+        "jawiki-20261101-pages-articles-multistream.xml.bz2",
+        "jawiki-20261101-pages-articles-multistream-index.txt.bz2",
+        "jawiki-20261101-pages-articles-multistream1.xml-p1p114794.bz2",
+        "jawiki-20261101-pages-articles-multistream-index1.txt-p1p114794.bz2",
+        "jawiki-20261101-pages-articles.xml.bz2",
+        "jawiki-20261101-pages-meta-current.xml.bz2",
+    ]
+    assert select_dump_files(ja, "ja", "20261101") == sorted(ja[:2])
+    assert select_dump_files(ja, "ja", "20261101", multistream=False) == ["jawiki-20261101-pages-articles.xml.bz2"]
+    zh = [n.replace("jawiki", "zhwiki") for n in ja[2:4]]
+    assert select_dump_files(zh, "zh", "20261101") == sorted(zh)

@@ -22,9 +22,20 @@ PAPER = ["cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte", "wnli", "
 
 
 def test_every_task_by_name_with_its_data_url():
-    assert set(PAPER) | {"conll2003_features"} == set(TASKS)
-    for name in TASKS:
-        assert (SAMPLE / TASKS[name].folder).is_dir(), name
+    cjk = {"jglue": "sample-ja", "clue": "sample-zh"}  # JGLUE, CLUE: the Japanese and Chinese samples
+    english = {n for n, t in TASKS.items() if t.family not in cjk}
+    assert set(PAPER) | {"conll2003_features"} == english
+    assert {n for n, t in TASKS.items() if t.family == "jglue"} == {
+        "marc_ja",
+        "jsts",
+        "jnli",
+        "jsquad",
+        "jcommonsenseqa",
+    }
+    assert {"afqmc", "tnews", "iflytek", "cmnli", "ocnli", "cluewsc2020", "csl", "cmrc2018"} <= set(TASKS)
+    for name, task in TASKS.items():
+        root = SAMPLE.parent / cjk[task.family] if task.family in cjk else SAMPLE
+        assert (root / task.folder).is_dir(), name
     assert U.task_data_url("mrpc", "/data", {"mrpc": "gs://b/MRPC"}) == "gs://b/MRPC"
     assert U.task_data_url("mnli", "/data", {"mrpc": "gs://b/MRPC"}) == "/data/glue/MNLI"
     with pytest.raises(KeyError, match="unknown downstream task 'nope'"):

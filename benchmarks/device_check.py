@@ -50,15 +50,15 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# E402 below: run as a script from any folder, the imports need the two paths above first.
+from bench_pretrain import Runner, hf_model, make_batch  # noqa: E402 - after the sys.path lines
 
-from bench_pretrain import Runner, hf_model, make_batch  # noqa: E402
-
-from model.bert import BertForPreTraining  # noqa: E402
-from model.compile import compile_regions  # noqa: E402
-from model.config import BertConfig, PhaseConfig, PretrainConfig  # noqa: E402
-from model.data import IGNORE_INDEX  # noqa: E402
-from model.metrics import PEAK_BF16_TFLOPS, step_flops  # noqa: E402
-from model.packing import pack_padded  # noqa: E402
+from model.bert import BertForPreTraining  # noqa: E402 - after the sys.path lines
+from model.compile import compile_regions  # noqa: E402 - after the sys.path lines
+from model.config import BertConfig, PhaseConfig, PretrainConfig  # noqa: E402 - after the sys.path lines
+from model.data import IGNORE_INDEX  # noqa: E402 - after the sys.path lines
+from model.metrics import PEAK_BF16_TFLOPS, step_flops  # noqa: E402 - after the sys.path lines
+from model.packing import pack_padded  # noqa: E402 - after the sys.path lines
 
 SHAPES = {"large": (24, 1024, 16), "base": (12, 768, 12), "tiny": (2, 64, 4)}
 IMPLEMENTATIONS = (

@@ -82,7 +82,7 @@ def _input_files(name: str, url: str) -> list[str]:
     unit its reader rejects with a reason, not a file skipped; only a layout's own companions
     (a dump's index and checksums, a ``datasets`` folder's metadata) are left out."""
     found = expand_inputs(url)
-    base = lambda u: u.rstrip("/").rsplit("/", 1)[-1]  # noqa: E731
+    base = lambda u: u.rstrip("/").rsplit("/", 1)[-1]
     if name == "wiki":
         return [u for u in found if is_wiki_file(u) or not _WIKI_COMPANION.search(base(u))]
     if name == "text":

@@ -168,7 +168,7 @@ def test_each_export_is_registered_once_and_a_new_one_always(moved_root, chain_o
     tracking = Tracking(uri, t.experiment_id, t.start_run("pretrain-tiny"))
     model_url = str(root / "model")
     before = read_manifest(model_url)
-    versions = lambda: sorted(int(v.version) for v in t.client.search_model_versions("name='bert-tiny'"))  # noqa: E731
+    versions = lambda: sorted(int(v.version) for v in t.client.search_model_versions("name='bert-tiny'"))
     assert versions() == [1]  # the chain's three commands made one version of one export
     result = StageResult("export", "skipped", 0.0, model_url, before.counts, before)
     out = register_model_task.fn(cfg, result, [], tracking)

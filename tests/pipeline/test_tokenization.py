@@ -18,7 +18,7 @@ from pipeline.vocab.job import SegmentedSentences, write_segmented_tokenizer
 from pipeline.vocab.tokenizer import write_vocab
 from pipeline.vocab.wordpiece import train_char_vocab, train_vocab_with_stats
 
-pytest.importorskip("fugashi")
+pytest.importorskip("fugashi", reason="needs the cjk extra (installed by the test extra)")
 pytest.importorskip("jieba")
 transformers = pytest.importorskip("transformers")
 

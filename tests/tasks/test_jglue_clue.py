@@ -14,7 +14,7 @@ from tasks.jsonl import JsonlDataError, find_split
 from tasks.registry import TASKS
 
 DATA = Path(__file__).resolve().parents[2] / "data"
-pytest.importorskip("fugashi")
+pytest.importorskip("fugashi", reason="needs the cjk extra (installed by the test extra)")
 
 
 # -- metrics ---------------------------------------------------------------------------------------

@@ -4,11 +4,10 @@ registration, and a tracking store locked for a minute while the export logs.
 Before: the killed run's new export was never registered (the next run skipped the export and
 registered only when the export stage had run), and the locked store failed the export's logging,
 left its MLflow run RUNNING, and the retry skipped the export, so nothing was registered either.
-Slow tier: ``python3 -m pytest -m slow tests/flows/test_registry_slow.py``.
+Slow tier: ``python3 -m pytest -m slow tests/flows/test_model_registry_slow.py``.
 """
 
 import json
-import os
 import shutil
 import signal
 import sqlite3
@@ -18,6 +17,7 @@ import time
 
 import pytest
 
+from flows.proc.supervisor import kill_tree, processes, tree
 from pipeline.schema.manifest import read_manifest
 
 pytestmark = pytest.mark.slow
@@ -54,6 +54,14 @@ def _wait_for(predicate, proc, timeout=900):
         time.sleep(0.05)
 
 
+def _wait_for_exit(pids, timeout=30):
+    """Until none of ``pids`` is alive (a SIGKILLed process is gone once its parent reaps it)."""
+    deadline = time.monotonic() + timeout
+    while set(pids) & set(processes()):
+        assert time.monotonic() < deadline, f"still alive: {set(pids) & set(processes())}"
+        time.sleep(0.05)
+
+
 def test_a_run_killed_after_the_export_is_registered_by_the_next(chain, cli, cli_env, tmp_path):
     root = _copy(chain, tmp_path)
     assert [v for v, _ in _versions(root)] == [1]
@@ -73,8 +81,13 @@ def test_a_run_killed_after_the_export_is_registered_by_the_next(chain, cli, cli
             return False
 
     _wait_for(stamped, proc)
-    os.killpg(proc.pid, signal.SIGKILL)  # the export is written, its registration not yet
+    tree_before = tree(proc.pid)
+    # The export is written, its registration not yet: SIGKILL the whole run at once, as a lost
+    # machine or a cgroup's OOM kill would: the supervisor, its worker (a session of its own,
+    # which a SIGKILL of the supervisor alone would only ask to stop) and every process below.
+    kill_tree(proc.pid, signal.SIGKILL)
     proc.wait()
+    _wait_for_exit(tree_before)
     new = read_manifest(str(root / "model")).fingerprint
     assert [fp for _, fp in _versions(root)] != [new] and new not in dict(_versions(root)).values()
     rerun = subprocess.run(cli(["run", "--preset", "tiny", *args], root), env=cli_env, capture_output=True,

@@ -97,21 +97,13 @@ def run_vocab(config: VocabConfig, corpus_url: str, output_url: str) -> Manifest
     sentences = ParquetSentences(corpus.file_urls(".parquet"), config.max_sentences, config.sample_fraction)
     clear_stage(output_url)
 
-    if config.word_tokenizer != "none":
+    segmented = config.word_tokenizer != "none"
+    if segmented:  # trained on MeCab's or jieba's words (tokenization.py)
         words = SegmentedSentences(sentences, config.word_tokenizer, config.lowercase)
         train = train_char_vocab if config.subword == "character" else train_vocab_with_stats
         vocab, counts = train(words, config)
-        write_vocab(vocab, join_url(output_url, VOCAB_FILE))
-        write_segmented_tokenizer(vocab, config, output_url)
-        return write_manifest(
-            stage="vocab",
-            stage_url=output_url,
-            config=to_dict(config),
-            inputs=inputs,
-            counts=counts,
-            seconds=time.time() - start,
-        )
-    vocab, counts = train_vocab_with_stats(sentences, config)
+    else:
+        vocab, counts = train_vocab_with_stats(sentences, config)
     if counts["learned_tokens"] <= 0:  # only [PAD], [unused*], [UNK], [CLS], [SEP], [MASK]: never "done"
         raise ValueError(
             f"vocab: no piece learnt beyond the {len(vocab)} special entries from {counts.get('sentences_used', 0)} "
@@ -119,12 +111,15 @@ def run_vocab(config: VocabConfig, corpus_url: str, output_url: str) -> Manifest
             f"vocab.max_sentences={config.max_sentences}): the corpus stage's output has no text to learn from"
         )
     write_vocab(vocab, join_url(output_url, VOCAB_FILE))
-    tok = build_tokenizer(vocab, config.lowercase)
-    write_atomically(join_url(output_url, TOKENIZER_FILE), tok.to_str(pretty=True))
-    write_atomically(
-        join_url(output_url, TOKENIZER_CONFIG_FILE),
-        json.dumps(tokenizer_config(config.lowercase), indent=2, sort_keys=True) + "\n",
-    )
+    if segmented:
+        write_segmented_tokenizer(vocab, config, output_url)
+    else:
+        tok = build_tokenizer(vocab, config.lowercase)
+        write_atomically(join_url(output_url, TOKENIZER_FILE), tok.to_str(pretty=True))
+        write_atomically(
+            join_url(output_url, TOKENIZER_CONFIG_FILE),
+            json.dumps(tokenizer_config(config.lowercase), indent=2, sort_keys=True) + "\n",
+        )
 
     return write_manifest(
         stage="vocab",

@@ -147,3 +147,36 @@ def test_segmented_vocabularies_are_deterministic(tmp_path):
     assert a == b and len(a) > 500
     chars, _ = trained("ja", tmp_path / "c", lowercase=False, word_tokenizer="mecab", subword="character")
     assert not any(t.startswith("##") for t in chars) and all(len(t) == 1 for t in chars[104:])
+
+
+@pytest.mark.parametrize(
+    ("word_tokenizer", "subword", "sentences"),
+    [
+        ("mecab", "character", ["。"]),
+        ("mecab", "wordpiece", []),
+        ("mecab", "character", []),
+        ("jieba", "wordpiece", []),
+    ],  # fmt: skip
+)
+def test_a_segmented_vocabulary_with_nothing_learnt_never_ends_done(tmp_path, word_tokenizer, subword, sentences):
+    """The vocab stage's empty-output rule holds on the segmenting path too: a corpus stage that
+    finished with 0 documents (corpus.allow_empty_sources), or a character vocabulary whose one
+    character is seen less than min_frequency, gives nothing to learn, and the stage fails with
+    no manifest (the latter used to write a vocabulary of the specials alone, "done")."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from pipeline.schema.manifest import has_manifest, write_manifest
+    from pipeline.schema.parquet import DOCUMENT_SCHEMA
+    from pipeline.vocab.job import run_vocab
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    rows = [{"doc_id": "t:0", "source": "books", "title": "t", "sentences": sentences, "num_sentences": 1,
+             "num_chars": 1}] if sentences else []  # fmt: skip
+    pq.write_table(pa.Table.from_pylist(rows, schema=DOCUMENT_SCHEMA), corpus / "part-00000-of-00001.parquet")
+    write_manifest("corpus", str(corpus), {}, {}, {"documents": len(rows)})
+    config = VocabConfig(vocab_size=300, min_frequency=2, word_tokenizer=word_tokenizer, subword=subword)
+    with pytest.raises(ValueError, match="vocab: no piece learnt|no sentences"):
+        run_vocab(config, str(corpus), str(tmp_path / "v"))
+    assert not has_manifest(str(tmp_path / "v"))

@@ -36,6 +36,7 @@ the default test tier checks this script end to end on the CPU (``tests/model/te
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import json
 import os
@@ -68,14 +69,6 @@ IMPLEMENTATIONS = (
     "ours padded",
     "ours unpadded",
     "ours unpadded compiled, attention dropout 0 (flash)",
-)
-SMALL_PRESET = BertConfig(
-    vocab_size=8192,
-    hidden_size=256,
-    num_hidden_layers=4,
-    num_attention_heads=4,
-    intermediate_size=1024,
-    max_position_embeddings=128,
 )
 
 
@@ -277,10 +270,12 @@ class _TimeUp(Exception):
 
 
 def pretrain_small(args) -> dict:
+    from flows.presets import load_config  # the small preset's network (needs what model.train needs)
     from model.train import run_pretrain
 
     seq, batch = args.train_seq, args.train_batch
-    model = SMALL_PRESET if not args.smoke else BertConfig(**{**SMALL_PRESET.__dict__, "vocab_size": 512})
+    model = load_config("small").model
+    model = model if not args.smoke else dataclasses.replace(model, vocab_size=512)
     with tempfile.TemporaryDirectory() as work:
         t = time.perf_counter()
         examples = write_example_shards(os.path.join(work, "examples"), args.train_examples, seq, model.vocab_size)

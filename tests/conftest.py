@@ -115,3 +115,62 @@ def gcs_bucket(gcs_emulator, request):
     fs = fsspec.filesystem("gs", token="anon")
     fs.mkdir(name)
     return f"gs://{name}"
+
+
+@pytest.fixture(scope="session")
+def prefect_server_at():
+    """``with prefect_server_at(home, **env) as env:`` a real ``prefect server start`` on a free
+    loopback port, its ``PREFECT_HOME`` in ``home``, healthy before the block runs and stopped
+    after it; ``env`` is the environment that talks to it (the slow tiers' deployment and pool
+    tests)."""
+    import contextlib
+    import socket
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    @contextlib.contextmanager
+    def start(home, **extra_env):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        env = {
+            **os.environ,
+            "PREFECT_HOME": str(home),
+            "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+            "PREFECT_API_URL": f"http://127.0.0.1:{port}/api",
+            **extra_env,
+        }
+        cmd = [
+            sys.executable,
+            "-m",
+            "prefect",
+            "server",
+            "start",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--no-ui",
+        ]
+        with open(os.path.join(home, "server.log"), "w") as log:
+            proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=log)
+            try:
+                deadline = time.monotonic() + 180
+                while True:
+                    try:
+                        with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/health", timeout=2) as r:
+                            if r.status == 200:
+                                break
+                    except OSError:
+                        pass
+                    assert proc.poll() is None, open(os.path.join(home, "server.log")).read()[-3000:]
+                    assert time.monotonic() < deadline, "prefect server did not become healthy"
+                    time.sleep(1)
+                yield env
+            finally:
+                proc.terminate()
+                proc.wait(timeout=30)
+
+    return start

@@ -3,12 +3,9 @@ pool, `prefect deploy --all` from prefect.yaml, `pretrain/tiny` run by a worker.
 `python3 -m pytest -m slow tests/flows/test_deployments_slow.py` (about 5 minutes)."""
 
 import json
-import os
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -26,42 +23,9 @@ SHORT = {
 pytestmark = pytest.mark.slow
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    home = tmp_path_factory.mktemp("prefect-server")
-    port = _free_port()
-    env = {
-        **os.environ,
-        "PREFECT_HOME": str(home),
-        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-        "PREFECT_API_URL": f"http://127.0.0.1:{port}/api",
-        "BERTFLOW_HOME": str(REPO),
-    }
-    log = open(home / "server.log", "w")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port), "--no-ui"],
-        env=env,
-        stdout=log,
-        stderr=log,
-    )
-    try:
-        deadline = time.monotonic() + 180
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            assert proc.poll() is None, (home / "server.log").read_text()[-3000:]
-            assert time.monotonic() < deadline, "prefect server did not become healthy"
-            time.sleep(1)
+def server(tmp_path_factory, prefect_server_at):
+    with prefect_server_at(tmp_path_factory.mktemp("prefect-server"), BERTFLOW_HOME=str(REPO)) as env:
         prefect(env, "work-pool", "create", "local-process", "--type", "process")
         # the cloud pools the base/large deployments target, with their job templates from infra/
         prefect(
@@ -86,10 +50,6 @@ def server(tmp_path_factory):
         )
         prefect(env, "--no-prompt", "deploy", "--all")
         yield env
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
-        log.close()
 
 
 def prefect(env, *args, timeout=300) -> str:

@@ -3,12 +3,8 @@
 and read back unchanged. Slow tier: `python3 -m pytest -m slow tests/infra/test_prefect_pools_slow.py`."""
 
 import json
-import os
-import socket
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -18,42 +14,10 @@ REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
-def server_env(tmp_path_factory):
-    home = tmp_path_factory.mktemp("prefect-pools")
-    port = _free_port()
-    env = {
-        **os.environ,
-        "PREFECT_HOME": str(home),
-        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-        "PREFECT_API_URL": f"http://127.0.0.1:{port}/api",
-    }
-    log = open(home / "server.log", "w")
-    cmd = [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port), "--no-ui"]
-    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=log)
-    try:
-        deadline = time.monotonic() + 180
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            assert proc.poll() is None, (home / "server.log").read_text()[-3000:]
-            assert time.monotonic() < deadline, "prefect server did not become healthy"
-            time.sleep(1)
+def server_env(tmp_path_factory, prefect_server_at):
+    with prefect_server_at(tmp_path_factory.mktemp("prefect-pools")) as env:
         yield env
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
-        log.close()
 
 
 def prefect(env, *args) -> subprocess.CompletedProcess:

@@ -23,12 +23,19 @@ need_value() {
   [[ $# -ge 2 && -n "$2" && "$2" != --* ]] || die "$1 needs a value"
 }
 
-# quote ARGS...: one line a shell reads back as the same words (plain words bare, others in '')
+# quote ARGS...: one line a shell reads back as the same words, whatever they hold: plain words
+# bare, others in '' (a ' inside as '\''), and a word with a control character (a newline, a
+# tab, an escape) as bash's printf %q writes it ($'...'), so that the line stays one line.
+# Nothing in a value ($(...), backticks, quotes, ;, spaces) is ever read as shell syntax:
+# pasting a dry run's "+ " lines into bash runs exactly the commands shown.
 quote() {
-  local out="" arg q="'"
+  local out="" arg q="'" word
   for arg in "$@"; do
     if [[ "$arg" =~ ^[A-Za-z0-9_@%+=:,./-]+$ ]]; then
       out+="$arg "
+    elif [[ "$arg" == *[[:cntrl:]]* ]]; then
+      printf -v word '%q' "$arg"
+      out+="$word "
     else
       out+="'${arg//$q/$q\\$q$q}' "
     fi

@@ -77,7 +77,10 @@ for s in "${SETS[@]}"; do args+=(--set "$s"); done
 
 export BERTFLOW_NNODES="$NNODES" BERTFLOW_NODE_RANK="$RANK_" BERTFLOW_RDZV_ENDPOINT="$ENDPOINT"
 export BERTFLOW_RDZV_ID="$RDZV_ID" BERTFLOW_BACKEND="${BERTFLOW_BACKEND:-cuda}"
-[[ "$DRY_RUN" == 1 ]] && echo "+ export BERTFLOW_NNODES=$NNODES BERTFLOW_NODE_RANK=$RANK_ BERTFLOW_RDZV_ENDPOINT=$ENDPOINT BERTFLOW_RDZV_ID=$RDZV_ID BERTFLOW_BACKEND=$BERTFLOW_BACKEND"
+if [[ "$DRY_RUN" == 1 ]]; then  # each NAME=VALUE one quoted word: a value is never shell syntax
+  echo "+ export $(quote "BERTFLOW_NNODES=$NNODES" "BERTFLOW_NODE_RANK=$RANK_" "BERTFLOW_RDZV_ENDPOINT=$ENDPOINT" \
+    "BERTFLOW_RDZV_ID=$RDZV_ID" "BERTFLOW_BACKEND=$BERTFLOW_BACKEND")"
+fi
 run "$PY" "${args[@]}"
 if [[ "$DRY_RUN" == 1 ]]; then  # what flows.proc.cluster would start on this node (reads no input)
   # from this checkout, so a dry run needs only bash and a python3 (not the project installed)

@@ -51,7 +51,7 @@ else
   PY="$VENV/bin/python"
 fi
 if [[ "$DRY_RUN" == 1 ]]; then
-  echo "+ $(quote "$PY") -c '<pick requirements from pyproject.toml>' $(quote "$SRC") > $(quote "$REQS")"
+  echo "+ $(quote "$PY" -c "$PICK" "$SRC") > $(quote "$REQS")"
 else
   "$PY" -c "$PICK" "$SRC" > "$REQS"
 fi

@@ -92,6 +92,11 @@ if [[ -n "$ENV_FILE" ]]; then
   run gcloud compute tpus tpu-vm ssh "$NAME" "${TPU[@]}" --command 'chmod 600 ~/bertflow.env'
 fi
 run gcloud compute tpus tpu-vm ssh "$NAME" "${TPU[@]}" --command "$remote"
-if [[ "$DRY_RUN" != 1 ]]; then
-  echo "follow host 0: gcloud compute tpus tpu-vm ssh $NAME --project $PROJECT --zone $ZONE --worker=0 --command 'tail -f ~/bertflow-pretrain.log'" >&2
+# the follow-up command, quoted like the others (a comment line in a dry run: pasting it runs nothing)
+follow="follow host 0: $(quote gcloud compute tpus tpu-vm ssh "$NAME" --project "$PROJECT" --zone "$ZONE" \
+  --worker=0 --command 'tail -f ~/bertflow-pretrain.log')"
+if [[ "$DRY_RUN" == 1 ]]; then
+  echo "# $follow"
+else
+  echo "$follow" >&2
 fi

@@ -4,8 +4,9 @@ Design choices:
 1. Dumps are scanned page by page in :mod:`pipeline.corpus.wiki` (bounded memory, resynchronising at
    the next ``<page>`` after a fault); this module holds the types both share and
    :func:`iter_pages`, a strict wrapper for callers that want an error instead of events.
-2. Files are opened through fsspec with compression inferred from the name, so ``.xml``,
-   ``.xml.bz2`` (and ``.gz``), local or ``gs://``, all read alike.
+2. Files are opened through fsspec and decompressed by :mod:`pipeline.corpus.compressed`
+   (compression from the name), so ``.xml``, ``.xml.bz2`` (and ``.gz``), local or ``gs://``,
+   all read alike, and a cut file raises at the cut instead of reading short.
 3. An input URL may name a file, a folder or a glob; :func:`expand_inputs` turns it into a sorted
    list of files, each one unit of parallel work in the Beam job (dumps come in many parts).
 4. Books are UTF-8; another encoding is detected (``charset-normalizer``) and accepted only when
@@ -28,6 +29,7 @@ from collections.abc import Iterable, Iterator
 
 import fsspec
 
+from pipeline.corpus.compressed import open_inflated
 from pipeline.corpus.inputs import BOOK_SUFFIXES, expand_inputs
 from pipeline.corpus.records import Book, CorpusReadError, LongLine
 
@@ -257,7 +259,7 @@ def read_book(url: str, max_bytes: int = DEFAULT_MAX_BOOK_BYTES, max_line_bytes:
         raise _too_large(url, max_bytes)  # not read at all
     long_lines: list[LongLine] = []
     try:
-        with fsspec.open(url, "rb", compression="infer") as f:
+        with open_inflated(url) as f:
             head = f.read(4)
             if bom_encoding(head):  # UTF-16/32: lines are not byte lines; the whole book, bounded
                 data = head + f.read(max_bytes + 1 - len(head))
@@ -304,7 +306,7 @@ def iter_book_lines(url: str, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> I
     and bounded by ``max_line_bytes`` whatever a line's length: a longer one comes as a
     :class:`LongLine`, unread); blank lines are skipped, invalid UTF-8 bytes replaced, a UTF-8 or
     UTF-16/32 byte-order mark honoured."""
-    with fsspec.open(url, "rb", compression="infer") as f:
+    with open_inflated(url) as f:
         head = f.read(4)
         bom = bom_encoding(head)
         if bom is not None:

@@ -12,9 +12,11 @@ import pyarrow.parquet as pq
 
 from pipeline.beam.shards import write_table
 from pipeline.corpus.books import book_stem, iter_book_lines, looks_binary, read_book
+from pipeline.corpus.compressed import open_inflated
 from pipeline.corpus.config import CorpusConfig
 from pipeline.corpus.dedup import RUNS, Writing
 from pipeline.corpus.documents import page_record
+from pipeline.corpus.filters import FILE_EVENTS
 from pipeline.corpus.inputs import BOOK_SUFFIXES
 from pipeline.corpus.records import CorpusReadError, LongLine, Page
 from pipeline.corpus.text import TextReject, iter_text_records, text_kind
@@ -92,7 +94,10 @@ class _ReadUnit(Writing):
         self.count(f"{source}_read", read)
 
     def _not_a_book(self, url: str, rid: str) -> None:
-        reason = "binary_file" if _is_binary(url) else "unsupported_file"
+        try:
+            reason = "binary_file" if _is_binary(url) else "unsupported_file"
+        except (OSError, EOFError, ValueError):
+            reason = "binary_file"
         hint = f"not a book file (expected {', '.join(BOOK_SUFFIXES)})"
         if text_kind(url):  # a JSONL or Parquet corpus given as books
             hint += f"; a {text_kind(url)} file is read by the text source: data.text, corpus.sources with 'text'"
@@ -122,18 +127,24 @@ class _ReadUnit(Writing):
 
     def _book_lines(self, url: str):
         stem = book_stem(url)
-        if _is_binary(url) or not url.lower().endswith(BOOK_SUFFIXES):
-            self._not_a_book(url, f"books:{stem}")
-            return 1
         read = 0
-        for number, line in iter_book_lines(url, self.config.max_line_bytes):
-            read += 1
-            rid = f"books:{stem}:{number:09d}"
-            if isinstance(line, LongLine):
-                detail = line.detail(self.config.max_line_bytes)
-                self.reject("books", "line_too_long", record_id=rid, url=url, detail=detail, sample=line.sample())
-                continue
-            yield {"doc_id": rid, "source": "books", "title": stem, "text": line, "layout": "line"}
+        try:
+            if not url.lower().endswith(BOOK_SUFFIXES) or _is_binary(url):
+                self._not_a_book(url, f"books:{stem}")
+                return 1
+            for number, line in iter_book_lines(url, self.config.max_line_bytes):
+                read += 1
+                rid = f"books:{stem}:{number:09d}"
+                if isinstance(line, LongLine):
+                    detail = line.detail(self.config.max_line_bytes)
+                    self.reject("books", "line_too_long", record_id=rid, url=url, detail=detail, sample=line.sample())
+                    continue
+                yield {"doc_id": rid, "source": "books", "title": stem, "text": line, "layout": "line"}
+        except (OSError, EOFError, ValueError) as exc:  # a cut or corrupt file: a fault, the lines before it kept
+            reason = "truncated_file" if isinstance(exc, EOFError) else "unreadable_file"
+            detail = f"{url}: {type(exc).__name__}: {exc} ({read} lines read before it, kept)"
+            log.error("corpus: %s: %s", reason, detail)
+            self.reject("books", reason, url=url, detail=detail)
         return read
 
     def _text(self, url: str):
@@ -150,7 +161,7 @@ class _ReadUnit(Writing):
                 yield item
         except CorpusReadError as exc:
             log.error("corpus: text file rejected (%s): %s", exc.reason, exc)
-            if exc.reason == "unreadable_file":  # a fault of the file: no record (read stays as far as it got)
+            if exc.reason in FILE_EVENTS:  # a fault of the file: no record (read stays as far as it got)
                 self.reject("text", exc.reason, url=url, detail=str(exc))
             else:
                 read += 1
@@ -159,11 +170,10 @@ class _ReadUnit(Writing):
 
 
 def _is_binary(url: str) -> bool:
-    try:
-        with fsspec.open(url, "rb", compression="infer") as f:
-            return looks_binary(f.read(65536))
-    except (OSError, EOFError, ValueError):
-        return True
+    """Whether the file's first 64 KiB look binary; raises when they cannot be read (a cut or
+    corrupt compressed file: a file fault, not a binary book)."""
+    with open_inflated(url) as f:
+        return looks_binary(f.read(65536))
 
 
 def plan_units(source: str, urls: list[str], config: CorpusConfig) -> list[tuple]:

@@ -17,13 +17,24 @@ Design choices:
    stem and the record number). A bad record costs that record: a reject naming the file and
    the record (``malformed_record``, ``missing_text``, ``line_too_long``,
    ``record_too_large``), never the file.
-3. A text is cleaned like a book without its boilerplate step: blank-line paragraphs, wrapped
+3. Nothing in a record is fatal, nothing in a file is silent. A record that cannot become a
+   document (not JSON, nested past Python's recursion limit, a lone surrogate escape such as
+   ``"\\ud800"`` that no UTF-8 file can hold, invalid UTF-8 in a Parquet or Arrow string, a
+   wrong type) is a ``malformed_record`` or ``missing_text`` reject naming the file, the line
+   or row and the field. String columns are read as bytes and decoded row by row, so one
+   invalid value costs its row, not the file. A file that cannot be opened (wrong magic bytes,
+   a ``.zst`` that is not zstd, no Parquet footer) is an ``unreadable_file`` fault, and one
+   that ends early (a cut gzip/bz2/zstd/xz stream, an Arrow stream without its end marker) a
+   ``truncated_file`` fault, each naming how many records were read before it: every record
+   up to the cut is kept (:mod:`pipeline.corpus.compressed`), never a silent short read.
+4. A text is cleaned like a book without its boilerplate step: blank-line paragraphs, wrapped
    lines joined (:func:`pipeline.corpus.sentences.book_paragraphs`).
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -31,7 +42,8 @@ import fsspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.corpus.books import LINE_CHUNK, bounded_lines
+from pipeline.corpus.books import bounded_lines
+from pipeline.corpus.compressed import TruncatedInput, file_chunks
 from pipeline.corpus.config import CorpusConfig
 from pipeline.corpus.records import CorpusReadError, LongLine
 
@@ -43,6 +55,10 @@ DATASET_METADATA = ("dataset_info.json", "state.json", "dataset_dict.json")
 """A ``datasets`` folder's own files: read by no one, rejected by no one."""
 BATCH_ROWS = 1024
 _ID_CHARS = 200
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_STREAM_END = (b"\xff\xff\xff\xff\x00\x00\x00\x00", b"\x00\x00\x00\x00")
+"""How an Arrow IPC stream ends (with and without the continuation marker): a stream that
+stops anywhere else was cut, even at a message boundary, where pyarrow's reader ends quietly."""
 
 
 @dataclass(frozen=True)
@@ -88,60 +104,88 @@ def iter_text_records(url: str, config: CorpusConfig) -> Iterator[dict | TextRej
         raise CorpusReadError(
             f"{url}: not a text-source file (expected {', '.join(TEXT_SUFFIXES)})", "unsupported_file"
         )
+    read = 0
     try:
-        if kind == "jsonl":
-            yield from _jsonl(url, config)
-        else:
-            yield from _columns(url, kind, config)
-    except CorpusReadError:
+        for item in _jsonl(url, config) if kind == "jsonl" else _columns(url, kind, config):
+            read += 1
+            yield item
+    except CorpusReadError as exc:
+        if exc.reason in ("unreadable_file", "truncated_file"):
+            raise CorpusReadError(f"{exc} ({read} records read before it)", exc.reason) from exc
         raise
-    except (OSError, EOFError, ValueError, pa.ArrowException) as exc:
-        raise CorpusReadError(f"{url}: unreadable {kind} file: {type(exc).__name__}: {exc}") from exc
+    except (EOFError, TruncatedInput) as exc:  # a cut compressed stream
+        raise CorpusReadError(
+            f"{url}: {kind} file ends early: {exc} ({read} records read before it, kept)", "truncated_file"
+        ) from exc
+    except (OSError, ValueError, pa.ArrowException) as exc:  # not the format, damaged: CorruptInput is one
+        raise CorpusReadError(
+            f"{url}: unreadable {kind} file: {type(exc).__name__}: {exc} ({read} records read before it)"
+        ) from exc
+    except Exception as exc:  # a codec's own error type (zstandard.ZstdError, ...): still the file's fault
+        raise CorpusReadError(
+            f"{url}: unreadable {kind} file: {type(exc).__name__}: {exc} ({read} records read before it)"
+        ) from exc
+
+
+def _printable(value: str) -> str:
+    """``value`` as UTF-8 can hold it (a lone surrogate replaced): for ids, details and samples."""
+    return value.encode("utf-8", "replace").decode("utf-8") if _SURROGATE.search(value) else value
 
 
 def _record(url: str, stem: str, number: int, text, doc_id, title) -> dict | TextReject:
     where = f"{url}: record {number}"
     rid = f"text:{stem}:{number:09d}" if doc_id is None else f"text:{str(doc_id)[:_ID_CHARS]}"
+    for field, value in (("text", text), ("id", doc_id), ("title", title)):
+        bad = _SURROGATE.search(value) if isinstance(value, str) else None
+        if bad:
+            return TextReject(
+                "malformed_record",
+                _printable(rid),
+                f"{where}: {field} holds a lone surrogate (U+{ord(bad.group()):04X} at character {bad.start()}), "
+                "which UTF-8 cannot encode",
+                _printable(value[:1000]),
+            )
     if text is None:
         return TextReject("missing_text", rid, f"{where}: no text (null or missing field)")
     if not isinstance(text, str):
-        return TextReject("missing_text", rid, f"{where}: text is a {type(text).__name__}, not a string", str(text))
+        sample = _printable(str(text)[:1000])
+        return TextReject("missing_text", rid, f"{where}: text is a {type(text).__name__}, not a string", sample)
     return {"doc_id": rid, "source": "text", "title": "" if title is None else str(title), "text": text}
 
 
 def _jsonl(url: str, config: CorpusConfig) -> Iterator[dict | TextReject]:
     stem = text_stem(url)
     field, id_field, title_field = config.text_field, config.text_id_field, config.text_title_field
-    with fsspec.open(url, "rb", compression="infer") as f:
-        chunks = iter(lambda: f.read(LINE_CHUNK), b"")
-        for number, line in bounded_lines(chunks, config.max_line_bytes):
-            rid = f"text:{stem}:{number:09d}"
-            if isinstance(line, LongLine):
-                yield TextReject("line_too_long", rid, f"{url}: {line.detail(config.max_line_bytes)}", line.sample())
-                continue
-            if number == 1 and line.startswith(b"\xef\xbb\xbf"):
-                line = line[3:]
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
-                sample = line[:1000].decode("utf-8", "replace")
-                yield TextReject("malformed_record", rid, f"{url}: line {number}: not JSON ({exc})", sample)
-                continue
-            if not isinstance(obj, dict):
-                yield TextReject(
-                    "malformed_record", rid, f"{url}: line {number}: a JSON {type(obj).__name__}, not an object"
-                )
-                continue
-            if field not in obj:
-                yield TextReject(
-                    "missing_text",
-                    rid,
-                    f"{url}: line {number}: no {field!r} field (corpus.text_field); keys {sorted(obj)[:8]}",
-                )
-                continue
-            yield _record(url, stem, number, obj[field], obj.get(id_field), obj.get(title_field))
+    # decompressed here: a cut stream raises TruncatedInput after its last whole line
+    for number, line in bounded_lines(file_chunks(url), config.max_line_bytes):
+        rid = f"text:{stem}:{number:09d}"
+        if isinstance(line, LongLine):
+            yield TextReject("line_too_long", rid, f"{url}: {line.detail(config.max_line_bytes)}", line.sample())
+            continue
+        if number == 1 and line.startswith(b"\xef\xbb\xbf"):
+            line = line[3:]
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError; nested too deep
+            sample = line[:1000].decode("utf-8", "replace")
+            why = "nested too deep" if isinstance(exc, RecursionError) else str(exc)
+            yield TextReject("malformed_record", rid, f"{url}: line {number}: not JSON ({why})", sample)
+            continue
+        if not isinstance(obj, dict):
+            yield TextReject(
+                "malformed_record", rid, f"{url}: line {number}: a JSON {type(obj).__name__}, not an object"
+            )
+            continue
+        if field not in obj:
+            yield TextReject(
+                "missing_text",
+                rid,
+                _printable(f"{url}: line {number}: no {field!r} field (corpus.text_field); keys {sorted(obj)[:8]}"),
+            )
+            continue
+        yield _record(url, stem, number, obj[field], obj.get(id_field), obj.get(title_field))
 
 
 def _batches(f, kind: str, columns: list[str]) -> Iterator[pa.RecordBatch]:
@@ -152,13 +196,18 @@ def _batches(f, kind: str, columns: list[str]) -> Iterator[pa.RecordBatch]:
         return
     head = f.read(6)
     f.seek(0)
-    reader = pa.ipc.open_file(f) if head == b"ARROW1" else pa.ipc.open_stream(f)  # datasets writes streams
-    if head == b"ARROW1":
+    if head == b"ARROW1":  # the file format: its footer was read at open, so it is whole
+        reader = pa.ipc.open_file(f)
         for i in range(reader.num_record_batches):
             yield reader.get_batch(i).select(columns)
-    else:
-        for batch in reader:
-            yield batch.select(columns)
+        return
+    for batch in pa.ipc.open_stream(f):  # datasets writes streams
+        yield batch.select(columns)
+    f.seek(0, 2)
+    size = f.tell()
+    f.seek(max(0, size - 8))
+    if not f.read(8).endswith(_STREAM_END):
+        raise TruncatedInput(f"the Arrow stream has no end-of-stream marker (a cut file of {size} bytes)")
 
 
 def _schema(f, kind: str) -> pa.Schema:
@@ -169,6 +218,29 @@ def _schema(f, kind: str) -> pa.Schema:
     schema = (pa.ipc.open_file(f) if head == b"ARROW1" else pa.ipc.open_stream(f)).schema
     f.seek(0)
     return schema
+
+
+def _values(column: pa.Array) -> list:
+    """A column's values; strings as bytes, so that each is decoded (and refused) on its own."""
+    if pa.types.is_string(column.type):
+        return column.cast(pa.binary()).to_pylist()
+    if pa.types.is_large_string(column.type):
+        return column.cast(pa.large_binary()).to_pylist()
+    return column.to_pylist()
+
+
+def _decoded(url: str, stem: str, number: int, text, doc_id, title) -> dict | TextReject:
+    """One row of string bytes decoded: a value that is not UTF-8 is that row's reject."""
+    values = {"text": text, "id": doc_id, "title": title}
+    for field, value in values.items():
+        if isinstance(value, bytes):
+            try:
+                values[field] = value.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                rid = f"text:{stem}:{number:09d}"
+                detail = f"{url}: record {number}: {field} is not valid UTF-8 ({exc.reason} at byte {exc.start})"
+                return TextReject("malformed_record", rid, detail, value[:1000].decode("utf-8", "replace"))
+    return _record(url, stem, number, values["text"], values["id"], values["title"])
 
 
 def _columns(url: str, kind: str, config: CorpusConfig) -> Iterator[dict | TextReject]:
@@ -184,20 +256,22 @@ def _columns(url: str, kind: str, config: CorpusConfig) -> Iterator[dict | TextR
         columns = [c for c in (config.text_field, config.text_id_field, config.text_title_field) if c in names]
         number = 0
         for batch in _batches(f, kind, columns):
-            data = {c: batch.column(i).to_pylist() for i, c in enumerate(columns)}
+            data = {c: _values(batch.column(i)) for i, c in enumerate(columns)}
             texts = data[config.text_field]
             ids = data.get(config.text_id_field, [None] * len(texts))
             titles = data.get(config.text_title_field, [None] * len(texts))
             for text, doc_id, title in zip(texts, ids, titles, strict=True):
                 number += 1
-                if isinstance(text, str) and len(text) > config.max_line_bytes:
+                if isinstance(text, (str, bytes)) and len(text) > config.max_line_bytes:
+                    if isinstance(doc_id, bytes):
+                        doc_id = doc_id.decode("utf-8", "replace")
                     rid = f"text:{stem}:{number:09d}" if doc_id is None else f"text:{str(doc_id)[:_ID_CHARS]}"
+                    limit = config.max_line_bytes
                     yield TextReject(
                         "record_too_large",
-                        rid,
-                        f"{url}: record {number}: {len(text)} characters, over "
-                        f"corpus.max_line_bytes={config.max_line_bytes}",
-                        text[:1000],
+                        _printable(rid),
+                        f"{url}: record {number}: {len(text)} bytes, over corpus.max_line_bytes={limit}",
+                        text[:1000].decode("utf-8", "replace") if isinstance(text, bytes) else _printable(text[:1000]),
                     )
                     continue
-                yield _record(url, stem, number, text, doc_id, title)
+                yield _decoded(url, stem, number, text, doc_id, title)

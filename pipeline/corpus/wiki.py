@@ -33,21 +33,21 @@ counts every page read as kept or rejected.
 
 from __future__ import annotations
 
-import bz2
 import codecs
 import itertools
 import queue
 import re
 import threading
 import xml.etree.ElementTree as ET
-import zlib
 from collections.abc import Iterable, Iterator
 
 import fsspec
 
+from pipeline.corpus.compressed import file_chunks
+from pipeline.corpus.compressed import inflate as _inflate
+from pipeline.corpus.compressed import raw_chunks as _raw_chunks
 from pipeline.corpus.records import CorpusReadError, Page, ReadEvent
 
-CHUNK = 256 << 10
 DEFAULT_MAX_PAGE_BYTES = 16 << 20
 _OPEN = b"<page>"
 _CLOSE = b"</page>"
@@ -106,62 +106,9 @@ def _sample(data: bytes) -> str:
 
 
 # -- byte sources ------------------------------------------------------------------------------
-def _raw_chunks(f, left: int | None) -> Iterator[bytes]:
-    while left is None or left > 0:
-        raw = f.read(CHUNK if left is None else min(CHUNK, left))
-        if not raw:
-            return
-        if left is not None:
-            left -= len(raw)
-        yield raw
-
-
-def _inflate(raw: Iterable[bytes], kind: str) -> Iterator[bytes]:
-    """Decompress ``raw`` chunk by chunk, every stream of a multistream file in turn, yielding
-    at most CHUNK bytes at a time as soon as they exist: a fault or a cut then costs only the
-    data after it (a file reader asked for a large read would lose the whole read), and a
-    highly compressible input never expands into memory at once."""
-    if kind == "bz2":
-        new = bz2.BZ2Decompressor
-    else:
-        new = lambda: zlib.decompressobj(wbits=47)  # gzip header
-    dec = new()
-    fed = False  # the current stream has had input but not reached its end
-    for data in raw:
-        while data:
-            out = dec.decompress(data, CHUNK)
-            fed = True
-            if out:
-                yield out
-            if dec.eof:
-                data = dec.unused_data
-                dec = new()
-                fed = False
-            elif kind == "bz2":
-                data = b""
-                while not dec.needs_input and not dec.eof:  # more output is pending
-                    out = dec.decompress(b"", CHUNK)
-                    if out:
-                        yield out
-                if dec.eof:
-                    data = dec.unused_data
-                    dec = new()
-                    fed = False
-            else:
-                data = dec.unconsumed_tail
-    if fed:
-        raise EOFError("compressed data ended inside a stream (a cut or truncated file)")
-
-
 def _file_chunks(url: str) -> Iterator[bytes]:
     """Decompressed bytes of a whole file (compression from the name), chunk by chunk."""
-    name = url.lower()
-    kind = "bz2" if name.endswith(".bz2") else "gz" if name.endswith(".gz") else None
-    with fsspec.open(url, "rb") as f:
-        if kind is None:
-            yield from _raw_chunks(f, None)
-        else:
-            yield from _inflate(_raw_chunks(f, None), kind)
+    return file_chunks(url)
 
 
 def _range_chunks(url: str, start: int, end: int) -> Iterator[bytes]:

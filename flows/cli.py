@@ -227,7 +227,23 @@ def _fields_help() -> str:
     return "\n".join(lines)
 
 
+CLOSED_PIPE = 141
+"""The exit code when the reader of stdout went away (``bertflow config | head``): 128 + SIGPIPE,
+what a shell tool killed by it answers."""
+
+
 def main(argv: list[str] | None = None) -> int:
+    try:
+        code = _dispatch(argv)
+        sys.stdout.flush()  # a closed pipe is met here, not in the interpreter's exit
+        return code
+    except BrokenPipeError:  # the reader has what it wanted: end quietly, no traceback
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # the exit's own flush then writes nowhere
+        return CLOSED_PIPE
+
+
+def _dispatch(argv: list[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     from flows.proc.supervisor import is_worker
 

@@ -59,6 +59,22 @@ def default_root(preset: str) -> str:
     return os.path.abspath(os.path.join("runs", preset))
 
 
+class SetupError(Exception):
+    """A flow refused before it started (a bad preset or field, a remote root without
+    ``mlflow_uri``, a missing input): its message is the one line the CLI prints."""
+
+
+def refused(exc: SetupError):
+    """The final state of a flow whose :func:`session` refused to start: Failed with the one-line
+    message, logged once, and no traceback in the flow run's log (a deployment's log reads like
+    the CLI's ``bertflow: configuration error: ...``)."""
+    from prefect import get_run_logger
+    from prefect.states import Failed
+
+    get_run_logger().error("%s", exc)
+    return Failed(message=str(exc))
+
+
 @dataclass(frozen=True)
 class Tracking:
     """Where a flow's stages log: the tracking URI, the experiment and the flow's parent run."""
@@ -83,13 +99,20 @@ def session(
     groups: tuple[str, ...] = CHAIN,
     given: dict[str, str] | None = None,
 ):
-    """Config, checks, the root's lock, the parent MLflow run and log forwarding, for one flow run."""
-    from flows.secrets import merge_secret_overrides
+    """Config, checks, the root's lock, the parent MLflow run and log forwarding, for one flow run.
 
-    cfg = load_config(preset, merge_secret_overrides(overrides))
-    root = root or default_root(preset)
-    tracking_uri = mlflow_uri or os.environ.get("MLFLOW_TRACKING_URI") or default_tracking_uri(root)
-    preflight(cfg, root, stage_names(cfg, groups), tracking_uri, given)
+    Raises :class:`SetupError` (one line, as the CLI prints it) when the configuration, the
+    root, the tracking URI or an input is refused, before anything starts."""
+    from flows.secrets import merge_secret_overrides
+    from pipeline.schema.config import ConfigError
+
+    try:
+        cfg = load_config(preset, merge_secret_overrides(overrides))
+        root = root or default_root(preset)
+        tracking_uri = mlflow_uri or os.environ.get("MLFLOW_TRACKING_URI") or default_tracking_uri(root)
+        preflight(cfg, root, stage_names(cfg, groups), tracking_uri, given)
+    except (ConfigError, OSError, ValueError, KeyError) as exc:
+        raise SetupError(f"{name}: configuration error: {exc}") from None
     with RootLock(root), _prefect_logs():
         _follow_moved_root(root, tracking_uri)
         tracker = Tracker(tracking_uri)

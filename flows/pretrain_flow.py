@@ -16,7 +16,7 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from flows.chain import finish, run_stages
-from flows.prefect_tasks import session
+from flows.prefect_tasks import SetupError, refused, session
 from flows.reporting import summary_markdown
 from flows.table import CHAIN, stage_names, stages_after
 
@@ -45,10 +45,13 @@ def pretrain(
     start = time.time()
     forced_groups = _forced(force) | set(stages or ())
     groups = tuple(g for g in CHAIN if not stages or g in stages)
-    with session(f"pretrain-{preset}", preset, root, overrides, mlflow_uri, groups) as (cfg, root, tracking):
-        names = stage_names(cfg, groups)
-        forced = {n for n in names if n.split("/", 1)[0] in forced_groups}
-        results = run_stages(names, cfg, root, forced, tracking)
-        out = finish(preset, root, cfg, tracking, results, start)
+    try:
+        with session(f"pretrain-{preset}", preset, root, overrides, mlflow_uri, groups) as (cfg, root, tracking):
+            names = stage_names(cfg, groups)
+            forced = {n for n in names if n.split("/", 1)[0] in forced_groups}
+            results = run_stages(names, cfg, root, forced, tracking)
+            out = finish(preset, root, cfg, tracking, results, start)
+    except SetupError as exc:  # refused before it started: one line, as the CLI says it
+        return refused(exc)
     create_markdown_artifact(key="pretrain-summary", markdown=summary_markdown(out), description="pipeline summary")
     return out

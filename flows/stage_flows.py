@@ -17,7 +17,7 @@ from prefect import flow
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from flows.chain import finish, run_stages
-from flows.prefect_tasks import session
+from flows.prefect_tasks import SetupError, refused, session
 from flows.presets import load_config
 from flows.table import CHAIN, get_stage, group_input_names, stage_names
 
@@ -29,12 +29,15 @@ def make_stage_flow(group: str):
         start = time.time()
         given = {n: params.get(f"{n}_url") for n in urls if params.get(f"{n}_url")}
         preset = params["preset"]
-        with session(
-            f"stage-{group}", preset, params.get("root"), params.get("overrides"), params.get("mlflow_uri"), (group,),
-            given,
-        ) as (cfg, root, tracking):  # fmt: skip
-            results = run_stages(stage_names(cfg, (group,)), cfg, root, params.get("force", True), tracking, given)
-            return finish(preset, root, cfg, tracking, results, start)
+        try:
+            with session(
+                f"stage-{group}", preset, params.get("root"), params.get("overrides"), params.get("mlflow_uri"),
+                (group,), given,
+            ) as (cfg, root, tracking):  # fmt: skip
+                results = run_stages(stage_names(cfg, (group,)), cfg, root, params.get("force", True), tracking, given)
+                return finish(preset, root, cfg, tracking, results, start)
+        except SetupError as exc:  # refused before it started: one line, as the CLI says it
+            return refused(exc)
 
     P = inspect.Parameter
     params = [

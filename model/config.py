@@ -14,6 +14,16 @@ SWITCH = ("auto", "on", "off")
 """The values of an option whose default depends on the backend."""
 
 
+def as_switch(value):
+    """A switch as written: ``true``/``false`` (a JSON boolean from ``--set``, or the word in any
+    case) read as on/off; anything else left for the check to name."""
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        return "on" if value.strip().lower() == "true" else "off"
+    return value
+
+
 @dataclass(frozen=True)
 class BertConfig:
     """The encoder's shape (Hugging Face names). Base: 12/768/12/3072; Large: 24/1024/16/4096."""
@@ -153,13 +163,13 @@ class PretrainConfig:
     init_from: str = ""
     """A BERT folder in Hugging Face layout whose weights start the run (continued pretraining)."""
     unpad: str = "auto"
-    """auto | on | off: drop [PAD] before the encoder and run it on the real tokens only, attention
+    """auto | on | off (true/false read as on/off): drop [PAD] before the encoder and run it on the real tokens only, attention
     over the packed sequences (flash ``varlen_attn`` on CUDA in bf16 without attention dropout, a
     reference elsewhere), the MLM head on the masked tokens whose count comes from the loader: no
     host sync in the step. auto: on for cuda, off for xla (static shapes: padded buckets) and cpu
     (where the padded step measured faster: docs/pretraining.md). The same maths either way."""
     compile: str = "auto"
-    """auto | on | off: ``torch.compile`` the embeddings, each encoder layer and the heads
+    """auto | on | off (true/false read as on/off): ``torch.compile`` the embeddings, each encoder layer and the heads
     (fullgraph, dynamic shapes; model/compile.py). Needs the unpadded path. auto: on for cuda
     (on CPU inductor needs a C++ compiler; XLA compiles by itself: refused)."""
     xla_cache: str = "~/.cache/bertflow/xla"
@@ -167,6 +177,8 @@ class PretrainConfig:
     once and reused by later runs and resumes; empty: no cache."""
 
     def __post_init__(self):
+        for name in ("unpad", "compile"):  # --set pretrain.unpad=true reads as on
+            object.__setattr__(self, name, as_switch(getattr(self, name)))
         check(len(self.phases) >= 1, "pretrain.phases", "needs at least one phase")
         names = [p.name for p in self.phases]
         check(len(set(names)) == len(names), "pretrain.phases", f"names must be unique: {names}")
@@ -190,8 +202,8 @@ class PretrainConfig:
         check(self.peak_tflops >= 0, "pretrain.peak_tflops", "must be >= 0")
         check(self.keep_checkpoints >= 1, "pretrain.keep_checkpoints", "must be >= 1")
         check(self.max_grad_norm >= 0, "pretrain.max_grad_norm", "must be >= 0 (0: no clipping)")
-        check(self.unpad in SWITCH, "pretrain.unpad", f"{'|'.join(SWITCH)}, got {self.unpad!r}")
-        check(self.compile in SWITCH, "pretrain.compile", f"{'|'.join(SWITCH)}, got {self.compile!r}")
+        check(self.unpad in SWITCH, "pretrain.unpad", f"{'|'.join(SWITCH)} (or true|false), got {self.unpad!r}")
+        check(self.compile in SWITCH, "pretrain.compile", f"{'|'.join(SWITCH)} (or true|false), got {self.compile!r}")
         check(
             not (self.compile == "on" and self.unpad == "off"),
             "pretrain.compile",

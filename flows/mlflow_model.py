@@ -3,9 +3,16 @@
 Logged with no pickle: MLflow stores the model's code (``flows/served_model.py``) and runs it at
 load time; ``model/`` and ``pipeline/`` ship as ``code_paths``; the Hugging Face folder is the
 one artifact (``hf_model``: the weights, stored once, which also load in ``transformers``); the
-requirements are what that code imports, pinned to the versions that logged it. No signature is
-recorded, so a DataFrame, a list of strings and a single string are all accepted, as the served
-model documents.
+requirements are what that code imports, pinned to the versions that logged it.
+
+Its signature (what MLflow's UI lists as Inputs and Outputs, and what ``mlflow models serve``
+checks a request against) is one *unnamed* string column, not a column named ``text``: MLflow
+enforces a named column on every input, and a list of strings or a single string (both of which
+the served model documents) have none, so they would be refused; an unnamed column takes a
+DataFrame's first column, a list and a string alike. The outputs: ``text``, ``filled`` (the top
+token of each ``[MASK]``), ``cls_embedding`` and ``mean_embedding`` (floats), ``windows``. The
+input example is one masked sentence, stored with the model (MLflow runs it once at logging, so
+a model that cannot load or answer fails there, not in serving).
 """
 
 from __future__ import annotations
@@ -29,6 +36,24 @@ def requirements() -> list[str]:
     return pins
 
 
+INPUT_EXAMPLE = ["the [MASK] of the river"]
+
+
+def signature():
+    """The served model's signature: one unnamed string column in, a row per text out."""
+    from mlflow.models import ModelSignature
+    from mlflow.types.schema import Array, ColSpec, Schema
+
+    outputs = [
+        ColSpec("string", "text"),
+        ColSpec(Array("string"), "filled"),
+        ColSpec(Array("double"), "cls_embedding"),
+        ColSpec(Array("double"), "mean_embedding"),
+        ColSpec("long", "windows"),
+    ]
+    return ModelSignature(inputs=Schema([ColSpec("string")]), outputs=Schema(outputs))
+
+
 def _package_dir(name: str) -> str:
     return os.path.dirname(importlib.util.find_spec(name).origin)
 
@@ -44,4 +69,6 @@ def log_bert_model(run_id: str, hf_folder: str):
             artifacts={"hf_model": hf_folder},
             pip_requirements=requirements(),
             code_paths=[_package_dir("model"), _package_dir("pipeline")],
+            signature=signature(),
+            input_example=INPUT_EXAMPLE,
         )

@@ -163,11 +163,12 @@ class PretrainConfig:
     init_from: str = ""
     """A BERT folder in Hugging Face layout whose weights start the run (continued pretraining)."""
     unpad: str = "auto"
-    """auto | on | off (true/false read as on/off): drop [PAD] before the encoder and run it on the real tokens only, attention
-    over the packed sequences (flash ``varlen_attn`` on CUDA in bf16 without attention dropout, a
-    reference elsewhere), the MLM head on the masked tokens whose count comes from the loader: no
-    host sync in the step. auto: on for cuda, off for xla (static shapes: padded buckets) and cpu
-    (where the padded step measured faster: docs/pretraining.md). The same maths either way."""
+    """auto | on | off (true/false read as on/off): drop [PAD] before the encoder and run it on the
+    real tokens only, attention over the packed sequences (flash ``varlen_attn`` on CUDA in bf16
+    without attention dropout, a reference elsewhere), the MLM head on the masked tokens whose
+    count comes from the loader: no host sync in the step. auto: on for cuda, off for xla
+    (static shapes: padded buckets) and cpu (where the padded step measured faster:
+    docs/pretraining.md). The same maths either way."""
     compile: str = "auto"
     """auto | on | off (true/false read as on/off): ``torch.compile`` the embeddings, each encoder layer and the heads
     (fullgraph, dynamic shapes; model/compile.py). Needs the unpadded path. auto: on for cuda

@@ -18,6 +18,16 @@ Design choices:
 4. **A root copied or moved elsewhere keeps working**: its own SQLite store recorded absolute
    artifact URIs; :func:`relocate_store` rewrites them (and the ``bertflow.root`` tags) to the
    root's new place, which the flow does at the start of a run (``flows.prefect_tasks.session``).
+5. **A tracking server that goes away is waited for, then named**: a call whose connection is
+   refused (the server killed or restarting) is sent again for up to
+   :data:`UNREACHABLE_SECONDS`; a server back within that time costs nothing, one that is not
+   fails the run with :class:`TrackingServerGone` naming it (checkpoints kept, nothing
+   registered: registration is the chain's last step, once per export). Later calls of the
+   same process then try once, so the run's ending bookkeeping fails in seconds. A connection
+   cut mid-request is not resent (the server may have applied it). After a restart the rerun
+   resumes from the checkpoints and registers; its start marks the runs the failure left
+   ``RUNNING`` as ``KILLED``. MLflow's own retries are cut to 2 (``MLFLOW_HTTP_REQUEST_MAX_RETRIES``,
+   an operator's setting wins).
 """
 
 from __future__ import annotations
@@ -58,11 +68,32 @@ def is_busy(exc: BaseException) -> bool:
     return any(b in text for b in _BUSY)
 
 
-class _Retrying:
-    """An ``MlflowClient`` whose calls retry while the store is busy (design choice 1)."""
+UNREACHABLE_SECONDS = 120.0
+"""How long a call waits for a tracking server that refuses connections (killed, restarting)
+before the run fails naming it (design choice 5)."""
+_UNREACHABLE = ("connection refused", "failed to establish a new connection", "name or service not known")
+"""Errors of a request that never reached the server: safe to send again. A connection cut
+mid-request (aborted, reset, timed out) may have been applied, so it is not resent."""
+_GAVE_UP: set[str] = set()
+"""Servers this process already waited the whole window for: later calls try once (an ending
+run's bookkeeping then fails in seconds, not another window each)."""
 
-    def __init__(self, client, seconds: float = BUSY_SECONDS):
-        self._client, self._seconds = client, seconds
+
+def is_unreachable(exc: BaseException) -> bool:
+    text = str(exc).lower()
+    return any(u in text for u in _UNREACHABLE)
+
+
+class TrackingServerGone(ConnectionError):
+    """The MLflow tracking server refused connections for the whole wait: the message names it."""
+
+
+class _Retrying:
+    """An ``MlflowClient`` whose calls retry while the store is busy (design choice 1) or its
+    server refuses connections (design choice 5)."""
+
+    def __init__(self, client, seconds: float = BUSY_SECONDS, uri: str = ""):
+        self._client, self._seconds, self._uri = client, seconds, uri
 
     def __getattr__(self, name: str):
         attr = getattr(self._client, name)
@@ -70,14 +101,28 @@ class _Retrying:
             return attr
 
         def call(*args, **kwargs):
-            deadline, wait = time.monotonic() + self._seconds, 0.1
+            start = time.monotonic()
+            deadline, wait = start + self._seconds, 0.1
+            gone_by = start + (0.0 if self._uri in _GAVE_UP else UNREACHABLE_SECONDS)
             while True:
                 try:
-                    return attr(*args, **kwargs)
+                    result = attr(*args, **kwargs)
+                    _GAVE_UP.discard(self._uri)
+                    return result
                 except Exception as exc:  # MLflow wraps the driver's error in its own
-                    if not is_busy(exc) or time.monotonic() + wait > deadline:
+                    if is_unreachable(exc) and self._uri:
+                        if time.monotonic() + wait > gone_by:
+                            _GAVE_UP.add(self._uri)
+                            raise TrackingServerGone(
+                                f"MLflow tracking server {self._uri} refused connections for "
+                                f"{time.monotonic() - start:.0f} s ({name}): the run fails here, its "
+                                "checkpoints kept; restart the server and run again to resume"
+                            ) from None
+                        log.warning("MLflow server %s unreachable: %s retried in %.1f s", self._uri, name, wait)
+                    elif not is_busy(exc) or time.monotonic() + wait > deadline:
                         raise
-                    log.warning("MLflow store busy (%s): %s retried in %.1f s", str(exc)[:80], name, wait)
+                    else:
+                        log.warning("MLflow store busy (%s): %s retried in %.1f s", str(exc)[:80], name, wait)
                     time.sleep(wait)
                     wait = min(wait * 2, 5.0)
 
@@ -88,7 +133,11 @@ def _client(uri: str):
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     from mlflow.tracking import MlflowClient
 
-    return _Retrying(MlflowClient(tracking_uri=uri, registry_uri=uri))
+    if uri.startswith(("http://", "https://")):
+        # MLflow's own retries of a refused connection (7, backing off to 2 min: ~4 min a call)
+        # are shortened so that the wait is this module's, bounded by UNREACHABLE_SECONDS
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
+    return _Retrying(MlflowClient(tracking_uri=uri, registry_uri=uri), uri=uri)
 
 
 def quoted(value: str) -> str | None:

@@ -1,0 +1,94 @@
+"""A real ``mlflow server`` on 127.0.0.1 that goes away under a run (``flows.tracking``, design
+choice 5): killed and back within the wait, a call resumes and nothing is lost; killed for good,
+the call fails naming the server, and later calls of the process fail at once; restarted, the
+same store takes the run's calls again. Slow tier (two server starts)."""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+import pytest
+
+from flows import tracking
+from flows.tracking import Tracker, TrackingServerGone
+
+pytestmark = pytest.mark.slow
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(tmp_path, port: int) -> subprocess.Popen:
+    # one worker: uvicorn's supervisor of several kills workers that answer its pings late (met on
+    # a loaded 2-core box, where the server then never came up)
+    cmd = [sys.executable, "-m", "mlflow", "server", "--workers", "1", "--host", "127.0.0.1", "--port", str(port),
+           "--backend-store-uri", f"sqlite:///{tmp_path}/server.db",
+           "--artifacts-destination", str(tmp_path / "artifacts")]  # fmt: skip
+    env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"}
+    quiet = subprocess.DEVNULL
+    server = subprocess.Popen(cmd, env=env, stdout=quiet, stderr=quiet, start_new_session=True)
+    deadline = time.monotonic() + 400
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
+                return server
+        except OSError:
+            assert server.poll() is None and time.monotonic() < deadline, "mlflow server did not start"
+            time.sleep(1)
+
+
+def kill(server: subprocess.Popen) -> None:
+    os.killpg(server.pid, signal.SIGKILL)  # the server and its workers: as a crashed host would
+    server.wait(timeout=30)
+
+
+def test_a_killed_server_is_waited_for_then_named_and_a_restarted_one_resumes(tmp_path, monkeypatch):
+    monkeypatch.setattr(tracking, "_GAVE_UP", set())
+    port = free_port()
+    uri = f"http://127.0.0.1:{port}"
+    server = start_server(tmp_path, port)
+    try:
+        tracker = Tracker(uri)
+        tracker.use_experiment("bertflow")
+        run = tracker.start_run("pretrain")
+        tracker.log_metrics(run, {"loss": 3.0}, step=1)
+
+        # killed, and back within the wait: the call waits, then lands; nothing lost (the wait made
+        # longer than a restart takes on a loaded test box; the default is UNREACHABLE_SECONDS)
+        monkeypatch.setattr(tracking, "UNREACHABLE_SECONDS", 900.0)
+        kill(server)
+        done: dict = {}
+        thread = threading.Thread(target=lambda: done.update(ok=tracker.log_metrics(run, {"loss": 2.0}, step=2)))
+        thread.start()
+        server = start_server(tmp_path, port)
+        thread.join(timeout=300)
+        assert "ok" in done
+        history = tracker.client.get_metric_history(run, "loss")
+        assert [(m.step, m.value) for m in history] == [(1, 3.0), (2, 2.0)]
+
+        # killed for good: the call fails naming the server, within the (shortened) wait
+        monkeypatch.setattr(tracking, "UNREACHABLE_SECONDS", 3.0)
+        kill(server)
+        with pytest.raises(TrackingServerGone, match=f"MLflow tracking server {uri} refused connections"):
+            tracker.log_metrics(run, {"loss": 1.0}, step=3)
+        monkeypatch.setattr(tracking, "UNREACHABLE_SECONDS", 3600.0)  # a later call tries once only
+        with pytest.raises(TrackingServerGone, match=uri):
+            tracker.end_run(run, ok=False)
+
+        # restarted on the same store: the run's calls land again
+        server = start_server(tmp_path, port)
+        tracker.log_metrics(run, {"loss": 1.0}, step=3)
+        tracker.end_run(run, ok=True)
+        assert tracker.client.get_run(run).info.status == "FINISHED"
+        assert [m.step for m in tracker.client.get_metric_history(run, "loss")] == [1, 2, 3]
+    finally:
+        if server.poll() is None:
+            kill(server)

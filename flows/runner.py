@@ -34,6 +34,7 @@ from pipeline.schema.manifest import (
     ManifestError,
     fingerprint_input,
     has_manifest,
+    read_attempt,
     read_manifest,
     save_manifest,
 )
@@ -59,8 +60,12 @@ def stage_state(
 ) -> StageState:
     """Whether a stage's output is up to date, and if not, why."""
     url = stage_url(root, stage)
+    row = get_stage(stage)
     if not has_manifest(url):
-        return StageState(stage, url, "missing", ["no manifest: never run or unfinished"])
+        attempt = read_attempt(url) if row.resumable else None
+        if attempt is None:
+            return StageState(stage, url, "missing", ["no manifest: never run or unfinished"])
+        return _unfinished(stage, url, attempt, cfg, root, given)
     try:
         manifest = read_manifest(url)
     except ManifestError as exc:
@@ -74,10 +79,31 @@ def stage_state(
     except (ManifestError, FileNotFoundError, KeyError) as exc:
         return StageState(stage, url, "stale", [f"inputs not ready: {exc}"], manifest)
     reasons = manifest.stale_reasons(expected, fingerprints, stage_code_version(stage))
+    if row.resumable:  # its checkpoints are not resumed on other inputs (model/resume.py)
+        reasons = [_restarts(r[len("input ") : -len(" changed")]) if r.startswith("input ") else r for r in reasons]
     reasons += manifest.missing_files(checksums)
     if manifest.counts.get("units_failed"):  # a partial grid: the next run retries its failed units
         reasons.append(f"{int(manifest.counts['units_failed'])} of {int(manifest.counts.get('units', 0))} units failed")
     return StageState(stage, url, "stale" if reasons else "done", reasons, manifest)
+
+
+def _restarts(name: str) -> str:
+    return f"{name} changed — restarts (its checkpoints, made from other {name}, are set aside)"
+
+
+def _unfinished(
+    stage: str, url: str, attempt: dict[str, str], cfg: RunConfig, root: str, given: dict[str, str] | None
+) -> StageState:
+    """A resumable stage with no manifest but an attempt's record (``_attempt.json``): whether a
+    rerun resumes its checkpoints or, its inputs changed since they were made, starts over."""
+    try:
+        inputs = stage_inputs(stage, cfg, root, given)
+        changed = sorted(k for k, fp in attempt.items() if k in inputs and fingerprint_input(inputs[k]) != fp)
+    except (ManifestError, FileNotFoundError, KeyError) as exc:
+        return StageState(stage, url, "stale", [f"unfinished; inputs not ready: {exc}"])
+    if changed:
+        return StageState(stage, url, "stale", [_restarts(k) for k in changed])
+    return StageState(stage, url, "stale", ["unfinished: a rerun resumes from its last checkpoint"])
 
 
 def check_inputs_ready(stage: str, cfg: RunConfig, root: str, given: dict[str, str] | None = None) -> None:

@@ -174,8 +174,9 @@ def _run_pretrain(c: StageCall) -> Manifest:
     if code == 0:
         return read_manifest(c.url)
     hints = {
-        EXIT_RESUME_REFUSED: f"the checkpoints under {c.url} cannot continue under this config: rerun with "
-        "--force pretrain to start over",
+        EXIT_RESUME_REFUSED: f"the checkpoints under {c.url} cannot continue under this config (a changed "
+        "setting; changed examples start over by themselves): set it back to resume, or start over with "
+        "`bertflow run --force pretrain` (a deployment run: --param force='[\"pretrain\"]')",
     }
     hint = hints.get(code, "its checkpoint is kept and a rerun resumes" if code in STOPPED_BY_SIGNAL else "")
     if code == -9:

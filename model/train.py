@@ -58,6 +58,7 @@ from model.contract import (
     join_url,
     manifest_url,
     read_manifest,
+    write_attempt,
     write_manifest,
 )
 from model.data import MaskFn, shard_urls, stable_seed
@@ -65,7 +66,18 @@ from model.export import load_hf_state_dict, load_pretrained, save_pretrained
 from model.feed import StepFeed
 from model.metrics import Window, peak_tflops, step_flops, summary
 from model.optim import build_optimizer, warmup_linear_schedule
-from model.resume import FREE, ResumeError, TrainState, check_resume, exact_digest, restore, run_record
+from model.resume import (
+    FREE,
+    ResumeError,
+    TrainState,
+    check_resume,
+    exact_digest,
+    inputs_changed,
+    remove_set_aside,
+    restore,
+    run_record,
+    set_aside,
+)
 from model.signals import Preempted, StopSignals
 from model.stream import LoaderSpec, StreamingLoader
 
@@ -261,6 +273,19 @@ def setup(
             f"the hosts of the pod slice found different checkpoints to resume under {output_url} "
             f"(this host: {found[0] if found else 'none'}); rerun: they must continue the same step"
         )
+    old_examples = inputs_changed(found[2], record) if found is not None else ""
+    if old_examples:  # made from other examples (new data upstream): start over, the old run kept aside
+        if backend.is_main:
+            aside = set_aside(output_url, old_examples)
+            log.warning(
+                "the checkpoints under %s were made from other examples (%s, now %s): starting over; "
+                "the old run is kept at %s until this one finishes",
+                output_url, old_examples[:16], examples_fp[:16], aside,
+            )  # fmt: skip
+        backend.barrier()
+        found = None
+    if backend.is_main:
+        write_attempt(output_url, {"examples": examples_fp})
     if found is not None:  # weights before wrapping: DDP broadcasts rank 0's, FSDP shards them
         state = check_resume(found[0], found[2], state)
         load_hf_state_dict(model, found[1], source=found[0])
@@ -569,7 +594,7 @@ def finish(s: Session) -> Manifest:
     if not be.is_main:
         return Manifest("pretrain", s.output_url, stage_config, {"examples": s.examples_fp}, counts, [])
     files = [describe_file(s.output_url, f"final/{name}") for name in ("config.json", "model.safetensors")]
-    return write_manifest(
+    manifest = write_manifest(
         "pretrain",
         s.output_url,
         config=stage_config,
@@ -578,6 +603,9 @@ def finish(s: Session) -> Manifest:
         files=files,
         seconds=time.time() - s.t_start,
     )
+    for url in remove_set_aside(s.output_url):  # the run they were kept for has finished
+        log.info("removed the set-aside earlier run %s", url)
+    return manifest
 
 
 def manifest_config(config: PretrainConfig, model_config: BertConfig) -> dict[str, Any]:

@@ -322,3 +322,34 @@ def test_weights_that_are_not_finite_are_never_written_as_a_checkpoint(tmp_path)
     with pytest.raises(FloatingPointError, match=r"NaN/inf at step 42 .*not written as checkpoint"):
         save_checkpoint(str(tmp_path / "step-00000042"), model, {"train": {"global_step": 42}})
     assert not (tmp_path / "step-00000042" / "_complete").exists()
+
+
+def test_checkpoints_of_other_examples_are_set_aside_and_the_run_starts_over(examples, tmp_path, caplog):
+    from model.contract import fingerprint_input
+    from pipeline.schema.manifest import read_attempt
+
+    cfg = config(phases=(PhaseConfig("p1", 16, 6, 8),), checkpoint_every=2)
+    run = tmp_path / "run"
+    with pytest.raises(Crash):  # an unfinished run on the old examples
+        run_pretrain(cfg, MODEL, examples, str(run), log_fn=crash_at(4))
+    assert find_latest_checkpoint(str(run)) is not None
+    old_fp = fingerprint_input(examples)
+    assert read_attempt(str(run)) == {"examples": old_fp}
+    # a new dump went through the earlier stages: other examples under the same config
+    new = write_example_stage(tmp_path / "new", seed=1)
+    new_fp = fingerprint_input(new)
+    aside = run / f"_previous-{old_fp[:16]}"
+    seen = []
+
+    def look(metrics, step):  # while the new run trains, the old one is kept aside, not resumed
+        seen.append((step, sorted(p.name for p in aside.iterdir()), find_latest_checkpoint(str(run))))
+
+    with caplog.at_level(logging.WARNING):
+        m = run_pretrain(cfg, MODEL, new, str(run), log_fn=look)
+    assert any("made from other examples" in r.getMessage() for r in caplog.records)
+    assert seen[0][0] == 2 and seen[0][1] == ["p1"] and seen[0][2] is None  # from step 1, not from step 4
+    assert m.counts["steps"] == 6 and m.inputs == {"examples": new_fp}
+    assert read_attempt(str(run)) == {"examples": new_fp}
+    assert not aside.exists()  # removed once the new run finished
+    run_pretrain(cfg, MODEL, new, str(tmp_path / "straight"))
+    assert_same(final_weights(run), final_weights(tmp_path / "straight"))

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from flows.calls import LogFn, StageCall, StageResult
+from flows.lineage import keep_previous
 from flows.presets import RunConfig
 from flows.table import (
     get_stage,
@@ -85,6 +86,16 @@ def stage_state(
     if manifest.counts.get("units_failed"):  # a partial grid: the next run retries its failed units
         reasons.append(f"{int(manifest.counts['units_failed'])} of {int(manifest.counts.get('units', 0))} units failed")
     return StageState(stage, url, "stale" if reasons else "done", reasons, manifest)
+
+
+def _continues(stage: str, cfg: RunConfig, root: str, given: dict[str, str] | None, force: bool) -> bool:
+    """Whether a rerun continues the stage's state (a resumable stage on the inputs its
+    checkpoints came from) instead of replacing its output."""
+    if force or not get_stage(stage).resumable or not has_manifest(stage_url(root, stage)):
+        return False
+    manifest = read_manifest(stage_url(root, stage))
+    inputs = stage_inputs(stage, cfg, root, given)
+    return all(fingerprint_input(inputs[k]) == fp for k, fp in manifest.inputs.items() if k in inputs)
 
 
 def _restarts(name: str) -> str:
@@ -165,6 +176,8 @@ def run_stage(
     inputs = stage_inputs(stage, cfg, root, given)
     if row.preflight is not None and not aggregate_only:  # again, now that the earlier stages' outputs exist
         row.preflight(cfg, inputs)
+    if row.units is None and not aggregate_only and not _continues(stage, cfg, root, given, force):
+        keep_previous(stage, root, cfg.keep_outputs)  # a registered version may name it (flows/lineage.py)
     call = StageCall(stage, cfg, root, url, inputs, log_fn, restart=force and row.resumable,
                      aggregate_only=aggregate_only, env=dict(env or {}), on_progress=on_progress)  # fmt: skip
     log.info("stage %s: %s -> %s", stage, "gathering its units" if aggregate_only else "running", url)

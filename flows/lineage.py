@@ -12,7 +12,8 @@ after the next refresh, point at the next version's data. Three things keep its 
 2. **Kept** (:func:`keep_previous`, called by ``flows.runner.run_stage``): a finished stage output
    that a rerun is about to replace is moved, whole, to ``{root}/history/<folder>/<fingerprint,
    16 hex>/`` first; ``keep_outputs`` (``RunConfig.keep_outputs``, default 1) of them are kept per
-   stage, the oldest removed beyond that (0: replaced outputs are deleted, as before). Not moved:
+   stage, the oldest removed beyond that once the rerun has finished (0: replaced outputs are
+   deleted, as before; a rerun that wrote the same output again keeps no copy). Not moved:
    a resumable stage that continues its checkpoints (same inputs, a tunable setting changed).
    Cost: the disk of ``keep_outputs`` more copies of each stage; on ``gs://`` a move is a copy
    then a delete.
@@ -51,8 +52,8 @@ def kept_url(root: str, stage: str, fingerprint: str) -> str:
 
 
 def keep_previous(stage: str, root: str, keep: int) -> str | None:
-    """Move the finished output of ``stage`` aside (it is about to be replaced) and apply the
-    retention ``keep``; return where it went (None: nothing finished there, or ``keep`` 0)."""
+    """Move the finished output of ``stage`` aside (it is about to be replaced); return where it
+    went (None: nothing finished there, or ``keep`` 0). :func:`settle` follows the rerun."""
     url = stage_url(root, stage)
     if not has_manifest(url):
         return None
@@ -67,8 +68,17 @@ def keep_previous(stage: str, root: str, keep: int) -> str | None:
     fs.makedirs(dest_path.rsplit("/", 1)[0], exist_ok=True)
     fs.mv(path, dest_path, recursive=True)
     log.info("stage %s: its previous output (%s) kept at %s", stage, fingerprint[:16], dest)
-    _prune(root, stage, keep)
     return dest
+
+
+def settle(stage: str, root: str, kept: str | None, fingerprint: str, keep: int) -> None:
+    """After a rerun wrote the output with ``fingerprint``: drop the kept copy if it is the same
+    output (a forced rerun of an unchanged stage), then apply the retention ``keep``."""
+    if kept is not None and kept == kept_url(root, stage, fingerprint):
+        fs, path = fsspec.core.url_to_fs(kept)
+        fs.rm(path, recursive=True)
+    if kept is not None:
+        _prune(root, stage, keep)
 
 
 def _prune(root: str, stage: str, keep: int) -> list[str]:

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from flows.calls import LogFn, StageCall, StageResult
-from flows.lineage import keep_previous
+from flows.lineage import keep_previous, settle
 from flows.presets import RunConfig
 from flows.table import (
     get_stage,
@@ -176,8 +176,9 @@ def run_stage(
     inputs = stage_inputs(stage, cfg, root, given)
     if row.preflight is not None and not aggregate_only:  # again, now that the earlier stages' outputs exist
         row.preflight(cfg, inputs)
+    kept = None
     if row.units is None and not aggregate_only and not _continues(stage, cfg, root, given, force):
-        keep_previous(stage, root, cfg.keep_outputs)  # a registered version may name it (flows/lineage.py)
+        kept = keep_previous(stage, root, cfg.keep_outputs)  # a registered version may name it (flows/lineage.py)
     call = StageCall(stage, cfg, root, url, inputs, log_fn, restart=force and row.resumable,
                      aggregate_only=aggregate_only, env=dict(env or {}), on_progress=on_progress)  # fmt: skip
     log.info("stage %s: %s -> %s", stage, "gathering its units" if aggregate_only else "running", url)
@@ -192,6 +193,7 @@ def run_stage(
         manifest = row.run(call)
     manifest.code_version = stage_code_version(stage)
     save_manifest(manifest)
+    settle(stage, root, kept, manifest.fingerprint, cfg.keep_outputs)
     # a gathered stage's own time is the gathering; its manifest has the units' total
     seconds = manifest.seconds if aggregate_only and manifest.seconds else time.time() - start
     log.info("stage %s: done in %.1f s", stage, seconds)

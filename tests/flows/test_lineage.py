@@ -105,3 +105,10 @@ def test_keep_outputs_zero_keeps_nothing(tmp_path, cheap_stages):
     assert _refresh(cfg, root) == ["done"] * 5
     assert not os.path.exists(f"{root}/history") and has_manifest(stage_url(root, "vocab"))
     assert "lineage.raw.wiki.dump" not in lineage.version_tags(cfg, root)  # no dump name in "b.xml"
+
+
+def test_a_forced_rerun_that_writes_the_same_output_keeps_no_copy(tmp_path, cheap_stages):
+    cfg, root = load_config("tiny"), str(tmp_path / "root")
+    assert run_stage("corpus", cfg, root).status == "done"
+    assert run_stage("corpus", cfg, root, force=True).status == "done"
+    assert os.listdir(f"{root}/history/corpus") == []

@@ -45,6 +45,9 @@ def test_a_new_dump_rebuilds_registers_and_decides_the_champion_through_the_depl
     overrides = {**SHORT, "data.wiki": str(dumps)}
     with prefect_server_at(tmp_path / "prefect", BERTFLOW_HOME=str(REPO)) as env:
         prefect(env, "work-pool", "create", "local-process", "--type", "process")
+        for pool, kind in (("k8s-gpu", "kubernetes"), ("vertex-tpu", "vertex-ai")):  # what base/large target
+            template = f"infra/prefect/{pool}.json"
+            prefect(env, "work-pool", "create", pool, "--type", kind, "--base-job-template", template)
         prefect(env, "--no-prompt", "deploy", "--all")  # the project's deployments, as shipped
         # the operator's refresh deployment of the real flow: root and data in its parameters
         params = {"preset": "tiny", "root": str(root), "overrides": overrides}

@@ -126,6 +126,21 @@ def model_config(cfg: RunConfig, vocab_url: str):
     return cfg.model
 
 
+PREVIOUS = "previous"
+"""``pretrain.init_from=previous``: continue from the root's last export (the model the last run
+registered), on whatever data the run has now; the first run starts from scratch."""
+
+
+def init_from_url(cfg: RunConfig, root: str) -> str:
+    """The folder pretraining starts from: ``pretrain.init_from``, ``previous`` resolved."""
+    if cfg.pretrain.init_from != PREVIOUS:
+        return cfg.pretrain.init_from
+    from pipeline.schema.manifest import has_manifest
+
+    url = _at(root, STAGES["export"].folder)
+    return url if has_manifest(url) else ""
+
+
 def train_spec(call: StageCall) -> dict:
     """``flows.proc.train_entry``'s JSON spec for the pretrain row (also built on every host of a
     cluster, ``flows.proc.cluster``)."""
@@ -137,7 +152,7 @@ def train_spec(call: StageCall) -> dict:
         "output_url": call.url,
         "vocab_url": call.inputs["vocab"],
         "restart": call.restart,
-        "init_from": cfg.pretrain.init_from,
+        "init_from": init_from_url(cfg, call.root),
         "nproc": cfg.pretrain.nproc,
     }
 

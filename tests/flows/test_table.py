@@ -247,3 +247,14 @@ def test_pretraining_on_changed_examples_says_it_restarts_before_and_after_a_fai
     assert (s.state, s.reasons) == ("stale", ["unfinished: a rerun resumes from its last checkpoint"])
     os.remove(f"{pretrain}/_attempt.json")
     assert stage_state("pretrain", cfg, root).state == "missing"
+
+
+def test_init_from_previous_is_the_roots_last_export_once_there_is_one(tmp_path):
+    from flows.table import init_from_url
+
+    root = str(tmp_path)
+    cfg = load_config("tiny", {"pretrain.init_from": "previous"})
+    assert init_from_url(cfg, root) == ""  # the first run starts from scratch
+    write_manifest("export", stage_url(root, "export"), {}, {}, {}, files=[])
+    assert init_from_url(cfg, root) == stage_url(root, "export")
+    assert init_from_url(load_config("tiny", {"pretrain.init_from": "/models/bert"}), root) == "/models/bert"

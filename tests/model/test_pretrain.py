@@ -353,3 +353,32 @@ def test_checkpoints_of_other_examples_are_set_aside_and_the_run_starts_over(exa
     assert not aside.exists()  # removed once the new run finished
     run_pretrain(cfg, MODEL, new, str(tmp_path / "straight"))
     assert_same(final_weights(run), final_weights(tmp_path / "straight"))
+
+
+def test_init_from_a_model_of_another_vocabulary_carries_shared_tokens_over(tmp_path):
+    """A refresh retrains the vocabulary: ids move, pieces come and go. The rows of the pieces
+    both hold are carried over by their string; the rest of the network is copied."""
+    from model.warmstart import init_weights
+
+    small = BertConfig(**{**MODEL.__dict__, "vocab_size": 6})
+    old_vocab, new_vocab = ["[PAD]", "a", "b", "c", "d", "e"], ["[PAD]", "c", "x", "a", "y", "e", "b"]
+    torch.manual_seed(3)
+    source = BertForPreTraining(small)
+    save_pretrained(source, str(tmp_path / "hf"))
+    (tmp_path / "hf" / "vocab.txt").write_text("\n".join(old_vocab) + "\n")
+    (tmp_path / "vocab").mkdir()
+    (tmp_path / "vocab" / "vocab.txt").write_text("\n".join(new_vocab) + "\n")
+    model = BertForPreTraining(BertConfig(**{**MODEL.__dict__, "vocab_size": 7}))
+    fresh = {k: v.clone() for k, v in model.state_dict().items()}
+    assert init_weights(model, str(tmp_path / "hf"), str(tmp_path / "vocab")) == {"shared_tokens": 5, "new_tokens": 2}
+    got, src = model.state_dict(), source.state_dict()
+    emb = "bert.embeddings.word_embeddings.weight"
+    for i, tok in enumerate(new_vocab):
+        for name in (emb, "cls.predictions.bias"):
+            want = src[name][old_vocab.index(tok)] if tok in old_vocab else fresh[name][i]
+            assert torch.equal(got[name][i], want), (name, tok)
+    assert torch.equal(got["cls.predictions.decoder.weight"], got[emb])  # still tied
+    assert torch.equal(got["bert.encoder.layer.0.attention.self.query.weight"],
+                       src["bert.encoder.layer.0.attention.self.query.weight"])  # fmt: skip
+    with pytest.raises(ValueError, match="vocab.txt is missing"):  # no way to match rows
+        init_weights(BertForPreTraining(BertConfig(**{**MODEL.__dict__, "vocab_size": 7})), str(tmp_path / "hf"))

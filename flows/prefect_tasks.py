@@ -334,11 +334,11 @@ def register_model_task(cfg: RunConfig, model: StageResult, downstream: list[Sta
         # refuses a models:/ source without it
         tags = {**_version_tags(cfg, model, downstream), registry.TAG_FINGERPRINT: fingerprint}
         version = mlflow.register_model(info.model_uri, name, tags=tags)
-        from flows.lineage import rename_moved
-
-        # the versions before it: their lineage now leads to where a refresh kept their outputs
-        rename_moved(tracker.client, name, model.url.rsplit("/", 1)[0], str(version.version), cfg.keep_outputs)
     number = str(version.version)
+    from flows.lineage import rename_moved
+
+    # the other versions: their lineage leads to where a refresh kept their outputs (idempotent)
+    rename_moved(tracker.client, name, model.url.rsplit("/", 1)[0], number, cfg.keep_outputs)
     if score is None and not created:  # nothing new to judge it by: it keeps its score and alias
         log.info("%s version %s already holds this export (%s)", name, number, fingerprint[:12])
         return {"version": number, "alias": ", ".join(version.aliases) or None, "score": None, "new": False}

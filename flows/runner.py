@@ -3,7 +3,9 @@
 A stage is skipped when its folder holds a manifest made from the same config, the same input
 fingerprints and the same code (``flows.versions``: a digest of the modules its row lists), and
 every file it lists is there with its size (``status --verify``: checksums). ``force`` reruns a
-stage whatever its manifest says. The orchestrator stamps the code version into the manifest
+stage whatever its manifest says. A finished output that a rerun replaces is first moved to
+``{root}/history/`` (``flows.lineage``: a registered version may name it), unless the stage
+continues its own checkpoints. The orchestrator stamps the code version into the manifest
 after the run; a crash before the stamp only makes the stage rerun. Nothing here imports Prefect
 or MLflow: the Prefect tasks (``flows.prefect_tasks``) wrap these calls, and tests call them
 directly.

@@ -36,12 +36,9 @@ from flows.reporting import log_stage_artifacts, stage_markdown
 from flows.runner import run_stage
 from flows.table import (
     CHAIN,
-    STAGES,
     StageResult,
     get_stage,
-    producer,
     stage_config,
-    stage_inputs,
     stage_names,
     stage_url,
 )
@@ -361,6 +358,10 @@ def register_model_task(cfg: RunConfig, model: StageResult, downstream: list[Sta
         tags = {**_version_tags(cfg, model, downstream), registry.TAG_FINGERPRINT: fingerprint}
         version = mlflow.register_model(info.model_uri, name, tags=tags)
     number = str(version.version)
+    from flows.lineage import rename_moved
+
+    # the other versions: their lineage leads to where a refresh kept their outputs (idempotent)
+    rename_moved(tracker.client, name, model.url.rsplit("/", 1)[0], number, cfg.keep_outputs)
     if score is None and not created:  # nothing new to judge it by: it keeps its score and alias
         log.info("%s version %s already holds this export (%s)", name, number, fingerprint[:12])
         return {"version": number, "alias": ", ".join(version.aliases) or None, "score": None, "new": False}
@@ -378,18 +379,10 @@ def register_model_task(cfg: RunConfig, model: StageResult, downstream: list[Sta
 def _version_tags(cfg: RunConfig, model: StageResult, downstream: list[StageResult]) -> dict[str, str]:
     """Tags that lead from a model version back to its data: every upstream stage's URL and
     fingerprint (the dump files, the vocab, the shards, the checkpoint), and the raw inputs."""
+    from flows.lineage import version_tags
+
     tags = {"preset": cfg.preset, "bertflow.model_url": model.url}
-    root = model.url.rsplit("/", 1)[0]
-    for name in STAGES:
-        url = stage_url(root, name)
-        tags[f"lineage.{name}.url"] = url
-        try:
-            tags[f"lineage.{name}.fingerprint"] = fingerprint_input(url)
-        except (FileNotFoundError, ManifestError):
-            pass
-        for input_name, input_url in stage_inputs(name, cfg, root).items():
-            if producer(input_name) is None:  # raw data, not an earlier stage's output
-                tags[f"lineage.raw.{input_name}"] = input_url
+    tags.update(version_tags(cfg, model.url.rsplit("/", 1)[0]))  # by URL and by content (flows/lineage.py)
     for r in downstream:
         for k, v in key_figures(get_stage(r.stage).figures, r.counts).items():
             tags[f"{get_stage(r.stage).task}.{k}"] = format_figure(v)

@@ -89,6 +89,11 @@ class RunConfig:
     """Downstream tasks run after export, in parallel (see tasks.registry.TASKS)."""
     model_name: str = "bert-tiny"
     """Registered model name in MLflow."""
+    keep_outputs: int = 1
+    """How many replaced outputs of each stage a root keeps under ``history/<folder>/<fingerprint>/``
+    (a refresh moves the previous corpus, vocab, shards, checkpoints and export there, so that the
+    versions registered from them still lead to their data; ``flows/lineage.py``). 0: replaced
+    outputs are deleted."""
 
     def __post_init__(self):
         lengths = set(self.examples.max_seq_lengths)

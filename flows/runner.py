@@ -3,7 +3,9 @@
 A stage is skipped when its folder holds a manifest made from the same config, the same input
 fingerprints and the same code (``flows.versions``: a digest of the modules its row lists), and
 every file it lists is there with its size (``status --verify``: checksums). ``force`` reruns a
-stage whatever its manifest says. The orchestrator stamps the code version into the manifest
+stage whatever its manifest says. A finished output that a rerun replaces is first moved to
+``{root}/history/`` (``flows.lineage``: a registered version may name it), unless the stage
+continues its own checkpoints. The orchestrator stamps the code version into the manifest
 after the run; a crash before the stamp only makes the stage rerun. Nothing here imports Prefect
 or MLflow: the Prefect tasks (``flows.prefect_tasks``) wrap these calls, and tests call them
 directly.
@@ -18,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from flows.calls import LogFn, StageCall, StageResult
+from flows.lineage import keep_previous, settle
 from flows.presets import RunConfig
 from flows.table import (
     get_stage,
@@ -34,6 +37,7 @@ from pipeline.schema.manifest import (
     ManifestError,
     fingerprint_input,
     has_manifest,
+    read_attempt,
     read_manifest,
     save_manifest,
 )
@@ -59,8 +63,12 @@ def stage_state(
 ) -> StageState:
     """Whether a stage's output is up to date, and if not, why."""
     url = stage_url(root, stage)
+    row = get_stage(stage)
     if not has_manifest(url):
-        return StageState(stage, url, "missing", ["no manifest: never run or unfinished"])
+        attempt = read_attempt(url) if row.resumable else None
+        if attempt is None:
+            return StageState(stage, url, "missing", ["no manifest: never run or unfinished"])
+        return _unfinished(stage, url, attempt, cfg, root, given)
     try:
         manifest = read_manifest(url)
     except ManifestError as exc:
@@ -74,10 +82,41 @@ def stage_state(
     except (ManifestError, FileNotFoundError, KeyError) as exc:
         return StageState(stage, url, "stale", [f"inputs not ready: {exc}"], manifest)
     reasons = manifest.stale_reasons(expected, fingerprints, stage_code_version(stage))
+    if row.resumable:  # its checkpoints are not resumed on other inputs (model/resume.py)
+        reasons = [_restarts(r[len("input ") : -len(" changed")]) if r.startswith("input ") else r for r in reasons]
     reasons += manifest.missing_files(checksums)
     if manifest.counts.get("units_failed"):  # a partial grid: the next run retries its failed units
         reasons.append(f"{int(manifest.counts['units_failed'])} of {int(manifest.counts.get('units', 0))} units failed")
     return StageState(stage, url, "stale" if reasons else "done", reasons, manifest)
+
+
+def _continues(stage: str, cfg: RunConfig, root: str, given: dict[str, str] | None, force: bool) -> bool:
+    """Whether a rerun continues the stage's state (a resumable stage on the inputs its
+    checkpoints came from) instead of replacing its output."""
+    if force or not get_stage(stage).resumable or not has_manifest(stage_url(root, stage)):
+        return False
+    manifest = read_manifest(stage_url(root, stage))
+    inputs = stage_inputs(stage, cfg, root, given)
+    return all(fingerprint_input(inputs[k]) == fp for k, fp in manifest.inputs.items() if k in inputs)
+
+
+def _restarts(name: str) -> str:
+    return f"{name} changed — restarts (its checkpoints, made from other {name}, are set aside)"
+
+
+def _unfinished(
+    stage: str, url: str, attempt: dict[str, str], cfg: RunConfig, root: str, given: dict[str, str] | None
+) -> StageState:
+    """A resumable stage with no manifest but an attempt's record (``_attempt.json``): whether a
+    rerun resumes its checkpoints or, its inputs changed since they were made, starts over."""
+    try:
+        inputs = stage_inputs(stage, cfg, root, given)
+        changed = sorted(k for k, fp in attempt.items() if k in inputs and fingerprint_input(inputs[k]) != fp)
+    except (ManifestError, FileNotFoundError, KeyError) as exc:
+        return StageState(stage, url, "stale", [f"unfinished; inputs not ready: {exc}"])
+    if changed:
+        return StageState(stage, url, "stale", [_restarts(k) for k in changed])
+    return StageState(stage, url, "stale", ["unfinished: a rerun resumes from its last checkpoint"])
 
 
 def check_inputs_ready(stage: str, cfg: RunConfig, root: str, given: dict[str, str] | None = None) -> None:
@@ -139,6 +178,9 @@ def run_stage(
     inputs = stage_inputs(stage, cfg, root, given)
     if row.preflight is not None and not aggregate_only:  # again, now that the earlier stages' outputs exist
         row.preflight(cfg, inputs)
+    kept = None
+    if row.units is None and not aggregate_only and not _continues(stage, cfg, root, given, force):
+        kept = keep_previous(stage, root, cfg.keep_outputs)  # a registered version may name it (flows/lineage.py)
     call = StageCall(stage, cfg, root, url, inputs, log_fn, restart=force and row.resumable,
                      aggregate_only=aggregate_only, env=dict(env or {}), on_progress=on_progress)  # fmt: skip
     log.info("stage %s: %s -> %s", stage, "gathering its units" if aggregate_only else "running", url)
@@ -153,6 +195,7 @@ def run_stage(
         manifest = row.run(call)
     manifest.code_version = stage_code_version(stage)
     save_manifest(manifest)
+    settle(stage, root, kept, manifest.fingerprint, cfg.keep_outputs)
     # a gathered stage's own time is the gathering; its manifest has the units' total
     seconds = manifest.seconds if aggregate_only and manifest.seconds else time.time() - start
     log.info("stage %s: done in %.1f s", stage, seconds)

@@ -94,7 +94,8 @@ def collect_status(
         s = stage_state(name, cfg, root, checksums=verify)
         state = s.state
         if state == "done" and behind is not None:
-            state, s.reasons = "stale", [f"after {behind}: reruns if that changes its input"]
+            what = "restarts" if get_stage(name).resumable else "reruns"
+            state, s.reasons = "stale", [f"after {behind}: {what} if that changes its input"]
         if state != "done" and behind is None:
             behind = name
         if holder and state != "done":

@@ -126,6 +126,21 @@ def model_config(cfg: RunConfig, vocab_url: str):
     return cfg.model
 
 
+PREVIOUS = "previous"
+"""``pretrain.init_from=previous``: continue from the root's last export (the model the last run
+registered), on whatever data the run has now; the first run starts from scratch."""
+
+
+def init_from_url(cfg: RunConfig, root: str) -> str:
+    """The folder pretraining starts from: ``pretrain.init_from``, ``previous`` resolved."""
+    if cfg.pretrain.init_from != PREVIOUS:
+        return cfg.pretrain.init_from
+    from pipeline.schema.manifest import has_manifest
+
+    url = _at(root, STAGES["export"].folder)
+    return url if has_manifest(url) else ""
+
+
 def train_spec(call: StageCall) -> dict:
     """``flows.proc.train_entry``'s JSON spec for the pretrain row (also built on every host of a
     cluster, ``flows.proc.cluster``)."""
@@ -137,7 +152,7 @@ def train_spec(call: StageCall) -> dict:
         "output_url": call.url,
         "vocab_url": call.inputs["vocab"],
         "restart": call.restart,
-        "init_from": cfg.pretrain.init_from,
+        "init_from": init_from_url(cfg, call.root),
         "nproc": cfg.pretrain.nproc,
     }
 
@@ -174,8 +189,9 @@ def _run_pretrain(c: StageCall) -> Manifest:
     if code == 0:
         return read_manifest(c.url)
     hints = {
-        EXIT_RESUME_REFUSED: f"the checkpoints under {c.url} cannot continue under this config: rerun with "
-        "--force pretrain to start over",
+        EXIT_RESUME_REFUSED: f"the checkpoints under {c.url} cannot continue under this config (a changed "
+        "setting; changed examples start over by themselves): set it back to resume, or start over with "
+        "`bertflow run --force pretrain` (a deployment run: --param force='[\"pretrain\"]')",
     }
     hint = hints.get(code, "its checkpoint is kept and a rerun resumes" if code in STOPPED_BY_SIGNAL else "")
     if code == -9:

@@ -215,7 +215,8 @@ def describe_divergence(run_url: str, exc: BaseException) -> str:
     )
     return (
         f"training diverged: {exc}; {where}. Not retried: the same data and settings diverge the same way; "
-        "lower pretrain.learning_rate (or raise pretrain.warmup_steps) and rerun, or --force pretrain"
+        "lower pretrain.learning_rate (or raise pretrain.warmup_steps: --set, or a deployment's overrides) and "
+        "rerun, or start over with --force pretrain (a deployment run: --param force='[\"pretrain\"]')"
     )
 
 

@@ -161,7 +161,10 @@ class PretrainConfig:
     nproc: int = 1
     """Training processes on this host (``torchrun --nproc_per_node``: one per GPU; gloo on CPU)."""
     init_from: str = ""
-    """A BERT folder in Hugging Face layout whose weights start the run (continued pretraining)."""
+    """A BERT folder in Hugging Face layout whose weights start the run (continued pretraining), or
+    "previous": the root's last export, so that a refresh continues the last model on the new data
+    (the first run starts from scratch). Another vocabulary is fine: the rows of the pieces both
+    hold carry over by their string (model/warmstart.py)."""
     unpad: str = "auto"
     """auto | on | off (true/false read as on/off): drop [PAD] before the encoder and run it on the
     real tokens only, attention over the packed sequences (flash ``varlen_attn`` on CUDA in bf16

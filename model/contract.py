@@ -28,6 +28,7 @@ list_files = _manifest.list_files
 manifest_url = _manifest.manifest_url
 read_manifest = _manifest.read_manifest
 write_manifest = _manifest.write_manifest
+write_attempt = _manifest.write_attempt
 
 # URLs and whole-file commits (pipeline/schema/storage.py)
 join_url = _storage.join_url
@@ -65,5 +66,6 @@ __all__ = [
     "read_manifest",
     "word_tokenizer_of",
     "write_atomically",
+    "write_attempt",
     "write_manifest",
 ]

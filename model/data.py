@@ -57,7 +57,7 @@ class ShardError(ValueError):
         return cls(
             f"{url}{' ' + where if where else ''}: cannot be read ({type(exc).__name__}: {exc}): the shard is "
             "damaged; `bertflow status --verify` lists the damaged files and `bertflow run --force examples` "
-            "writes them again"
+            "(a deployment run: --param force='[\"examples\"]') writes them again"
         )
 
 
@@ -82,7 +82,7 @@ def shard_urls(manifest: Manifest, max_seq_length: int, check_sizes: bool = True
         if size != f.size:
             raise ShardError(
                 f"{url}: {size} bytes, its manifest lists {f.size}: the shard is damaged or was replaced; "
-                "`bertflow run --force examples` writes it again"
+                "`bertflow run --force examples` (a deployment run: --param force='[\"examples\"]') writes it again"
             )
     if not urls:
         have = sorted({f.path.split("/", 1)[0] for f in manifest.files if "/" in f.path})

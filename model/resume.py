@@ -11,11 +11,21 @@ fall into three kinds:
   betas, eps, clipping):
   the run continues from the checkpoint under the new values, with a warning naming them;
   the schedule is rebuilt for the new step counts.
-- **binding** (the model's shape, the examples, seed, masking, data parts, phases' names,
-  lengths and batch sizes, the optimiser kind, ddp/fsdp (their optimizer states differ),
-  ``init_from``): the checkpoint cannot continue
-  this run. ``restart=True`` (``--force pretrain``) clears the run and starts over; without it
-  the error says exactly that.
+- **binding** (the model's shape, seed, masking, data parts, phases' names, lengths and batch
+  sizes, the optimiser kind, ddp/fsdp (their optimizer states differ), ``init_from``): the
+  checkpoint cannot continue this run. ``restart=True`` (``--force pretrain``; a deployment
+  run: ``--param force='["pretrain"]'``) clears the run and starts over; without it the error
+  says exactly that: a changed setting may be a slip, and days of training are not thrown away
+  on a typo.
+- **the input** (the examples' fingerprint): checkpoints made from other examples (a new dump
+  went through the earlier stages) are neither resumed nor an error: :func:`inputs_changed` says
+  so and ``model.train.setup`` moves them aside, under ``_previous-<their examples' fingerprint>/``
+  in the stage folder (:func:`set_aside`), and starts over. The stage's ``finish`` removes the
+  set-aside folders once the new run has written its manifest, so a failed refresh keeps the old
+  run's checkpoints and final weights until a new one has replaced them. Cost: the disk of one
+  more run while the refresh trains. ``_attempt.json`` (``pipeline.schema.manifest.write_attempt``) records which
+  examples the checkpoints in the folder come from, so that ``bertflow status`` can tell
+  "restarts" from "resumes" when no manifest is there (a failed attempt).
 
 :class:`TrainState` (where training stands, saved in every checkpoint), :func:`check_resume`
 (the saved state, or the error) and :func:`restore` (optimizer, schedule and RNG state under the
@@ -29,11 +39,12 @@ import logging
 import random
 from typing import Any
 
+import fsspec
 import torch
 
 from model.backend import Backend
 from model.config import BertConfig, PretrainConfig
-from model.contract import config_digest
+from model.contract import config_digest, join_url
 from model.data import stable_seed
 
 log = logging.getLogger("bertflow.pretrain")
@@ -54,6 +65,11 @@ FREE = (
     "xla_cache",
 )  # nproc: data_parts holds what binds; unpad, compile: the same maths, another kernel
 TUNABLE = ("learning_rate", "warmup_steps", "weight_decay", "beta1", "beta2", "eps", "max_grad_norm")
+
+
+FORCE_REMEDY = "bertflow run --force pretrain, or a deployment run with --param force='[\"pretrain\"]'"
+"""How to start pretraining over, in every words a user may run it with."""
+PREVIOUS_PREFIX = "_previous-"
 
 
 class ResumeError(RuntimeError):
@@ -123,6 +139,37 @@ class TrainState:
     record: dict[str, Any] | None = None  # the config that wrote it (model/resume.py)
 
 
+def inputs_changed(saved: dict, current: dict[str, Any]) -> str:
+    """The examples' fingerprint a checkpoint was made from when it differs from the current run's
+    (``current``: :func:`run_record`), else "": such a checkpoint is set aside, not resumed."""
+    old = (saved["train"].get("record") or {}).get("examples") or ""
+    return old if old and old != current["examples"] else ""
+
+
+def set_aside(run_url: str, examples_fp: str) -> str:
+    """Move everything of a run folder but its bookkeeping (``_*``) to ``_previous-<fp>/`` inside
+    it, where checkpoints are no longer found; return that URL."""
+    fs, root = fsspec.core.url_to_fs(run_url)
+    aside = join_url(root, PREVIOUS_PREFIX + examples_fp[:16])
+    if fs.exists(aside):  # an earlier set-aside of the same examples: the newer checkpoints win
+        fs.rm(aside, recursive=True)
+    fs.makedirs(aside, exist_ok=True)
+    for path in fs.ls(root, detail=False):
+        name = path.rstrip("/").rsplit("/", 1)[-1]
+        if not name.startswith("_"):
+            fs.mv(path, join_url(aside, name), recursive=True)
+    return join_url(run_url, PREVIOUS_PREFIX + examples_fp[:16])
+
+
+def remove_set_aside(run_url: str) -> list[str]:
+    """Remove the ``_previous-*`` folders (the new run has finished); return what was removed."""
+    fs, root = fsspec.core.url_to_fs(run_url)
+    gone = [p for p in fs.glob(join_url(root, PREVIOUS_PREFIX + "*")) if fs.isdir(p)]
+    for p in gone:
+        fs.rm(p, recursive=True)
+    return gone
+
+
 def check_resume(url: str, saved: dict, fresh: TrainState) -> TrainState:
     """The saved state, if its config may continue under the current one (:func:`compare`)."""
     state = TrainState(**saved["train"])
@@ -131,8 +178,8 @@ def check_resume(url: str, saved: dict, fresh: TrainState) -> TrainState:
         if binding:
             raise ResumeError(
                 f"checkpoint {url} was written by a run with a different {', '.join(binding)}: it cannot "
-                "continue under this config. Rerun with --force pretrain (restart=true in the training "
-                "spec) to start this stage over"
+                f"continue under this config. To start this stage over: {FORCE_REMEDY} (restart=true in "
+                "the training spec); or set the old value back to resume"
             )
         log.warning("resuming %s under changed settings: %s", url, ", ".join(tunable))
     state.run_digest, state.record = fresh.run_digest, fresh.record

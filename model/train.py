@@ -58,16 +58,29 @@ from model.contract import (
     join_url,
     manifest_url,
     read_manifest,
+    write_attempt,
     write_manifest,
 )
 from model.data import MaskFn, shard_urls, stable_seed
-from model.export import load_hf_state_dict, load_pretrained, save_pretrained
+from model.export import load_hf_state_dict, save_pretrained
 from model.feed import StepFeed
 from model.metrics import Window, peak_tflops, step_flops, summary
 from model.optim import build_optimizer, warmup_linear_schedule
-from model.resume import FREE, ResumeError, TrainState, check_resume, exact_digest, restore, run_record
+from model.resume import (
+    FREE,
+    ResumeError,
+    TrainState,
+    check_resume,
+    exact_digest,
+    inputs_changed,
+    remove_set_aside,
+    restore,
+    run_record,
+    set_aside,
+)
 from model.signals import Preempted, StopSignals
 from model.stream import LoaderSpec, StreamingLoader
+from model.warmstart import init_weights
 
 log = logging.getLogger("bertflow.pretrain")
 
@@ -139,12 +152,14 @@ def run_pretrain(
     init_from: str = "",
     pad_id: int | None = None,
     callbacks: Callbacks | None = None,
+    vocab_url: str = "",
 ) -> Manifest:
     """Pretrain BERT on the example stage at ``examples_url``; write checkpoints and final weights.
 
     Continues from the latest good checkpoint under ``output_url`` when its config allows
     (``model/resume.py``); ``restart=True`` clears ``output_url`` first. ``init_from``: a BERT
-    folder in Hugging Face layout whose weights start the run (continued pretraining).
+    folder in Hugging Face layout whose weights start the run (continued pretraining; with
+    ``vocab_url``, the run's vocabulary, a folder of another vocabulary too: ``model/warmstart.py``).
     ``mask_fn`` is needed for dynamic masking. ``log_fn(metrics, step)`` runs on rank 0;
     ``callbacks`` (``model.callbacks.Callbacks``) on every process.
     """
@@ -159,6 +174,7 @@ def run_pretrain(
         init_from=init_from,
         pad_id=pad_id,
         callbacks=callbacks,
+        vocab_url=vocab_url,
     )
     fit(session)
     return finish(session)
@@ -190,6 +206,7 @@ def setup(
     init_from: str = "",
     pad_id: int | None = None,
     callbacks: Callbacks | None = None,
+    vocab_url: str = "",
 ) -> Session:
     """Check everything that can fail before training, build the model and resume or start."""
     t_start = time.time()
@@ -239,21 +256,16 @@ def setup(
     random.seed(config.seed)
     torch.manual_seed(config.seed)
     model = BertForPreTraining(model_config)
-    if init_from:
-        source = load_pretrained(init_from, BertForPreTraining)
-        if source.config != model_config:
-            raise ValueError(
-                f"init_from {init_from}: its config.json differs from the model config "
-                f"({source.config} vs {model_config})"
-            )
-        model.load_state_dict(source.state_dict())
+    if init_from:  # shared tokens' rows carried over when the vocabulary differs (model/warmstart.py)
+        init_weights(model, init_from, vocab_url)
         log.info("initialised from %s", init_from)
     model.to(backend.device)
     model.tie_weights()
     model.sparse_prediction = backend.sparse_head  # XLA wants static shapes: the dense head
     if compiled:  # lazily, at the first step; the modules and their state_dict keys stay
         backend.compile(model)
-    record = run_record(config, model_config, examples_fp, data_parts, init_from)
+    # what binds is what was asked for: init_from=previous stays "previous" as the root's export changes
+    record = run_record(config, model_config, examples_fp, data_parts, config.init_from or init_from)
     state = TrainState(run_digest=exact_digest(record), record=record)
     found = load_latest_good(output_url)
     if not backend.same_everywhere(-1 if found is None else int(found[2]["train"]["global_step"])):
@@ -261,6 +273,19 @@ def setup(
             f"the hosts of the pod slice found different checkpoints to resume under {output_url} "
             f"(this host: {found[0] if found else 'none'}); rerun: they must continue the same step"
         )
+    old_examples = inputs_changed(found[2], record) if found is not None else ""
+    if old_examples:  # made from other examples (new data upstream): start over, the old run kept aside
+        if backend.is_main:
+            aside = set_aside(output_url, old_examples)
+            log.warning(
+                "the checkpoints under %s were made from other examples (%s, now %s): starting over; "
+                "the old run is kept at %s until this one finishes",
+                output_url, old_examples[:16], examples_fp[:16], aside,
+            )  # fmt: skip
+        backend.barrier()
+        found = None
+    if backend.is_main:
+        write_attempt(output_url, {"examples": examples_fp})
     if found is not None:  # weights before wrapping: DDP broadcasts rank 0's, FSDP shards them
         state = check_resume(found[0], found[2], state)
         load_hf_state_dict(model, found[1], source=found[0])
@@ -569,7 +594,7 @@ def finish(s: Session) -> Manifest:
     if not be.is_main:
         return Manifest("pretrain", s.output_url, stage_config, {"examples": s.examples_fp}, counts, [])
     files = [describe_file(s.output_url, f"final/{name}") for name in ("config.json", "model.safetensors")]
-    return write_manifest(
+    manifest = write_manifest(
         "pretrain",
         s.output_url,
         config=stage_config,
@@ -578,6 +603,9 @@ def finish(s: Session) -> Manifest:
         files=files,
         seconds=time.time() - s.t_start,
     )
+    for url in remove_set_aside(s.output_url):  # the run they were kept for has finished
+        log.info("removed the set-aside earlier run %s", url)
+    return manifest
 
 
 def manifest_config(config: PretrainConfig, model_config: BertConfig) -> dict[str, Any]:

@@ -131,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
             restart=bool(spec.get("restart", False)),
             mask_fn=mask_fn,
             init_from=spec.get("init_from") or "",
+            vocab_url=spec.get("vocab_url") or "",
             pad_id=pad_id,
             callbacks=DataTrace(trace) if trace else None,
         )

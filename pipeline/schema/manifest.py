@@ -201,6 +201,26 @@ def save_manifest(manifest: Manifest) -> None:
     write_atomically(manifest_url(manifest.url), manifest.to_json())
 
 
+ATTEMPT_NAME = "_attempt.json"
+"""In the folder of a stage that keeps state between attempts (pretraining's checkpoints): the
+input fingerprints that state was made from, written when an attempt starts. With no manifest
+there (an attempt failed), it tells whether a rerun resumes or, its inputs changed, starts over."""
+
+
+def write_attempt(stage_url: str, inputs: dict[str, str]) -> None:
+    """Record the input fingerprints the state under ``stage_url`` is (from now on) made from."""
+    write_atomically(join_url(stage_url, ATTEMPT_NAME), json.dumps({"inputs": inputs}, sort_keys=True) + "\n")
+
+
+def read_attempt(stage_url: str) -> dict[str, str] | None:
+    """The input fingerprints :func:`write_attempt` recorded (None: none recorded)."""
+    fs, path = fsspec.core.url_to_fs(join_url(stage_url, ATTEMPT_NAME))
+    if not fs.exists(path):
+        return None
+    with fs.open(path, "r") as f:
+        return dict(json.load(f)["inputs"])
+
+
 def clear_stage(stage_url: str) -> None:
     """Remove a stage folder (manifest first, so a crash mid-delete never looks finished)."""
     fs, path = fsspec.core.url_to_fs(stage_url)

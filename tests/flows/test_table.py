@@ -215,3 +215,46 @@ def test_model_vocab_size_follows_the_vocabulary_unless_set(tmp_path):
     assert model_config(load_config("tiny", {"model.vocab_size": 3520}), vocab).vocab_size == 3520
     with pytest.raises(ConfigError, match="model.vocab_size: 3000 is smaller than the trained vocabulary"):
         model_config(load_config("tiny", {"model.vocab_size": 3000}), vocab)
+
+
+def test_pretraining_on_changed_examples_says_it_restarts_before_and_after_a_failed_attempt(tmp_path):
+    """What ``status`` says of a resumable stage whose input changed: "restarts", with or without
+    the manifest that a failed attempt removes (``_attempt.json`` says what its checkpoints come from)."""
+    from pipeline.schema.manifest import write_attempt
+
+    cfg, root = load_config("tiny"), str(tmp_path)
+    write_manifest("vocab", stage_url(root, "vocab"), {}, {}, {"vocab_size": 990.0}, files=[])
+    examples = stage_url(root, "examples")
+    write_manifest("examples", examples, {"dump": 1}, {}, {}, files=[])
+    old_fp = fingerprint_input(examples)
+    pretrain = stage_url(root, "pretrain")
+    inputs = stage_inputs("pretrain", cfg, root)
+    m = write_manifest("pretrain", pretrain, STAGES["pretrain"].config(cfg, inputs), {"examples": old_fp}, {}, files=[])
+    m.code_version = stage_code_version("pretrain")
+    save_manifest(m)
+    write_attempt(pretrain, {"examples": old_fp})
+    assert stage_state("pretrain", cfg, root).state == "done"
+    restarts = ["examples changed — restarts (its checkpoints, made from other examples, are set aside)"]
+
+    write_manifest("examples", examples, {"dump": 2}, {}, {}, files=[])  # a new dump went through
+    s = stage_state("pretrain", cfg, root)
+    assert (s.state, s.reasons) == ("stale", restarts)
+    os.remove(f"{pretrain}/_manifest.json")  # what an attempt that then failed leaves
+    s = stage_state("pretrain", cfg, root)
+    assert (s.state, s.reasons) == ("stale", restarts)
+    write_attempt(pretrain, {"examples": fingerprint_input(examples)})  # it had started on the new examples
+    s = stage_state("pretrain", cfg, root)
+    assert (s.state, s.reasons) == ("stale", ["unfinished: a rerun resumes from its last checkpoint"])
+    os.remove(f"{pretrain}/_attempt.json")
+    assert stage_state("pretrain", cfg, root).state == "missing"
+
+
+def test_init_from_previous_is_the_roots_last_export_once_there_is_one(tmp_path):
+    from flows.table import init_from_url
+
+    root = str(tmp_path)
+    cfg = load_config("tiny", {"pretrain.init_from": "previous"})
+    assert init_from_url(cfg, root) == ""  # the first run starts from scratch
+    write_manifest("export", stage_url(root, "export"), {}, {}, {}, files=[])
+    assert init_from_url(cfg, root) == stage_url(root, "export")
+    assert init_from_url(load_config("tiny", {"pretrain.init_from": "/models/bert"}), root) == "/models/bert"

@@ -322,3 +322,63 @@ def test_weights_that_are_not_finite_are_never_written_as_a_checkpoint(tmp_path)
     with pytest.raises(FloatingPointError, match=r"NaN/inf at step 42 .*not written as checkpoint"):
         save_checkpoint(str(tmp_path / "step-00000042"), model, {"train": {"global_step": 42}})
     assert not (tmp_path / "step-00000042" / "_complete").exists()
+
+
+def test_checkpoints_of_other_examples_are_set_aside_and_the_run_starts_over(examples, tmp_path, caplog):
+    from model.contract import fingerprint_input
+    from pipeline.schema.manifest import read_attempt
+
+    cfg = config(phases=(PhaseConfig("p1", 16, 6, 8),), checkpoint_every=2)
+    run = tmp_path / "run"
+    with pytest.raises(Crash):  # an unfinished run on the old examples
+        run_pretrain(cfg, MODEL, examples, str(run), log_fn=crash_at(4))
+    assert find_latest_checkpoint(str(run)) is not None
+    old_fp = fingerprint_input(examples)
+    assert read_attempt(str(run)) == {"examples": old_fp}
+    # a new dump went through the earlier stages: other examples under the same config
+    new = write_example_stage(tmp_path / "new", seed=1)
+    new_fp = fingerprint_input(new)
+    aside = run / f"_previous-{old_fp[:16]}"
+    seen = []
+
+    def look(metrics, step):  # while the new run trains, the old one is kept aside, not resumed
+        seen.append((step, sorted(p.name for p in aside.iterdir()), find_latest_checkpoint(str(run))))
+
+    with caplog.at_level(logging.WARNING):
+        m = run_pretrain(cfg, MODEL, new, str(run), log_fn=look)
+    assert any("made from other examples" in r.getMessage() for r in caplog.records)
+    assert seen[0][0] == 2 and seen[0][1] == ["p1"] and seen[0][2] is None  # from step 1, not from step 4
+    assert m.counts["steps"] == 6 and m.inputs == {"examples": new_fp}
+    assert read_attempt(str(run)) == {"examples": new_fp}
+    assert not aside.exists()  # removed once the new run finished
+    run_pretrain(cfg, MODEL, new, str(tmp_path / "straight"))
+    assert_same(final_weights(run), final_weights(tmp_path / "straight"))
+
+
+def test_init_from_a_model_of_another_vocabulary_carries_shared_tokens_over(tmp_path):
+    """A refresh retrains the vocabulary: ids move, pieces come and go. The rows of the pieces
+    both hold are carried over by their string; the rest of the network is copied."""
+    from model.warmstart import init_weights
+
+    small = BertConfig(**{**MODEL.__dict__, "vocab_size": 6})
+    old_vocab, new_vocab = ["[PAD]", "a", "b", "c", "d", "e"], ["[PAD]", "c", "x", "a", "y", "e", "b"]
+    torch.manual_seed(3)
+    source = BertForPreTraining(small)
+    save_pretrained(source, str(tmp_path / "hf"))
+    (tmp_path / "hf" / "vocab.txt").write_text("\n".join(old_vocab) + "\n")
+    (tmp_path / "vocab").mkdir()
+    (tmp_path / "vocab" / "vocab.txt").write_text("\n".join(new_vocab) + "\n")
+    model = BertForPreTraining(BertConfig(**{**MODEL.__dict__, "vocab_size": 7}))
+    fresh = {k: v.clone() for k, v in model.state_dict().items()}
+    assert init_weights(model, str(tmp_path / "hf"), str(tmp_path / "vocab")) == {"shared_tokens": 5, "new_tokens": 2}
+    got, src = model.state_dict(), source.state_dict()
+    emb = "bert.embeddings.word_embeddings.weight"
+    for i, tok in enumerate(new_vocab):
+        for name in (emb, "cls.predictions.bias"):
+            want = src[name][old_vocab.index(tok)] if tok in old_vocab else fresh[name][i]
+            assert torch.equal(got[name][i], want), (name, tok)
+    assert torch.equal(got["cls.predictions.decoder.weight"], got[emb])  # still tied
+    assert torch.equal(got["bert.encoder.layer.0.attention.self.query.weight"],
+                       src["bert.encoder.layer.0.attention.self.query.weight"])  # fmt: skip
+    with pytest.raises(ValueError, match="vocab.txt is missing"):  # no way to match rows
+        init_weights(BertForPreTraining(BertConfig(**{**MODEL.__dict__, "vocab_size": 7})), str(tmp_path / "hf"))

@@ -118,6 +118,11 @@ def test_grid_units_aggregate_skip_and_retry(tmp_path, fake_task):
     manifest = U.run_downstream("fake", config, str(tmp_path / "data"), str(tmp_path / "model"), str(out))
     assert fake_task == ["lr1_bs32_ep3_seed3"]
     assert manifest.counts["units_failed"] == 0 and manifest.counts["dev_median"] == pytest.approx(72.0)
+    # a new model (a refresh): every unit starts over by itself, none is kept or refused
+    (tmp_path / "model" / "config.json").write_text('{"refreshed": 1}')
+    fake_task.clear()
+    manifest = U.run_downstream("fake", config, str(tmp_path / "data"), str(tmp_path / "model"), str(out))
+    assert len(fake_task) == 6 and manifest.inputs["model"] == fingerprint_input(str(tmp_path / "model"))
     # the per-model table and the GLUE average
     summary = summarize({"fake": str(out)}, str(tmp_path / "all"), model="m")
     assert summary["glue_average"] == pytest.approx(72.0) and summary["glue_average_tasks"] == ["fake"]

@@ -38,6 +38,7 @@ from flows.table import (
     CHAIN,
     STAGES,
     StageResult,
+    card_sources,
     get_stage,
     producer,
     stage_config,
@@ -319,10 +320,14 @@ def register_model_task(cfg: RunConfig, model: StageResult, downstream: list[Sta
     import mlflow
 
     from flows import model_registry as registry
+    from flows.card import write_model_card
     from flows.mlflow_model import log_bert_model
 
     tracker = tracking.tracker()
     name = cfg.model_name
+    if downstream and not cfg.data.finetune_model:  # the scores are this model's: the card shows them
+        sources = card_sources(cfg, model.url.rsplit("/", 1)[0])
+        write_model_card(cfg, model.url, sources, [(get_stage(r.stage).task, r) for r in downstream])
     fingerprint = (model.manifest or read_manifest(model.url)).fingerprint
     scores = registry.task_scores([(get_stage(r.stage).task, r) for r in downstream])
     score, glue = registry.model_score(scores)

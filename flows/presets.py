@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from flows.overrides import apply_overrides, build, suggest
+from model.card import CardConfig
 from model.config import BertConfig, PhaseConfig, PretrainConfig
 from pipeline.beam.config import BeamConfig
 from pipeline.corpus.config import CorpusConfig
@@ -89,6 +90,8 @@ class RunConfig:
     """Downstream tasks run after export, in parallel (see tasks.registry.TASKS)."""
     model_name: str = "bert-tiny"
     """Registered model name in MLflow."""
+    card: CardConfig = field(default_factory=CardConfig)
+    """What the exported model's card (README.md) says that the run cannot know: language, licence."""
 
     def __post_init__(self):
         lengths = set(self.examples.max_seq_lengths)
@@ -296,6 +299,7 @@ def _language(base: RunConfig, lang: str, name: str, vocab_size: int, tasks: tup
         base,
         preset=name,
         data=dataclasses.replace(base.data, sample="" if base.data.required else lang),
+        card=dataclasses.replace(base.card, language=(lang,)),
         # a Japanese or Chinese character carries about what three English ones do: "南野村出身。"
         corpus=dataclasses.replace(base.corpus, min_sentence_chars=6),
         vocab=vocab,

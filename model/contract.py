@@ -27,6 +27,7 @@ has_manifest = _manifest.has_manifest
 list_files = _manifest.list_files
 manifest_url = _manifest.manifest_url
 read_manifest = _manifest.read_manifest
+save_manifest = _manifest.save_manifest
 write_manifest = _manifest.write_manifest
 
 # URLs and whole-file commits (pipeline/schema/storage.py)
@@ -63,6 +64,7 @@ __all__ = [
     "list_files",
     "manifest_url",
     "read_manifest",
+    "save_manifest",
     "word_tokenizer_of",
     "write_atomically",
     "write_manifest",

@@ -102,8 +102,35 @@ def _add_common(p: argparse.ArgumentParser) -> None:
         help="override a config field (repeatable), e.g. --set pretrain.phases.0.steps=50 "
         "--set data.wiki=/dumps/enwiki.xml.bz2; `bertflow config --help` lists every field",
     )
-    p.add_argument("--mlflow-uri", default=None, help="MLflow tracking URI (default: sqlite:///<root>/mlflow.db)")
+    p.add_argument(
+        "--mlflow-uri", default=None, help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else <root>/mlflow.db)"
+    )
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+
+
+def _version() -> str:
+    """The installed distribution's version, and the commit of the checkout it runs from when known."""
+    import importlib.metadata
+
+    from flows.tracking import git_commit
+
+    try:
+        version = importlib.metadata.version("bertflow")
+    except importlib.metadata.PackageNotFoundError:
+        version = "(not installed)"
+    commit = git_commit()
+    return f"{version} (git {commit[:12]})" if commit and commit != "unknown" else version
+
+
+class _VersionAction(argparse.Action):
+    """``--version``, computed only when asked (it asks git for the commit)."""
+
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(f"bertflow {_version()}")
+        parser.exit()
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -114,6 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=_exit_codes_help(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("--version", action=_VersionAction, help="print bertflow's version (and commit) and exit")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     run = sub.add_parser(
@@ -405,7 +433,9 @@ def _status(args, cfg) -> int:
     if missing:
         print(f"bertflow: status: {missing}", file=sys.stderr)
         return 2
-    rows = collect_status(cfg, root, args.mlflow_uri, verify=args.verify)
+    # the store the runs used: --mlflow-uri, else MLFLOW_TRACKING_URI (as `run` takes it), else the root's own
+    uri = args.mlflow_uri or os.environ.get("MLFLOW_TRACKING_URI") or None
+    rows = collect_status(cfg, root, uri, verify=args.verify)
     if args.json:
         print(json.dumps(rows, indent=2, default=str))
     else:

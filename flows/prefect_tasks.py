@@ -325,10 +325,11 @@ def register_model_task(cfg: RunConfig, model: StageResult, downstream: list[Sta
 
     tracker = tracking.tracker()
     name = cfg.model_name
-    if downstream and not cfg.data.finetune_model:  # the scores are this model's: the card shows them
-        sources = card_sources(cfg, model.url.rsplit("/", 1)[0])
-        write_model_card(cfg, model.url, sources, [(get_stage(r.stage).task, r) for r in downstream])
     fingerprint = (model.manifest or read_manifest(model.url)).fingerprint
+    if not cfg.data.finetune_model:  # the downstream scores are this model's: its card shows them
+        root = model.url.rsplit("/", 1)[0]
+        scored = _results_of(cfg, root, fingerprint, downstream)
+        write_model_card(cfg, model.url, card_sources(cfg, root), [(get_stage(r.stage).task, r) for r in scored])
     scores = registry.task_scores([(get_stage(r.stage).task, r) for r in downstream])
     score, glue = registry.model_score(scores)
     version = registry.find_version(tracker, name, fingerprint)
@@ -355,6 +356,24 @@ def register_model_task(cfg: RunConfig, model: StageResult, downstream: list[Sta
     alias = registry.set_alias_by_score(tracker, name, number, score)
     log.info("registered %s version %s (%s, score %s)", name, number, alias, score)
     return {"version": number, "alias": alias, "score": score, "new": created}
+
+
+def _results_of(cfg: RunConfig, root: str, fingerprint: str, downstream: list[StageResult]) -> list[StageResult]:
+    """The downstream results of the export with ``fingerprint``: this run's, and those the root
+    holds of the tasks that did not run now (a lone ``stage export`` keeps the scores its
+    unchanged model already has)."""
+    out = list(downstream)
+    ran = {r.stage for r in downstream}
+    for name in stage_names(cfg, ("finetune",)):
+        if name in ran:
+            continue
+        try:
+            manifest = read_manifest(stage_url(root, name))
+        except ManifestError:
+            continue
+        if manifest.inputs.get("model") == fingerprint:
+            out.append(StageResult(name, "skipped", 0.0, manifest.url, manifest.counts, manifest))
+    return out
 
 
 def _version_tags(cfg: RunConfig, model: StageResult, downstream: list[StageResult]) -> dict[str, str]:

@@ -106,6 +106,36 @@ def test_config_help_describes_every_field_with_its_default(capsys):
         assert f"  {name} (" in out and f"default {default})" in out, name
 
 
+def test_version(capsys):
+    import importlib.metadata
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    assert exit_.value.code == 0
+    assert capsys.readouterr().out.startswith(f"bertflow {importlib.metadata.version('bertflow')}")
+
+
+def test_status_reads_the_store_of_mlflow_tracking_uri(tmp_path, capsys, monkeypatch):
+    """A run against a store named by MLFLOW_TRACKING_URI (a server, a shared database): status
+    shows its runs without --mlflow-uri, as `run` took the store from the environment."""
+    from flows.tracking import Tracker
+
+    root = tmp_path / "root"
+    root.mkdir()
+    uri = f"sqlite:///{tmp_path}/shared.db"
+    tracker = Tracker(uri)
+    tracker.use_experiment("bertflow", artifact_root=str(tmp_path / "artifacts"))
+    run = tracker.start_run("corpus", tags={"bertflow.stage": "corpus", "bertflow.root": str(root)})
+    tracker.end_run(run, True)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    assert main(["status", "--root", str(root), "--json"]) == 3
+    rows = {r["stage"]: r for r in json.loads(capsys.readouterr().out)}
+    assert rows["corpus"]["mlflow_run"] == f"{run} (finished)"
+    monkeypatch.delenv("MLFLOW_TRACKING_URI")
+    assert main(["status", "--root", str(root), "--json"]) == 3
+    assert {r["mlflow_run"] for r in json.loads(capsys.readouterr().out)} == {""}
+
+
 def test_status_tells_a_missing_root_from_an_empty_one(tmp_path, capsys):
     assert main(["status", "--root", str(tmp_path / "no-such-root")]) == 2
     assert "no run root at" in capsys.readouterr().err

@@ -35,11 +35,17 @@ def run_stages(names: list[str], cfg: RunConfig, root: str, forced: set[str] | b
 
     plain = [n for n in names if get_stage(n).units is None]
     fanned = [n for n in names if get_stage(n).units is not None]
-    results = [
-        unwrap(stage_task.with_options(**stage_options(n))(n, cfg, root, is_forced(n), tracking, given)) for n in plain
-    ]
+    results, previous = [], None
+    for n in plain:
+        # each stage waits for the one before (wait_for): Prefect's run graph draws the chain
+        state = stage_task.with_options(**stage_options(n))(
+            n, cfg, root, is_forced(n), tracking, given, wait_for=[previous] if previous else None, return_state=True
+        )
+        results.append(unwrap(state))  # a failed stage raises its error here
+        previous = state
     if fanned:
-        results += fan_out(fanned, cfg, root, forced if isinstance(forced, bool) else set(forced), tracking, given)
+        forced_fanned = forced if isinstance(forced, bool) else set(forced)
+        results += fan_out(fanned, cfg, root, forced_fanned, tracking, given, after=previous)
     return results
 
 
@@ -50,12 +56,15 @@ def finish(preset: str, root: str, cfg: RunConfig, tracking: Tracking, results: 
     scored, the parent run's key figures; the flow's summary."""
     downstream = [r for r in results if get_stage(r.stage).task]
     if downstream:
-        results_table_task(cfg, root, tracking)
+        results_table_task(cfg, root, tracking, wait_for=downstream)
     registered = None
     model = next((r for r in results if get_stage(r.stage).publishes_model), None)
     if model is not None:
         registered = register_model_task(cfg, model, downstream, tracking)
     tracker = tracking.tracker()
+    if results and all(r.status == "skipped" for r in results):  # the one MLflow run of a run that did nothing
+        note = f"Nothing to do: all {len(results)} stages were up to date (no stage run was opened)."
+        tracker.set_tags(tracking.parent_run_id, {"bertflow.outcome": "nothing to do", "mlflow.note.content": note})
     for r in results:
         figures = key_figures(get_stage(r.stage).figures, r.counts)
         tracker.log_metrics(tracking.parent_run_id, {f"{r.stage.replace('/', '.')}.{k}": v for k, v in figures.items()})

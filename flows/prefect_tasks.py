@@ -33,7 +33,7 @@ from flows.figures import format_figure, key_figures
 from flows.presets import RunConfig, as_dict, load_config
 from flows.proc.protocol import STOP, worth_retrying
 from flows.reporting import log_stage_artifacts, stage_markdown
-from flows.runner import run_stage
+from flows.runner import run_stage, stage_state
 from flows.table import (
     CHAIN,
     STAGES,
@@ -212,10 +212,16 @@ def stage_task(
     given: dict[str, str] | None = None,
     aggregate_only: bool = False,
 ) -> StageResult:
-    """Run one stage inside an MLflow child run and publish what it wrote."""
+    """Run one stage inside an MLflow child run and publish what it wrote. A stage that is up to
+    date opens no MLflow run (a run that does nothing adds none) and ends ``Skipped``."""
     from prefect.runtime import task_run
 
     STOP.check(f"stage {stage}")
+    skipped = None if force or aggregate_only else up_to_date(stage, cfg, root, given)
+    if skipped is not None:
+        create_markdown_artifact(key=_artifact_key(stage), markdown=stage_markdown(skipped),
+                                 description=f"{stage}: up to date, skipped")  # fmt: skip
+        return Completed(name="Skipped", message=f"{stage} is up to date: {skipped.url}", data=skipped)
     tracker = tracking.tracker()
     run_id = tracker.start_run(
         stage, parent_id=tracking.parent_run_id, tags={"bertflow.stage": stage, "bertflow.root": root}
@@ -238,7 +244,7 @@ def stage_task(
         )
         _log_stage(tracker, run_id, stage, cfg, result)
         create_markdown_artifact(
-            key=stage.replace("/", "-").replace("_", "-").lower() + "-output",
+            key=_artifact_key(stage),
             markdown=stage_markdown(result),
             description=f"{stage}: what the stage wrote",
         )
@@ -248,6 +254,21 @@ def stage_task(
         return result
     finally:
         end_run(tracker, run_id, ok)
+
+
+def _artifact_key(stage: str) -> str:
+    return stage.replace("/", "-").replace("_", "-").lower() + "-output"
+
+
+def up_to_date(stage: str, cfg: RunConfig, root: str, given: dict[str, str] | None) -> StageResult | None:
+    """The result of a stage that is up to date (``flows.runner.stage_state``), as ``run_stage``
+    gives it when it skips; None when the stage must run."""
+    current = stage_state(stage, cfg, root, given)
+    if current.state != "done":
+        return None
+    log.info("stage %s: up to date, skipped (%s)", stage, current.url)
+    m = current.manifest
+    return StageResult(stage, "skipped", 0.0, current.url, m.counts, m, stage_inputs(stage, cfg, root, given))
 
 
 def _log_stage(tracker: Tracker, run_id: str, stage: str, cfg: RunConfig, result: StageResult) -> None:

@@ -97,7 +97,10 @@ def test_mlflow_holds_runs_and_a_registered_model(chain, chain_overrides):
     runs = client.search_runs([exp.experiment_id])
     parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
     assert len(parents) == 3  # one per command
-    first_parent = min(parents, key=lambda r: r.info.start_time)
+    first_parent, second_parent, _ = sorted(parents, key=lambda r: r.info.start_time)
+    # the second run skipped every stage: no run of its own for any of them, its parent says so
+    assert not [r for r in runs if r.data.tags.get("mlflow.parentRunId") == second_parent.info.run_id]
+    assert second_parent.data.tags["bertflow.outcome"] == "nothing to do"
     ours = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == first_parent.info.run_id]
     children = {r.info.run_name: r for r in ours if "bertflow.unit" not in r.data.tags}
     assert set(children) == {

@@ -22,6 +22,7 @@ from flows.prefect_tasks import (
 )
 from flows.presets import RunConfig
 from flows.table import get_stage
+from pipeline.schema.manifest import ManifestError, read_manifest
 
 
 def run_stages(names: list[str], cfg: RunConfig, root: str, forced: set[str] | bool, tracking: Tracking,
@@ -49,16 +50,36 @@ def run_stages(names: list[str], cfg: RunConfig, root: str, forced: set[str] | b
     return results
 
 
+def evaluated_export(downstream: list[StageResult]) -> StageResult | None:
+    """The export the downstream tasks of a run without an export stage (``stage-finetune``, the
+    weekly re-evaluation) fine-tuned, when every task read the same one and it is a bertflow
+    export (a folder with its manifest): the registry step then rescores the version made from it
+    (its champion alias moves only by score). None for a released model, or for tasks that read
+    different models."""
+    models = {r.inputs.get("model") for r in downstream}
+    if len(models) != 1 or None in models:
+        return None
+    (url,) = models
+    try:
+        manifest = read_manifest(url)
+    except (ManifestError, FileNotFoundError):
+        return None
+    if manifest.stage != "export":
+        return None
+    return StageResult("export", "skipped", 0.0, manifest.url, manifest.counts, manifest)
+
+
 def finish(preset: str, root: str, cfg: RunConfig, tracking: Tracking, results: list[StageResult],
            start: float) -> dict[str, Any]:  # fmt: skip
     """After the stages: the downstream results table (when a downstream task ran), the model of
-    the stage that publishes one registered (idempotent: once per export, ``flows.model_registry``) and
-    scored, the parent run's key figures; the flow's summary."""
+    the stage that publishes one (or, with no such stage, the export the tasks evaluated)
+    registered (idempotent: once per export, ``flows.model_registry``) and scored, the parent
+    run's key figures; the flow's summary."""
     downstream = [r for r in results if get_stage(r.stage).task]
     if downstream:
         results_table_task(cfg, root, tracking, wait_for=downstream)
     registered = None
-    model = next((r for r in results if get_stage(r.stage).publishes_model), None)
+    model = next((r for r in results if get_stage(r.stage).publishes_model), None) or evaluated_export(downstream)
     if model is not None:
         registered = register_model_task(cfg, model, downstream, tracking)
     tracker = tracking.tracker()

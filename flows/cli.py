@@ -502,7 +502,12 @@ def print_summary(summary: dict) -> None:
             f"registered model: {summary['model_name']} version {summary['model_version']} "
             f"(alias {summary.get('model_alias')}): models:/{summary['model_name']}@{summary.get('model_alias')}"
         )
-    console.print(f"MLflow: mlflow ui --backend-store-uri {summary['tracking_uri']}")
+    from flows.tracking import ui_url
+
+    uri = summary["tracking_uri"]
+    if not uri.startswith(("http://", "https://")):
+        console.print(f"MLflow: mlflow ui --backend-store-uri {uri}")
+    console.print(f"MLflow runs: {ui_url(uri, summary['experiment_id'])}")
 
 
 if __name__ == "__main__":

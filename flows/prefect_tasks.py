@@ -439,6 +439,7 @@ def summary(preset: str, root: str, tracking: Tracking, cfg: RunConfig, results:
         "preset": preset,
         "root": root,
         "tracking_uri": tracking.uri,
+        "experiment_id": tracking.experiment_id,
         "parent_run_id": tracking.parent_run_id,
         "model_name": cfg.model_name,
         "model_version": registered["version"] if registered else None,

@@ -92,3 +92,24 @@ def test_the_registry_step_completes_the_card_with_the_scores(exported):
 def test_a_language_preset_says_its_language():
     cfg = load_config("tiny-ja")
     assert cfg.card.language == ("ja",)
+
+
+def test_the_reevaluation_rescores_the_export_it_evaluated(exported, tmp_path):
+    """stage-finetune (the weekly re-evaluation) runs no export stage: the registry step takes the
+    export its tasks read, so the version made from it is rescored; a released model (no
+    manifest) or tasks that read different models are not a version to score."""
+    from flows.chain import evaluated_export
+
+    cfg, root, url, manifest = exported
+
+    def result(task, model):
+        return StageResult(f"finetune/{task}", "done", 1.0, f"{root}/finetune/{task}", {"dev_median": 70.0}, None,
+                           {"model": model, "data": "/data"})  # fmt: skip
+
+    found = evaluated_export([result("sst2", url), result("squad1", url)])
+    assert found.stage == "export" and found.url == url and found.manifest.fingerprint == manifest.fingerprint
+    released = tmp_path / "released"
+    released.mkdir()
+    assert evaluated_export([result("sst2", str(released))]) is None
+    assert evaluated_export([result("sst2", url), result("squad1", str(released))]) is None
+    assert evaluated_export([]) is None

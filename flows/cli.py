@@ -274,9 +274,52 @@ def main(argv: list[str] | None = None) -> int:
         raise  # not reached
 
 
+def beam_words(words: list[str]) -> list[str]:
+    """Beam's own option words (``--runner=DataflowRunner --project=p --flink_master=h:8081``),
+    as ``--set`` overrides of the shared ``beam`` config: a field of ``BeamConfig`` by its name,
+    any other option Beam knows into ``beam.options``. A word Beam does not know either is an
+    error (a misspelt option of ours is not passed to Beam to be ignored)."""
+    import dataclasses
+
+    from pipeline.beam.config import BeamConfig
+
+    fields = {f.name for f in dataclasses.fields(BeamConfig)} - {"options", "extra_args"}
+    known: set[str] | None = None
+    out, i = [], 0
+    while i < len(words):
+        word = words[i]
+        if not word.startswith("--") or len(word) == 2:
+            raise ValueError(f"unrecognized argument {word!r}")
+        name, eq, value = word[2:].partition("=")
+        if not eq:  # --name value, or a bare flag
+            if i + 1 < len(words) and not words[i + 1].startswith("--"):
+                value, i = words[i + 1], i + 1
+            else:
+                value = "true"
+        if name not in fields:
+            if known is None:
+                from pipeline.beam.io import beam_option_names
+
+                known = beam_option_names()
+            if name not in known:
+                raise ValueError(f"unrecognized argument --{name}: not an option of bertflow nor of Beam")
+            name = f"options.{name}"
+        out.append(f"beam.{name}={value}")
+        i += 1
+    return out
+
+
 def _main(argv: list[str]) -> int:
-    args = build_parser().parse_args(argv)
+    args, rest = build_parser().parse_known_args(argv)
     args.argv = argv
+    if rest:  # Beam's own option words: only where a Beam stage can run
+        try:
+            if args.command not in ("run", "stage", "config"):
+                raise ValueError(f"unrecognized arguments: {' '.join(rest)}")
+            args.overrides = beam_words(rest) + list(args.overrides)  # an explicit --set wins
+        except ValueError as exc:
+            print(f"bertflow: {args.command}: {exc}", file=sys.stderr)
+            return 2
     _offline_defaults()
     if args.command == "synth-corpus":
         return _synth(args)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -330,8 +331,37 @@ def load_config(preset: str, overrides: dict[str, Any] | None = None) -> RunConf
         raise ConfigError(
             f"preset: unknown preset {preset!r}{suggest(preset, PRESETS)}; choose one of {sorted(PRESETS)}"
         )
-    data = apply_overrides(RunConfig, dataclasses.asdict(PRESETS[preset]()), overrides or {})
+    data = apply_overrides(RunConfig, dataclasses.asdict(PRESETS[preset]()), share_beam(overrides or {}))
     return build(RunConfig, data)
+
+
+SHARED_BEAM = "beam"
+"""The one place for the Beam stages' options: ``beam.<field>`` sets ``<field>`` of every Beam
+stage's ``beam`` (``corpus.beam``, ``examples.beam``); a stage's own path wins over it."""
+
+
+def beam_sections() -> tuple[str, ...]:
+    """The sections of the run config that run a Beam job: those with a ``beam`` field."""
+    hints = typing.get_type_hints(RunConfig)
+    return tuple(
+        name
+        for name, hint in hints.items()
+        if dataclasses.is_dataclass(hint) and "beam" in {f.name for f in dataclasses.fields(hint)}
+    )
+
+
+def share_beam(overrides: dict[str, Any]) -> dict[str, Any]:
+    """``overrides`` with each ``beam.*`` one set on every Beam stage (``corpus.beam.*``,
+    ``examples.beam.*``); a stage's own override of the same path wins whatever the order."""
+    shared = {k: v for k, v in overrides.items() if k == SHARED_BEAM or k.startswith(SHARED_BEAM + ".")}
+    if not shared:
+        return overrides
+    out: dict[str, Any] = {}
+    for key, value in shared.items():
+        for section in beam_sections():
+            out[f"{section}.{key}"] = value
+    out.update({k: v for k, v in overrides.items() if k not in shared})
+    return out
 
 
 def as_dict(cfg: Any) -> dict[str, Any]:

@@ -94,19 +94,23 @@ def card_score(task_name: str, result: StageResult) -> CardScore | None:
     if "dev_median" not in c:
         return None
     task = get_task(task_name)
-    dataset = f"GLUE {task.layout.folder}" if task.family == "glue" and task.layout else task.name
+    family = {"glue": "GLUE", "jglue": "JGLUE", "clue": "CLUE"}.get(task.family)
+    dataset = {"ner": "CoNLL-2003", "swag": "SWAG"}.get(task.family, task.name)
+    if family:
+        dataset = f"{family} {task.layout.folder if task.layout else task.name}"
+    dataset_type = _DATASETS.get(task.family, task.family)
+    config = {"ner": "conll2003", "swag": "regular"}.get(task.family, task.name)
     if task.family == "squad":
-        config = "squad_v2" if task.options.get("version") == "2.0" else "plain_text"
-        dataset = "SQuAD v2.0" if config == "squad_v2" else "SQuAD v1.1"
-    else:
-        config = task.name
+        v2 = task.options.get("version") == "2.0"
+        dataset_type, config = ("squad_v2", "squad_v2") if v2 else ("squad", "plain_text")
+        dataset = "SQuAD v2.0" if v2 else "SQuAD v1.1"
     metric = task.metric.removeprefix("eval_")
     kept = c.get("model_kept", 0) >= 1
     return CardScore(
         task=task.name,
         task_type=_TASK_TYPES[task.head.rsplit(":", 1)[1]],
         dataset=dataset,
-        dataset_type=_DATASETS.get(task.family, task.family),
+        dataset_type=dataset_type,
         dataset_config=config,
         metric=_METRICS.get(metric, metric),
         value=float(c["dev_median"]),

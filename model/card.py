@@ -258,7 +258,7 @@ def render(facts: CardFacts) -> str:
         "",
         *data,
         "",
-        f"Vocabulary: WordPiece, {v.get('vocab_size', '?')} entries"
+        f"Vocabulary: WordPiece, {int(v['vocab_size']):,} entries"
         + (f", words split by {v['word_tokenizer']} first" if v.get("word_tokenizer", "none") != "none" else "")
         + (", lower-cased" if v.get("lowercase", True) else ", cased")
         + ".",

@@ -102,8 +102,35 @@ def _add_common(p: argparse.ArgumentParser) -> None:
         help="override a config field (repeatable), e.g. --set pretrain.phases.0.steps=50 "
         "--set data.wiki=/dumps/enwiki.xml.bz2; `bertflow config --help` lists every field",
     )
-    p.add_argument("--mlflow-uri", default=None, help="MLflow tracking URI (default: sqlite:///<root>/mlflow.db)")
+    p.add_argument(
+        "--mlflow-uri", default=None, help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else <root>/mlflow.db)"
+    )
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+
+
+def _version() -> str:
+    """The installed distribution's version, and the commit of the checkout it runs from when known."""
+    import importlib.metadata
+
+    from flows.tracking import git_commit
+
+    try:
+        version = importlib.metadata.version("bertflow")
+    except importlib.metadata.PackageNotFoundError:
+        version = "(not installed)"
+    commit = git_commit()
+    return f"{version} (git {commit[:12]})" if commit and commit != "unknown" else version
+
+
+class _VersionAction(argparse.Action):
+    """``--version``, computed only when asked (it asks git for the commit)."""
+
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(f"bertflow {_version()}")
+        parser.exit()
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -114,6 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=_exit_codes_help(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("--version", action=_VersionAction, help="print bertflow's version (and commit) and exit")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     run = sub.add_parser(
@@ -262,9 +290,52 @@ def _dispatch(argv: list[str] | None) -> int:
         raise  # not reached
 
 
+def beam_words(words: list[str]) -> list[str]:
+    """Beam's own option words (``--runner=DataflowRunner --project=p --flink_master=h:8081``),
+    as ``--set`` overrides of the shared ``beam`` config: a field of ``BeamConfig`` by its name,
+    any other option Beam knows into ``beam.options``. A word Beam does not know either is an
+    error (a misspelt option of ours is not passed to Beam to be ignored)."""
+    import dataclasses
+
+    from pipeline.beam.config import BeamConfig
+
+    fields = {f.name for f in dataclasses.fields(BeamConfig)} - {"options", "extra_args"}
+    known: set[str] | None = None
+    out, i = [], 0
+    while i < len(words):
+        word = words[i]
+        if not word.startswith("--") or len(word) == 2:
+            raise ValueError(f"unrecognized argument {word!r}")
+        name, eq, value = word[2:].partition("=")
+        if not eq:  # --name value, or a bare flag
+            if i + 1 < len(words) and not words[i + 1].startswith("--"):
+                value, i = words[i + 1], i + 1
+            else:
+                value = "true"
+        if name not in fields:
+            if known is None:
+                from pipeline.beam.io import beam_option_names
+
+                known = beam_option_names()
+            if name not in known:
+                raise ValueError(f"unrecognized argument --{name}: not an option of bertflow nor of Beam")
+            name = f"options.{name}"
+        out.append(f"beam.{name}={value}")
+        i += 1
+    return out
+
+
 def _main(argv: list[str]) -> int:
-    args = build_parser().parse_args(argv)
+    args, rest = build_parser().parse_known_args(argv)
     args.argv = argv
+    if rest:  # Beam's own option words: only where a Beam stage can run
+        try:
+            if args.command not in ("run", "stage", "config"):
+                raise ValueError(f"unrecognized arguments: {' '.join(rest)}")
+            args.overrides = beam_words(rest) + list(args.overrides)  # an explicit --set wins
+        except ValueError as exc:
+            print(f"bertflow: {args.command}: {exc}", file=sys.stderr)
+            return 2
     _offline_defaults()
     if args.command == "synth-corpus":
         return _synth(args)
@@ -421,7 +492,9 @@ def _status(args, cfg) -> int:
     if missing:
         print(f"bertflow: status: {missing}", file=sys.stderr)
         return 2
-    rows = collect_status(cfg, root, args.mlflow_uri, verify=args.verify)
+    # the store the runs used: --mlflow-uri, else MLFLOW_TRACKING_URI (as `run` takes it), else the root's own
+    uri = args.mlflow_uri or os.environ.get("MLFLOW_TRACKING_URI") or None
+    rows = collect_status(cfg, root, uri, verify=args.verify)
     if args.json:
         print(json.dumps(rows, indent=2, default=str))
     else:
@@ -488,7 +561,12 @@ def print_summary(summary: dict) -> None:
             f"registered model: {summary['model_name']} version {summary['model_version']} "
             f"(alias {summary.get('model_alias')}): models:/{summary['model_name']}@{summary.get('model_alias')}"
         )
-    console.print(f"MLflow: mlflow ui --backend-store-uri {summary['tracking_uri']}")
+    from flows.tracking import ui_url
+
+    uri = summary["tracking_uri"]
+    if not uri.startswith(("http://", "https://")):
+        console.print(f"MLflow: mlflow ui --backend-store-uri {uri}")
+    console.print(f"MLflow runs: {ui_url(uri, summary['experiment_id'])}")
 
 
 if __name__ == "__main__":

@@ -180,10 +180,13 @@ def fan_out(
     tracking: Any,
     given: dict[str, str] | None = None,
     retries: int | None = None,
+    after: Any = None,
 ) -> list[StageResult]:
     """Run the stages ``names`` (rows with units) unit by unit, then gather each; their results
     in the order of ``names``. Call from a flow whose task runner runs tasks concurrently.
-    ``retries``: of each unit task (default: the stage row's)."""
+    ``retries``: of each unit task (default: the stage row's). ``after``: the state of the stage
+    they follow (the export), which every unit and gathering task waits for (the run graph's edges)."""
+    upstream = [after] if after is not None else None
 
     def is_forced(name: str) -> bool:
         return forced if isinstance(forced, bool) else name in forced
@@ -210,7 +213,7 @@ def fan_out(
                 retries=row.retries if retries is None else retries,
                 retry_delay_seconds=10,
                 retry_condition_fn=retry_condition,
-            ).submit(name, u["unit_id"], cfg, root, is_forced(name), tracking, given)
+            ).submit(name, u["unit_id"], cfg, root, is_forced(name), tracking, given, wait_for=upstream)
             for u in units
         ]
     # submitted after every unit (the pool is first-in first-out): a gathering task waiting for
@@ -231,5 +234,5 @@ def fan_out(
                 )
             )
         else:
-            futures.append(stage_task.submit(name, cfg, root, False, tracking, given))
+            futures.append(stage_task.submit(name, cfg, root, False, tracking, given, wait_for=upstream))
     return [unwrap(f.result()) for f in futures]

@@ -33,10 +33,11 @@ from flows.figures import format_figure, key_figures
 from flows.presets import RunConfig, as_dict, load_config
 from flows.proc.protocol import STOP, worth_retrying
 from flows.reporting import log_stage_artifacts, stage_markdown
-from flows.runner import run_stage
+from flows.runner import run_stage, stage_state
 from flows.table import (
     CHAIN,
     StageResult,
+    card_sources,
     get_stage,
     stage_config,
     stage_names,
@@ -231,10 +232,16 @@ def stage_task(
     given: dict[str, str] | None = None,
     aggregate_only: bool = False,
 ) -> StageResult:
-    """Run one stage inside an MLflow child run and publish what it wrote."""
+    """Run one stage inside an MLflow child run and publish what it wrote. A stage that is up to
+    date opens no MLflow run (a run that does nothing adds none) and ends ``Skipped``."""
     from prefect.runtime import task_run
 
     STOP.check(f"stage {stage}")
+    skipped = None if force or aggregate_only else up_to_date(stage, cfg, root, given)
+    if skipped is not None:
+        create_markdown_artifact(key=_artifact_key(stage), markdown=stage_markdown(skipped),
+                                 description=f"{stage}: up to date, skipped")  # fmt: skip
+        return Completed(name="Skipped", message=f"{stage} is up to date: {skipped.url}", data=skipped)
     tracker = tracking.tracker()
     run_id = tracker.start_run(
         stage, parent_id=tracking.parent_run_id, tags={"bertflow.stage": stage, "bertflow.root": root}
@@ -257,7 +264,7 @@ def stage_task(
         )
         _log_stage(tracker, run_id, stage, cfg, result)
         create_markdown_artifact(
-            key=stage.replace("/", "-").replace("_", "-").lower() + "-output",
+            key=_artifact_key(stage),
             markdown=stage_markdown(result),
             description=f"{stage}: what the stage wrote",
         )
@@ -267,6 +274,21 @@ def stage_task(
         return result
     finally:
         end_run(tracker, run_id, ok)
+
+
+def _artifact_key(stage: str) -> str:
+    return stage.replace("/", "-").replace("_", "-").lower() + "-output"
+
+
+def up_to_date(stage: str, cfg: RunConfig, root: str, given: dict[str, str] | None) -> StageResult | None:
+    """The result of a stage that is up to date (``flows.runner.stage_state``), as ``run_stage``
+    gives it when it skips; None when the stage must run."""
+    current = stage_state(stage, cfg, root, given)
+    if current.state != "done":
+        return None
+    log.info("stage %s: up to date, skipped (%s)", stage, current.url)
+    m = current.manifest
+    return StageResult(stage, "skipped", 0.0, current.url, m.counts, m, stage_inputs(stage, cfg, root, given))
 
 
 def _log_stage(tracker: Tracker, run_id: str, stage: str, cfg: RunConfig, result: StageResult) -> None:
@@ -339,11 +361,16 @@ def register_model_task(cfg: RunConfig, model: StageResult, downstream: list[Sta
     import mlflow
 
     from flows import model_registry as registry
+    from flows.card import write_model_card
     from flows.mlflow_model import log_bert_model
 
     tracker = tracking.tracker()
     name = cfg.model_name
     fingerprint = (model.manifest or read_manifest(model.url)).fingerprint
+    if not cfg.data.finetune_model:  # the downstream scores are this model's: its card shows them
+        root = model.url.rsplit("/", 1)[0]
+        scored = _results_of(cfg, root, fingerprint, downstream)
+        write_model_card(cfg, model.url, card_sources(cfg, root), [(get_stage(r.stage).task, r) for r in scored])
     scores = registry.task_scores([(get_stage(r.stage).task, r) for r in downstream])
     score, glue = registry.model_score(scores)
     version = registry.find_version(tracker, name, fingerprint)
@@ -374,6 +401,24 @@ def register_model_task(cfg: RunConfig, model: StageResult, downstream: list[Sta
     alias = registry.set_alias_by_score(tracker, name, number, score)
     log.info("registered %s version %s (%s, score %s)", name, number, alias, score)
     return {"version": number, "alias": alias, "score": score, "new": created}
+
+
+def _results_of(cfg: RunConfig, root: str, fingerprint: str, downstream: list[StageResult]) -> list[StageResult]:
+    """The downstream results of the export with ``fingerprint``: this run's, and those the root
+    holds of the tasks that did not run now (a lone ``stage export`` keeps the scores its
+    unchanged model already has)."""
+    out = list(downstream)
+    ran = {r.stage for r in downstream}
+    for name in stage_names(cfg, ("finetune",)):
+        if name in ran:
+            continue
+        try:
+            manifest = read_manifest(stage_url(root, name))
+        except ManifestError:
+            continue
+        if manifest.inputs.get("model") == fingerprint:
+            out.append(StageResult(name, "skipped", 0.0, manifest.url, manifest.counts, manifest))
+    return out
 
 
 def _version_tags(cfg: RunConfig, model: StageResult, downstream: list[StageResult]) -> dict[str, str]:
@@ -410,6 +455,7 @@ def summary(preset: str, root: str, tracking: Tracking, cfg: RunConfig, results:
         "preset": preset,
         "root": root,
         "tracking_uri": tracking.uri,
+        "experiment_id": tracking.experiment_id,
         "parent_run_id": tracking.parent_run_id,
         "model_name": cfg.model_name,
         "model_version": registered["version"] if registered else None,

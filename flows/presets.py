@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from flows.overrides import apply_overrides, build, suggest
+from model.card import CardConfig
 from model.config import BertConfig, PhaseConfig, PretrainConfig
 from pipeline.beam.config import BeamConfig
 from pipeline.corpus.config import CorpusConfig
@@ -94,6 +96,8 @@ class RunConfig:
     (a refresh moves the previous corpus, vocab, shards, checkpoints and export there, so that the
     versions registered from them still lead to their data; ``flows/lineage.py``). 0: replaced
     outputs are deleted."""
+    card: CardConfig = field(default_factory=CardConfig)
+    """What the exported model's card (README.md) says that the run cannot know: language, licence."""
 
     def __post_init__(self):
         lengths = set(self.examples.max_seq_lengths)
@@ -301,6 +305,7 @@ def _language(base: RunConfig, lang: str, name: str, vocab_size: int, tasks: tup
         base,
         preset=name,
         data=dataclasses.replace(base.data, sample="" if base.data.required else lang),
+        card=dataclasses.replace(base.card, language=(lang,)),
         # a Japanese or Chinese character carries about what three English ones do: "南野村出身。"
         corpus=dataclasses.replace(base.corpus, min_sentence_chars=6),
         vocab=vocab,
@@ -331,8 +336,37 @@ def load_config(preset: str, overrides: dict[str, Any] | None = None) -> RunConf
         raise ConfigError(
             f"preset: unknown preset {preset!r}{suggest(preset, PRESETS)}; choose one of {sorted(PRESETS)}"
         )
-    data = apply_overrides(RunConfig, dataclasses.asdict(PRESETS[preset]()), overrides or {})
+    data = apply_overrides(RunConfig, dataclasses.asdict(PRESETS[preset]()), share_beam(overrides or {}))
     return build(RunConfig, data)
+
+
+SHARED_BEAM = "beam"
+"""The one place for the Beam stages' options: ``beam.<field>`` sets ``<field>`` of every Beam
+stage's ``beam`` (``corpus.beam``, ``examples.beam``); a stage's own path wins over it."""
+
+
+def beam_sections() -> tuple[str, ...]:
+    """The sections of the run config that run a Beam job: those with a ``beam`` field."""
+    hints = typing.get_type_hints(RunConfig)
+    return tuple(
+        name
+        for name, hint in hints.items()
+        if dataclasses.is_dataclass(hint) and "beam" in {f.name for f in dataclasses.fields(hint)}
+    )
+
+
+def share_beam(overrides: dict[str, Any]) -> dict[str, Any]:
+    """``overrides`` with each ``beam.*`` one set on every Beam stage (``corpus.beam.*``,
+    ``examples.beam.*``); a stage's own override of the same path wins whatever the order."""
+    shared = {k: v for k, v in overrides.items() if k == SHARED_BEAM or k.startswith(SHARED_BEAM + ".")}
+    if not shared:
+        return overrides
+    out: dict[str, Any] = {}
+    for key, value in shared.items():
+        for section in beam_sections():
+            out[f"{section}.{key}"] = value
+    out.update({k: v for k, v in overrides.items() if k not in shared})
+    return out
 
 
 def as_dict(cfg: Any) -> dict[str, Any]:

@@ -202,9 +202,12 @@ def _run_pretrain(c: StageCall) -> Manifest:
 
 
 def _run_export(c: StageCall) -> Manifest:
+    from flows.card import write_model_card
     from model.export import run_export
 
-    return run_export(c.inputs["pretrain"], c.inputs["vocab"], c.url)
+    manifest = run_export(c.inputs["pretrain"], c.inputs["vocab"], c.url)
+    write_model_card(c.cfg, c.url, card_sources(c.cfg, c.root))  # after the manifest: not one of its files
+    return manifest
 
 
 def _run_downstream(c: StageCall) -> Manifest | None:
@@ -321,7 +324,7 @@ STAGES: dict[str, Stage] = {
             inputs=lambda cfg, root: {"pretrain": _at(root, "checkpoints"), "vocab": _at(root, "vocab")},
             config=_export_config, run=_run_export, provides="model", publishes_model=True,
             code=("model.export", "model.bert", "model.packing", "model.config", "model.contract", "model.kernels",
-                  "pipeline.schema"),
+                  "model.card", "flows.card", "pipeline.schema"),
             figures=("parameters",), retries=1, timeout_s=3600, preview=hooks.model_preview,
             doc="the final weights in Hugging Face layout (config.json, model.safetensors, vocab)",
         ),
@@ -419,6 +422,14 @@ def written_by_this_run(name: str, url: str, root: str) -> bool:
     """An input that an earlier stage under ``root`` writes (not a raw file, a released model
     or another run's output)."""
     return producer(name) is not None and url.startswith(root.rstrip("/") + "/")
+
+
+def card_sources(cfg: RunConfig, root: str):
+    """What the model card of the run under ``root`` reads (``flows.card.CardSources``)."""
+    from flows.card import CardSources
+
+    urls = [stage_url(root, name) for name in ("corpus", "vocab", "pretrain")]
+    return CardSources(*urls, raw=stage_inputs("corpus", cfg, root))
 
 
 def group_input_names(group: str) -> list[str]:

@@ -46,8 +46,10 @@ log = logging.getLogger("bertflow.flow")
 ENV_RUN_ID = "BERTFLOW_MLFLOW_RUN_ID"
 ENV_TRACKING_URI = "MLFLOW_TRACKING_URI"
 EXPERIMENT_KIND = "custom_model_development"
-"""``mlflow.experimentKind``: MLflow's UI opens the experiment on its training runs (not the
-GenAI overview)."""
+"""``mlflow.experimentKind``: the experiment is model training, not a GenAI app (what MLflow's
+tools read; MLflow 3.17's UI takes its view from the URL instead: :func:`ui_url`)."""
+UI_DEFAULT = "http://127.0.0.1:5000"
+"""Where ``mlflow ui`` serves by default."""
 BUSY_SECONDS = 180.0
 _BUSY = ("database is locked", "database is busy", "database table is locked")
 _MAX_PARAM_LEN = 6000
@@ -331,6 +333,15 @@ def check_tracking_uri(uri: str, timeout: float = 5.0) -> None:
         folder = os.path.dirname(uri.removeprefix("sqlite:///"))
         if folder and os.path.exists(folder) and not os.path.isdir(folder):
             raise NotADirectoryError(f"MLflow database folder {folder} is a file")
+
+
+def ui_url(tracking_uri: str, experiment_id: str) -> str:
+    """The MLflow UI's page of the experiment's training runs. MLflow 3.17's UI opens every
+    experiment on its GenAI view (traces, latency) unless the URL (or the browser's last choice)
+    says ``workflowType=machine_learning``: its ``mlflow.experimentKind`` tag no longer decides
+    (checked in headless Chromium). A tracking server's own address, else ``mlflow ui``'s."""
+    base = tracking_uri.rstrip("/") if tracking_uri.startswith(("http://", "https://")) else UI_DEFAULT
+    return f"{base}/#/experiments/{experiment_id}/runs?workflowType=machine_learning"
 
 
 def git_commit() -> str:

@@ -27,6 +27,7 @@ has_manifest = _manifest.has_manifest
 list_files = _manifest.list_files
 manifest_url = _manifest.manifest_url
 read_manifest = _manifest.read_manifest
+save_manifest = _manifest.save_manifest
 write_manifest = _manifest.write_manifest
 write_attempt = _manifest.write_attempt
 
@@ -64,6 +65,7 @@ __all__ = [
     "list_files",
     "manifest_url",
     "read_manifest",
+    "save_manifest",
     "word_tokenizer_of",
     "write_atomically",
     "write_attempt",

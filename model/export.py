@@ -49,6 +49,11 @@ SPECIAL_TOKENS = {
     "cls_token": "[CLS]",
     "mask_token": "[MASK]",
 }
+TRANSFORMERS_VERSION = "5.24.0"
+"""The transformers release whose ``config.json`` layout the folders follow (``dtype``, not the
+pre-5.0 ``torch_dtype``); a constant, not the installed version, so the file (and the export's
+fingerprint) is the same wherever it is written. tests/model/test_export.py checks it against the
+installed transformers (the test extra's pin)."""
 # Keys transformers may write that carry nothing of their own here.
 _IGNORED = ("cls.predictions.decoder.weight", "cls.predictions.decoder.bias", "embeddings.position_ids")
 
@@ -148,16 +153,23 @@ def save_pretrained(model: nn.Module, output_url: str, vocab_url: str | None = N
     fs, root = fsspec.core.url_to_fs(output_url)
     fs.makedirs(root, exist_ok=True)
     save_weights(inner, join_url(output_url, WEIGHTS_NAME))
-    config = dataclasses.asdict(inner.config)
-    config.update(
-        model_type="bert",
-        architectures=[_architecture(inner)],
-        position_embedding_type="absolute",
-        torch_dtype="float32",
-    )
-    _write_json(join_url(output_url, CONFIG_NAME), config)
+    _write_json(join_url(output_url, CONFIG_NAME), hf_config(inner.config, _architecture(inner)))
     if vocab_url is not None:
         copy_tokenizer(vocab_url, output_url, inner.config.max_position_embeddings)
+
+
+def hf_config(config: BertConfig, architecture: str, extra: dict | None = None) -> dict:
+    """``config.json`` as transformers 5 writes it for a BERT of ``architecture`` (float32 weights)."""
+    out = dataclasses.asdict(config)
+    out.update(
+        model_type="bert",
+        architectures=[architecture],
+        position_embedding_type="absolute",
+        dtype="float32",
+        transformers_version=TRANSFORMERS_VERSION,
+    )
+    out.update(extra or {})
+    return out
 
 
 def read_tokenizer_config(folder_url: str) -> dict:

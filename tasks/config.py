@@ -13,6 +13,10 @@ from dataclasses import dataclass, field
 
 from model.contract import LIMITS, check, check_at_most
 
+FINETUNED_FOLDER = "model"
+"""Where a fine-tuning run keeps its model (Hugging Face layout) under its output folder; the
+gathering copies the best grid point's up to ``finetune/<task>/model/``."""
+
 
 @dataclass(frozen=True)
 class SquadConfig:
@@ -91,8 +95,9 @@ class GridConfig:
     """Units run at once by ``run_downstream``, each in a process of its own (torch threads split
     between them); 1: one after another in the calling process. Results do not depend on it."""
     save_models: bool = False
-    """Keep each unit's fine-tuned weights (one model per unit: large at scale). Off: only the
-    predictions, metrics and the best unit's test predictions are kept."""
+    """Keep every unit's fine-tuned weights after the gathering (one model per unit: large at
+    scale). Off: only the best grid point's (its best seed), in ``finetune/<task>/model/`` and
+    its unit's folder; the others' are removed when the task is gathered."""
     dispatch: str = "process"
     """Where the flows run each unit: ``process`` (a child process of the flow's process,
     ``workers`` per task at once) or ``deployment`` (a run of the ``deployment`` below, on its

@@ -36,9 +36,10 @@ from safetensors.torch import save as safetensors_save
 from tokenizers import Tokenizer
 
 from model.config import BertConfig
-from model.contract import WordTokenizer, clear_stage, fingerprint_input, word_tokenizer_of
-from model.export import copy_tokenizer, read_tokenizer_config
+from model.contract import WordTokenizer, clear_stage, fingerprint_input, join_url, word_tokenizer_of
+from model.export import copy_tokenizer, hf_config, read_tokenizer_config
 from model.optim import build_optimizer, warmup_linear_schedule
+from tasks.config import FINETUNED_FOLDER
 
 logger = logging.getLogger("bertflow.finetune")
 
@@ -384,20 +385,18 @@ def save_finetuned(
     extra_config: dict[str, Any] | None = None,
     model_url: str | None = None,
 ) -> None:
-    """Write ``model.safetensors`` (the head model's own key names, bert.* and the head's) and a
-    Hugging Face ``config.json``; copy the tokenizer files from ``model_url`` when it has them."""
-    fs, root = fsspec.core.url_to_fs(output_url)
+    """Write the fine-tuned model into ``{output_url}/model/`` in Hugging Face layout:
+    ``model.safetensors`` (the head model's own key names, bert.* and the head's), ``config.json``
+    as transformers 5 writes it, and the tokenizer files copied from ``model_url`` when it has
+    them, so ``AutoModelFor<Task>.from_pretrained`` and ``AutoTokenizer`` load the folder."""
+    folder = join_url(output_url, FINETUNED_FOLDER)
+    fs, root = fsspec.core.url_to_fs(folder)
     fs.makedirs(root, exist_ok=True)
     state = {k: v.detach().to("cpu").contiguous().clone() for k, v in model.state_dict().items()}
     with fs.open(f"{root}/model.safetensors", "wb") as f:
         f.write(safetensors_save(state, metadata={"format": "pt"}))
-    cfg = dataclasses.asdict(bert_config)
-    cfg.update(
-        model_type="bert", architectures=[architecture], position_embedding_type="absolute", torch_dtype="float32"
-    )
-    cfg.update(extra_config or {})
-    write_json(f"{output_url.rstrip('/')}/config.json", cfg)
+    write_json(join_url(folder, "config.json"), hf_config(bert_config, architecture, extra_config))
     if model_url:
         src_fs, src_root = fsspec.core.url_to_fs(model_url)
         if src_fs.exists(f"{src_root.rstrip('/')}/vocab.txt"):
-            copy_tokenizer(model_url, output_url, bert_config.max_position_embeddings)
+            copy_tokenizer(model_url, folder, bert_config.max_position_embeddings)

@@ -36,9 +36,10 @@ from model.contract import (
     has_manifest,
     join_url,
     read_manifest,
+    save_manifest,
     write_manifest,
 )
-from tasks.config import FinetuneConfig
+from tasks.config import FINETUNED_FOLDER, FinetuneConfig
 from tasks.grid import point_key
 from tasks.registry import Task, get_task
 
@@ -119,9 +120,9 @@ def run_unit(
     if unit_is_current(name, config, unit, data_url, model_url, unit_output_url):
         logger.info("%s unit %s: up to date, skipped", name, unit["unit_id"])
         return read_manifest(unit_output_url)
-    save = config.grid.save_models or len(plan_units(name, config)) == 1
+    # every unit keeps its weights until the gathering knows the best (``prune_models``)
     return task.run(
-        unit_config(config, unit), data_url, model_url, unit_output_url, log_fn=log_fn, save_model=save, unit=unit
+        unit_config(config, unit), data_url, model_url, unit_output_url, log_fn=log_fn, save_model=True, unit=unit
     )
 
 
@@ -316,6 +317,12 @@ def aggregate(
     best = best_point(list(per_family.values()))
     best_unit = max((u for u in finished if point_key(u) == _key(best)), key=lambda u: u["counts"][task.metric])
     copy_tree(best_unit["url"], output_url)
+    model_kept = _has_model(output_url)
+    if not model_kept and not task.feature_based:
+        logger.warning("%s: the best unit %s has no fine-tuned weights (removed by an earlier gathering, when it "
+                       "was not the best): rerun it with --force to keep them", name, best_unit["unit_id"])  # fmt: skip
+    if not config.grid.save_models:
+        prune_models([u["url"] for u in finished if u is not best_unit])
     scale = task.scale
     results = {
         "task": name,
@@ -327,6 +334,7 @@ def aggregate(
         "seeds": best["seeds"],
         "best": {k: best[k] for k in ("learning_rate", "batch_size", "epochs", "feature_mix")},
         "best_unit": best_unit["unit_id"],
+        "model": FINETUNED_FOLDER if model_kept else None,
         "points": [
             {
                 **{k: v for k, v in p.items() if k != "units"},
@@ -359,12 +367,31 @@ def aggregate(
         units=float(len(units)),
         units_failed=float(len(failed)),
         seeds=float(best["seeds"]),
+        model_kept=float(model_kept),
     )
     seconds = sum(u["counts"].get("seconds", 0.0) for u in finished)
     inputs = inputs if inputs is not None else {"units": _units_digest(unit_urls, finished)}
     return write_manifest(
         f"finetune-{name}", output_url, manifest_config(name, config), inputs, counts, seconds=seconds
     )
+
+
+def _has_model(url: str) -> bool:
+    fs, path = fsspec.core.url_to_fs(join_url(url, FINETUNED_FOLDER, "model.safetensors"))
+    return fs.exists(path)
+
+
+def prune_models(unit_urls: list[str]) -> None:
+    """Remove the fine-tuned weights (``model/``) of these units, and the files from their
+    manifests, so that a manifest still lists only what is there (disk: a grid of 120 units of
+    BERT-base would otherwise keep 120 copies of 440 MB)."""
+    for url in unit_urls:
+        if not _has_model(url):
+            continue
+        manifest = read_manifest(url)
+        clear_stage(join_url(url, FINETUNED_FOLDER))
+        manifest.files = [f for f in manifest.files if not f.path.startswith(FINETUNED_FOLDER + "/")]
+        save_manifest(manifest)
 
 
 def _key(point: dict[str, Any]) -> tuple:

@@ -52,6 +52,11 @@ def beam_args(cfg: BeamConfig, job_name: str | None = None) -> list[str]:
     return args + list(cfg.extra_args)
 
 
+def beam_option_names() -> set[str]:
+    """Every pipeline option Beam knows (its own and its runners'), by name."""
+    return set(PipelineOptions([]).get_all_options(drop_default=False).keys())
+
+
 def pipeline_options(cfg: BeamConfig, job_name: str | None = None) -> PipelineOptions:
     """PipelineOptions for a BeamConfig: local FnApiRunner by default, any runner by its options."""
     return PipelineOptions(beam_args(cfg, job_name))

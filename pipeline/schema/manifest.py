@@ -43,7 +43,7 @@ class Manifest:
     """What a stage wrote: config, input fingerprints, counts and every output file."""
 
     stage: str
-    url: str  # the stage folder
+    url: str  # the stage folder (where it was read from; stored as ".")
     config: dict[str, Any]
     inputs: dict[str, str]  # input name -> fingerprint of that input's manifest
     counts: dict[str, float]
@@ -67,6 +67,9 @@ class Manifest:
 
     def to_json(self) -> str:
         data = dataclasses.asdict(self)
+        # the folder is where the manifest is read from (read_manifest sets it): the file holds no
+        # path, so a folder moved, copied or uploaded (a model to the Hub) carries none of this machine's
+        data["url"] = "."
         data["fingerprint"] = self.fingerprint
         return json.dumps(data, indent=2, sort_keys=True, default=str)
 

@@ -61,3 +61,12 @@ def chain(tmp_path_factory, cli_env):
     third = run_cli(["stage", "export", "--preset", "tiny"], root, cli_env)
     assert third.returncode == 0, third.stdout[-3000:] + third.stderr[-6000:]
     return root, first, second, third
+
+
+@pytest.fixture(scope="session")
+def prefect_server():
+    """One Prefect test server for the session's flow tests (``prefect_test_harness``)."""
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=90):
+        yield

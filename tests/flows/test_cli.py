@@ -106,6 +106,36 @@ def test_config_help_describes_every_field_with_its_default(capsys):
         assert f"  {name} (" in out and f"default {default})" in out, name
 
 
+def test_version(capsys):
+    import importlib.metadata
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    assert exit_.value.code == 0
+    assert capsys.readouterr().out.startswith(f"bertflow {importlib.metadata.version('bertflow')}")
+
+
+def test_status_reads_the_store_of_mlflow_tracking_uri(tmp_path, capsys, monkeypatch):
+    """A run against a store named by MLFLOW_TRACKING_URI (a server, a shared database): status
+    shows its runs without --mlflow-uri, as `run` took the store from the environment."""
+    from flows.tracking import Tracker
+
+    root = tmp_path / "root"
+    root.mkdir()
+    uri = f"sqlite:///{tmp_path}/shared.db"
+    tracker = Tracker(uri)
+    tracker.use_experiment("bertflow", artifact_root=str(tmp_path / "artifacts"))
+    run = tracker.start_run("corpus", tags={"bertflow.stage": "corpus", "bertflow.root": str(root)})
+    tracker.end_run(run, True)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    assert main(["status", "--root", str(root), "--json"]) == 3
+    rows = {r["stage"]: r for r in json.loads(capsys.readouterr().out)}
+    assert rows["corpus"]["mlflow_run"] == f"{run} (finished)"
+    monkeypatch.delenv("MLFLOW_TRACKING_URI")
+    assert main(["status", "--root", str(root), "--json"]) == 3
+    assert {r["mlflow_run"] for r in json.loads(capsys.readouterr().out)} == {""}
+
+
 def test_status_tells_a_missing_root_from_an_empty_one(tmp_path, capsys):
     assert main(["status", "--root", str(tmp_path / "no-such-root")]) == 2
     assert "no run root at" in capsys.readouterr().err
@@ -117,3 +147,26 @@ def test_status_tells_a_missing_root_from_an_empty_one(tmp_path, capsys):
     assert main(["status", "--root", str(empty), "--json"]) == 3
     rows = json.loads(capsys.readouterr().out)
     assert rows and {r["state"] for r in rows} == {"missing"}
+
+
+def test_beam_options_in_one_place_and_beams_own_words(capsys):
+    """`beam.*` sets both Beam stages (a stage's own path wins); Beam's own option words pass
+    through as Beam reads them: BeamConfig's fields by name, any other Beam option into
+    beam.options; a word neither bertflow nor Beam knows is refused."""
+    from flows.presets import load_config
+
+    cfg = load_config("tiny", {"beam.num_workers": 2, "examples.beam.num_workers": 3, "beam.options.x": 1})
+    assert (cfg.corpus.beam.num_workers, cfg.examples.beam.num_workers) == (2, 3)
+    assert cfg.corpus.beam.options == cfg.examples.beam.options == {"x": 1}
+
+    words = ["--runner=DataflowRunner", "--project", "p", "--region=us-central1", "--temp_location=gs://b/tmp",
+             "--sdk_container_image=img", "--flink_master=h:8081", "--save_main_session"]  # fmt: skip
+    assert main(["config", *words, "--set", "corpus.beam.region=europe-west4"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    for section, region in (("corpus", "europe-west4"), ("examples", "us-central1")):
+        beam = out[section]["beam"]
+        assert (beam["runner"], beam["project"], beam["region"]) == ("DataflowRunner", "p", region)
+        assert beam["options"] == {"flink_master": "h:8081", "save_main_session": True}
+    assert main(["config", "--runnr=DataflowRunner"]) == 2
+    assert "not an option of bertflow nor of Beam" in capsys.readouterr().err
+    assert main(["status", "--runner=DataflowRunner"]) == 2

@@ -54,6 +54,39 @@ def test_mlm_loss_falls_and_downstream_is_evaluated(chain):
     assert all(t in table for t in best)
 
 
+def test_the_model_card_has_the_scores_and_the_fine_tuned_models_load(chain):
+    """After the run (and a lone `stage export`): the exported folder's card, read as the Hub
+    reads it, holds every task's dev score; nothing in the folder names this machine's paths; each
+    task's best fine-tuned model loads with transformers' AutoModelFor<Task>."""
+    import transformers
+    from huggingface_hub import ModelCard
+
+    root = chain[0]
+    card = ModelCard.load(str(root / "model" / "README.md"))
+    scores = {r.dataset_type: r.metric_value for r in card.data.eval_results}
+    best = {
+        t: json.loads((root / "finetune" / t / "results.json").read_text()) for t in ("sst2", "squad1", "conll2003")
+    }
+    assert scores == {
+        "glue": round(best["sst2"]["dev_median"], 2),
+        "squad": round(best["squad1"]["dev_median"], 2),
+        "conll2003": round(best["conll2003"]["dev_median"], 2),
+    }
+    assert card.data.library_name == "transformers" and "## How to load" in card.text
+    config = json.loads((root / "model" / "config.json").read_text())
+    assert config["dtype"] == "float32" and "torch_dtype" not in config
+    for path in (root / "model").rglob("*"):
+        if path.is_file():
+            assert str(root) not in path.read_bytes().decode("utf-8", "replace"), path.name
+    for task, auto in (("sst2", transformers.AutoModelForSequenceClassification),
+                       ("squad1", transformers.AutoModelForQuestionAnswering),
+                       ("conll2003", transformers.AutoModelForTokenClassification)):  # fmt: skip
+        assert best[task]["model"] == "model"
+        auto.from_pretrained(str(root / "finetune" / task / "model"))
+        kept = [u for u in (root / "finetune" / task / "units").iterdir() if (u / "model").exists()]
+        assert [u.name for u in kept] == [best[task]["best_unit"]]
+
+
 def test_mlflow_holds_runs_and_a_registered_model(chain, chain_overrides):
     root = chain[0]
     from mlflow.tracking import MlflowClient
@@ -64,7 +97,10 @@ def test_mlflow_holds_runs_and_a_registered_model(chain, chain_overrides):
     runs = client.search_runs([exp.experiment_id])
     parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
     assert len(parents) == 3  # one per command
-    first_parent = min(parents, key=lambda r: r.info.start_time)
+    first_parent, second_parent, _ = sorted(parents, key=lambda r: r.info.start_time)
+    # the second run skipped every stage: no run of its own for any of them, its parent says so
+    assert not [r for r in runs if r.data.tags.get("mlflow.parentRunId") == second_parent.info.run_id]
+    assert second_parent.data.tags["bertflow.outcome"] == "nothing to do"
     ours = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == first_parent.info.run_id]
     children = {r.info.run_name: r for r in ours if "bertflow.unit" not in r.data.tags}
     assert set(children) == {

@@ -87,14 +87,6 @@ def _task_runs(flow_run_id):
     return {r.name: r.state.type.value for r in runs}
 
 
-@pytest.fixture(scope="module")
-def prefect_server():
-    from prefect.testing.utilities import prefect_test_harness
-
-    with prefect_test_harness(server_startup_timeout=90):
-        yield
-
-
 def test_units_fan_out_and_a_failed_unit_is_retried_alone(chain, tmp_path, prefect_server):
     model = str(chain[0] / "model")
     root = tmp_path / "run"

@@ -38,3 +38,15 @@ def test_parent_child_runs_metrics_and_artifacts(tmp_path):
     artifacts = [a.path for a in client.list_artifacts(parent, "model")]
     assert artifacts == ["model/config.json"]
     assert (tmp_path / "root" / "mlartifacts").exists()
+
+
+def test_the_ui_link_opens_the_training_runs():
+    """MLflow 3.17's UI opens an experiment on its GenAI overview unless the URL asks for the
+    machine-learning view (seen in headless Chromium: the experimentKind tag no longer decides)."""
+    from flows.tracking import ui_url
+
+    assert (
+        ui_url("sqlite:////r/mlflow.db", "1")
+        == "http://127.0.0.1:5000/#/experiments/1/runs?workflowType=machine_learning"
+    )
+    assert ui_url("https://mlflow.example.org/", "7").startswith("https://mlflow.example.org/#/experiments/7/runs?")

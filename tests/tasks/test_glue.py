@@ -232,9 +232,9 @@ def test_run_glue_learns_keyword_task_and_writes_everything(tmp_path, sst2_folde
     assert {
         "metrics.json",
         "predictions.tsv",
-        "model.safetensors",
-        "config.json",
-        "tokenizer.json",
+        "model/model.safetensors",
+        "model/config.json",
+        "model/tokenizer.json",
         "submission/SST-2.tsv",
     } <= paths
 
@@ -248,11 +248,12 @@ def test_run_glue_learns_keyword_task_and_writes_everything(tmp_path, sst2_folde
     assert sum(r.split("\t")[1] == r.split("\t")[2] for r in rows[1:]) / 40 == metrics["eval_accuracy"]
     assert (out / "submission" / "SST-2.tsv").read_text() == "index\tprediction\n0\t1\n1\t0\n"
 
-    config = json.loads((out / "config.json").read_text())
+    config = json.loads((out / "model" / "config.json").read_text())
     assert config["architectures"] == ["BertForSequenceClassification"] and config["num_labels"] == 2
+    assert config["dtype"] == "float32" and "torch_dtype" not in config and config["transformers_version"]
     from safetensors.torch import load_file
 
-    keys = set(load_file(str(out / "model.safetensors")))
+    keys = set(load_file(str(out / "model" / "model.safetensors")))
     assert {"classifier.weight", "classifier.bias", "bert.pooler.dense.weight"} <= keys
     assert all(k.startswith(("bert.", "classifier.")) for k in keys)
 
@@ -264,7 +265,7 @@ def test_run_glue_learns_keyword_task_and_writes_everything(tmp_path, sst2_folde
     # Same seed, same everything: byte-identical weights and predictions.
     again = tmp_path / "again"
     run_glue(SST2_CONFIG, "sst2", str(sst2_folder), tiny_model_url, str(again))
-    assert sha(again / "model.safetensors") == sha(out / "model.safetensors")
+    assert sha(again / "model" / "model.safetensors") == sha(out / "model" / "model.safetensors")
     assert sha(again / "predictions.tsv") == sha(out / "predictions.tsv")
 
 
@@ -295,7 +296,7 @@ def test_run_glue_regression_on_fsspec_urls(tiny_model_url):
     with fs.open("/out/stsb/predictions.tsv") as f:
         rows = f.read().decode().splitlines()[1:]
     assert len(rows) == 12 and all(0.0 <= float(r.split("\t")[1]) <= 5.0 for r in rows)
-    assert json.loads(fs.cat("/out/stsb/config.json"))["problem_type"] == "regression"
+    assert json.loads(fs.cat("/out/stsb/model/config.json"))["problem_type"] == "regression"
     fs.rm("/", recursive=True)
 
 

@@ -157,7 +157,7 @@ def test_one_unit_of_each_runner_on_the_bundled_sets(tmp_path, cjk_models, name)
     else:
         assert len((out / "predictions.jsonl").read_text().splitlines()) == counts["dev_examples"]
     if name == "jsquad":  # the fine-tuned folder keeps the MeCab tokenizer config for AutoTokenizer
-        cfg = json.loads((out / "tokenizer_config.json").read_text())
+        cfg = json.loads((out / "model" / "tokenizer_config.json").read_text())
         assert cfg["tokenizer_class"] == "BertJapaneseTokenizer" and cfg["word_tokenizer_type"] == "mecab"
 
 

@@ -216,7 +216,7 @@ def test_run_squad_end_to_end(tmp_path, tiny_model_url, version):
         assert metrics["f1"] == pytest.approx(metrics["best_f1"])
         assert metrics["null_score_diff_threshold"] == metrics["best_f1_thresh"]
     assert any("eval_f1" in m for m in logged) and any("train_loss" in m for m in logged)
-    config_json = json.loads((out / "config.json").read_text())
+    config_json = json.loads((out / "model" / "config.json").read_text())
     assert config_json["architectures"] == ["BertForQuestionAnswering"]
 
 

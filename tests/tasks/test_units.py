@@ -150,6 +150,38 @@ def test_stsb_predictions_keep_full_precision(tmp_path, tiny_model_url):
     assert not math.isnan(manifest.counts["dev_median"])
 
 
+def test_the_best_grid_points_weights_are_kept_in_hf_layout(tmp_path, tiny_model_url):
+    """A grid of two points on SST-2: the best one's fine-tuned model is under <task>/model and
+    loads with transformers' AutoModelForSequenceClassification and AutoTokenizer, giving the
+    gathered dev accuracy; the other unit's weights are removed, its manifest saying so."""
+    import torch
+    import transformers
+
+    config = FinetuneConfig(batch_size=32, epochs=0.25, max_seq_length=24,
+                            grid=GridConfig(learning_rates=(1e-3, 1e-5)))  # fmt: skip
+    out = tmp_path / "sst2"
+    manifest = U.run_downstream("sst2", config, str(SAMPLE), tiny_model_url, str(out))
+    results = json.loads((out / "results.json").read_text())
+    best = results["best_unit"]
+    (other,) = {u["unit_id"] for u in U.plan_units("sst2", config)} - {best}
+    assert results["model"] == "model" and manifest.counts["model_kept"] == 1
+    assert (out / "units" / best / "model" / "model.safetensors").exists()
+    assert not (out / "units" / other / "model").exists()
+    from model.contract import read_manifest
+
+    assert not [f for f in read_manifest(str(out / "units" / other)).files if f.path.startswith("model/")]
+    assert {"model/model.safetensors", "model/config.json", "model/vocab.txt"} <= {f.path for f in manifest.files}
+
+    hf = transformers.AutoModelForSequenceClassification.from_pretrained(str(out / "model")).eval()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(out / "model"))
+    rows = [line.split("\t") for line in (SAMPLE / "glue" / "SST-2" / "dev.tsv").read_text().splitlines()[1:]]
+    batch = tokenizer([r[0] for r in rows], truncation=True, max_length=24, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        guess = hf(**batch).logits.argmax(-1).tolist()
+    accuracy = 100 * sum(g == int(r[1]) for g, r in zip(guess, rows)) / len(rows)
+    assert accuracy == pytest.approx(results["dev_median"])
+
+
 def test_glue_submission_has_the_servers_file_names(tmp_path, tiny_model_url):
     config = FinetuneConfig(learning_rate=1e-3, batch_size=32, epochs=1, max_seq_length=48)
     U.run_downstream("mnli", config, str(SAMPLE), tiny_model_url, str(tmp_path / "mnli"))

@@ -40,6 +40,7 @@ from flows.table import (
     card_sources,
     get_stage,
     stage_config,
+    stage_inputs,
     stage_names,
     stage_url,
 )

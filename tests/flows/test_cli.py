@@ -117,3 +117,48 @@ def test_status_tells_a_missing_root_from_an_empty_one(tmp_path, capsys):
     assert main(["status", "--root", str(empty), "--json"]) == 3
     rows = json.loads(capsys.readouterr().out)
     assert rows and {r["state"] for r in rows} == {"missing"}
+
+
+def test_a_failed_run_exits_with_its_stage_process_code():
+    """``bertflow run``/``stage`` exit with the failed stage process's code (4: the trainer's
+    divergence), through Prefect's re-raise and the units' wrapping; a code that is not one of
+    ``EXIT_CODES`` (a SIGKILL, a retryable failure) is 1."""
+    from flows.cli import EXIT_CODES, failure_code
+    from flows.proc.protocol import StageProcessError
+    from pipeline.schema.config import ConfigError
+
+    for code, expected in ((4, 4), (3, 3), (2, 2), (1, 1), (-9, 1), (143, 1), (7, 1)):
+        assert failure_code(StageProcessError("pretrain: the training process", code)) == expected, code
+    wrapped = RuntimeError("finetune/sst2 unit u failed")
+    wrapped.__cause__ = StageProcessError("unit", 4)
+    assert failure_code(wrapped) == 4
+    assert failure_code(ConfigError("corpus.sources: no documents")) == 2  # an inline stage's bad input
+    assert failure_code(FloatingPointError("loss is nan at step 3")) == 4
+    assert failure_code(RuntimeError("connection reset")) == 1
+    assert {4, 3, 2, 1} <= set(EXIT_CODES)
+
+
+WORKER = """
+import atexit, sys
+from flows.proc.supervisor import say_last
+atexit.register(lambda: print("prefect - Stopping temporary server on http://127.0.0.1:8482", file=sys.stderr))
+print("a traceback line", file=sys.stderr)
+say_last("bertflow: run failed (exit 4): StageProcessError: the training loss diverged")
+print("more noise after the error", file=sys.stderr)
+sys.exit(4)
+"""
+
+
+def test_the_supervisor_prints_the_workers_error_last_and_exits_with_its_code(capfd):
+    """What the worker prints after its error (Prefect's server stopping at exit) comes before
+    it: the supervisor prints the worker's closing line once the worker's session has ended."""
+    import sys
+
+    from flows.proc.supervisor import supervise
+
+    rc = supervise([], "run", command=[sys.executable, "-c", WORKER])
+    err = capfd.readouterr().err.strip().splitlines()
+    assert rc == 4
+    assert err[-1] == "bertflow: run failed (exit 4): StageProcessError: the training loss diverged"
+    assert "prefect - Stopping temporary server on http://127.0.0.1:8482" in err[:-1]
+    assert err.count(err[-1]) == 1

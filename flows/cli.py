@@ -83,7 +83,11 @@ PRESET_HELP = f"{' | '.join(PRESETS)} (default: tiny; flows/presets.py)"
 
 
 def _offline_defaults() -> None:
-    """Settings that let Prefect's ephemeral server and MLflow run with no network."""
+    """Settings that let Prefect's ephemeral server and MLflow run with no network, and no library
+    message that is nobody's to act on (``flows.noise``)."""
+    from flows.noise import silence_library_noise
+
+    silence_library_noise()
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90")
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("DO_NOT_TRACK", "1")
@@ -476,19 +480,30 @@ def _synth(args) -> int:
     return 0
 
 
-def print_summary(summary: dict) -> None:
+def print_summary(summary: dict, file=None) -> None:
+    """The closing table on stdout (or ``file``): on a terminal as wide as the window, with long
+    cells folded; written to a file or a pipe, as wide as its cells need, so no path is cut."""
     from rich.console import Console
+
+    fold = Console(file=file).is_terminal
+    if fold:
+        console = Console(file=file, width=max(120, Console(file=file).width))
+    else:  # a log file: no window to fit, and a path cut in two (`.../runs/tiny/cor` + `pus`) is unreadable
+        console = Console(file=file, width=100_000, soft_wrap=True)
+    _summary_lines(console, summary, fold)
+
+
+def _summary_lines(console, summary: dict, fold: bool) -> None:
     from rich.table import Table
 
     from flows.figures import format_figure
 
     table = Table(title=f"bertflow {summary['preset']}: {summary['seconds']:.0f} s")
     for col in ("stage", "status", "time (s)", "key figures", "output"):
-        table.add_column(col, overflow="fold")
+        table.add_column(col, overflow="fold" if fold else "ignore", no_wrap=not fold)
     for s in summary["stages"]:
         figs = "\n".join(f"{k}={format_figure(v)}" for k, v in s["figures"].items())
         table.add_row(s["stage"], s["status"], f"{s['seconds']:.1f}", figs, s["url"])
-    console = Console(width=max(120, Console().width))
     console.print(table)
     console.print(f"results: {summary['root']}")
     if summary.get("model_version"):

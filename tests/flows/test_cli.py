@@ -162,3 +162,58 @@ def test_the_supervisor_prints_the_workers_error_last_and_exits_with_its_code(ca
     assert err[-1] == "bertflow: run failed (exit 4): StageProcessError: the training loss diverged"
     assert "prefect - Stopping temporary server on http://127.0.0.1:8482" in err[:-1]
     assert err.count(err[-1]) == 1
+
+
+def test_the_closing_table_in_a_file_cuts_no_path():
+    """Written to a file (not a terminal), the table is as wide as its cells: every output URL
+    and key figure whole on one line (at the former fixed 120 columns the URL column folded
+    `.../runs/tiny/cor` / `pus`)."""
+    import io
+
+    from flows.cli import print_summary
+
+    root = "/home/someone/projects/a-rather-long-folder-name/bertflow/runs/tiny"
+    stages = [
+        {"stage": name, "status": "done", "seconds": 12.3, "figures": figs, "url": f"{root}/{name}"}
+        for name, figs in (
+            ("corpus", {"documents": 397.0, "records_rejected": 305.0, "sentences": 8223.0}),
+            ("finetune/conll2003", {"eval_f1": 56.56410256410256}),
+        )
+    ]
+    summary = {"preset": "tiny", "seconds": 183.2, "stages": stages, "root": root,
+               "tracking_uri": f"sqlite:///{root}/mlflow.db", "model_name": "bert-tiny", "model_version": "1",
+               "model_alias": "champion"}  # fmt: skip
+    out = io.StringIO()
+    print_summary(summary, file=out)
+    lines = out.getvalue().splitlines()
+    for s in stages:
+        assert any(s["url"] in line and s["stage"] in line for line in lines), s["url"]
+    assert any("documents=397" in line for line in lines) and any("eval_f1=56.56" in line for line in lines)
+    assert f"MLflow: mlflow ui --backend-store-uri sqlite:///{root}/mlflow.db" in lines
+
+
+BEAM_WITHOUT_APITOOLS = """
+import logging, sys
+sys.modules["apitools"] = None  # as where the gcp extra is not installed: its import fails
+from flows.cli import _offline_defaults
+_offline_defaults()  # what every bertflow command does first
+import apache_beam
+assert "apache_beam.io.gcp.internal.clients.bigquery" in sys.modules  # the module that warns ran
+logging.warning("a warning of anyone else's still shows")
+"""
+
+
+def test_beams_apitools_warning_is_silenced_and_nothing_else():
+    """Beam's "apitools not found, and bigquery client libraries are not available" (a root-logger
+    warning at import when the gcp extra is absent) is not printed by bertflow's processes; other
+    root-logger warnings are."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    out = subprocess.run([sys.executable, "-c", BEAM_WITHOUT_APITOOLS], env=env, capture_output=True, text=True,
+                         timeout=300)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "apitools not found" not in out.stderr
+    assert "a warning of anyone else's still shows" in out.stderr

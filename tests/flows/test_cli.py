@@ -217,3 +217,11 @@ def test_beams_apitools_warning_is_silenced_and_nothing_else():
     assert out.returncode == 0, out.stderr[-3000:]
     assert "apitools not found" not in out.stderr
     assert "a warning of anyone else's still shows" in out.stderr
+
+
+def test_the_readmes_commands_table_lists_every_preset():
+    from flows.presets import PRESETS
+
+    row = next(ln for ln in (REPO / "README.md").read_text().splitlines() if ln.startswith("| `bertflow run --preset"))
+    listed = row.split("--preset ", 1)[1].split(" ", 1)[0].split("\\|")
+    assert listed == list(PRESETS)

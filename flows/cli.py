@@ -28,17 +28,39 @@ from flows.table import CHAIN  # the stage table imports no torch, Beam, Prefect
 EXIT_CODES = {
     0: "done (status: every stage done)",
     1: "a stage failed (its error is the last line on stderr; a rerun resumes)",
-    2: "a configuration or input error, found before any work (the line names the field, file or root); "
-    "status: no run root at that URL",
-    3: "status only: the root exists and some stage is not done (stale, missing or running)",
+    2: "a configuration or input error (the last line names the field, file or root): found before any "
+    "work, or by a stage, which a rerun meets again; status: no run root at that URL",
+    3: "status: the root exists and some stage is not done (stale, missing or running); run, stage: "
+    "pretraining's checkpoints cannot continue under this config (rerun with --force pretrain)",
+    4: "run, stage: the pretraining loss diverged (NaN/inf; the last line names the step and the "
+    "checkpoint; never retried: lower the learning rate)",
     130: "interrupted by Ctrl-C (SIGINT); finished stages are kept",
     143: "stopped by SIGTERM; finished stages are kept",
 }
-"""What ``bertflow`` exits with; ``--help`` and the README list the same."""
+"""What ``bertflow`` exits with; ``--help`` and the README list the same. A failed ``run`` or
+``stage`` exits with the code its stage's process ended with (:func:`failure_code`)."""
 
 
 def _exit_codes_help() -> str:
     return "exit codes:\n" + "\n".join(f"  {code:>3}  {what}" for code, what in EXIT_CODES.items())
+
+
+def failure_code(exc: BaseException) -> int:
+    """What a failed ``run`` or ``stage`` exits with: the code of the stage process that failed
+    when it is one of :data:`EXIT_CODES` (2 bad input, 3 a refused resume, 4 a divergence), else
+    the code a stage process would have exited with for ``exc`` (``exit_code_for``: an inline
+    stage's bad input 2, a divergence 4, anything a retry might fix 1)."""
+    from flows.proc.protocol import EXIT_FAILED, StageProcessError, exit_code_for
+
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:  # Prefect re-raises ours; units wrap theirs
+        seen.add(id(cause))
+        if isinstance(cause, StageProcessError):
+            return cause.code if cause.code in EXIT_CODES and 0 < cause.code < 128 else EXIT_FAILED
+        cause = cause.__cause__
+    code = exit_code_for(exc)
+    return code if code in EXIT_CODES else EXIT_FAILED
 
 
 def _choice(kind: str, choices) -> Callable[[str], str]:
@@ -61,7 +83,11 @@ PRESET_HELP = f"{' | '.join(PRESETS)} (default: tiny; flows/presets.py)"
 
 
 def _offline_defaults() -> None:
-    """Settings that let Prefect's ephemeral server and MLflow run with no network."""
+    """Settings that let Prefect's ephemeral server and MLflow run with no network, and no library
+    message that is nobody's to act on (``flows.noise``)."""
+    from flows.noise import silence_library_noise
+
+    silence_library_noise()
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90")
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("DO_NOT_TRACK", "1")
@@ -408,13 +434,15 @@ def _run(args, cfg, overrides) -> int:
     finally:
         lock.release()
     from flows.proc.protocol import STOP
+    from flows.proc.supervisor import say_last
 
     if STOP.requested is not None:
-        print(f"bertflow: {args.command} stopped; finished stages are kept, a rerun resumes", file=sys.stderr)
+        say_last(f"bertflow: {args.command} stopped; finished stages are kept, a rerun resumes")
         _exit_now(_stopped_code())
-    if failure is not None:
-        print(f"bertflow: {args.command} failed: {type(failure).__name__}: {failure}", file=sys.stderr)
-        return 1
+    if failure is not None:  # the supervisor prints it after everything else: the last line on stderr
+        code = failure_code(failure)
+        say_last(f"bertflow: {args.command} failed (exit {code}): {type(failure).__name__}: {failure}")
+        return code
     print_summary(summary)
     return 0
 
@@ -541,19 +569,30 @@ def _synth(args) -> int:
     return 0
 
 
-def print_summary(summary: dict) -> None:
+def print_summary(summary: dict, file=None) -> None:
+    """The closing table on stdout (or ``file``): on a terminal as wide as the window, with long
+    cells folded; written to a file or a pipe, as wide as its cells need, so no path is cut."""
     from rich.console import Console
+
+    fold = Console(file=file).is_terminal
+    if fold:
+        console = Console(file=file, width=max(120, Console(file=file).width))
+    else:  # a log file: no window to fit, and a path cut in two (`.../runs/tiny/cor` + `pus`) is unreadable
+        console = Console(file=file, width=100_000, soft_wrap=True)
+    _summary_lines(console, summary, fold)
+
+
+def _summary_lines(console, summary: dict, fold: bool) -> None:
     from rich.table import Table
 
     from flows.figures import format_figure
 
     table = Table(title=f"bertflow {summary['preset']}: {summary['seconds']:.0f} s")
     for col in ("stage", "status", "time (s)", "key figures", "output"):
-        table.add_column(col, overflow="fold")
+        table.add_column(col, overflow="fold" if fold else "ignore", no_wrap=not fold)
     for s in summary["stages"]:
         figs = "\n".join(f"{k}={format_figure(v)}" for k, v in s["figures"].items())
         table.add_row(s["stage"], s["status"], f"{s['seconds']:.1f}", figs, s["url"])
-    console = Console(width=max(120, Console().width))
     console.print(table)
     console.print(f"results: {summary['root']}")
     if summary.get("model_version"):

@@ -384,7 +384,7 @@ def register_model_task(cfg: RunConfig, model: StageResult, downstream: list[Sta
         # register_model (not create_model_version) passes the logged model's id: a tracking server
         # refuses a models:/ source without it
         tags = {**_version_tags(cfg, model, downstream), registry.TAG_FINGERPRINT: fingerprint}
-        version = mlflow.register_model(info.model_uri, name, tags=tags)
+        version = _quiet_register(mlflow, info.model_uri, name, tags)
     number = str(version.version)
     from flows.lineage import rename_moved
 
@@ -420,6 +420,25 @@ def _results_of(cfg: RunConfig, root: str, fingerprint: str, downstream: list[St
         if manifest.inputs.get("model") == fingerprint:
             out.append(StageResult(name, "skipped", 0.0, manifest.url, manifest.counts, manifest))
     return out
+_REGISTER_CHATTER = ("Registered model ", "Successfully registered model ", "Created version ")
+
+
+def _quiet_register(mlflow, model_uri: str, name: str, tags: dict[str, str]):
+    """``mlflow.register_model`` without its progress lines on stderr: "Registered model 'bert-tiny'
+    already exists. Creating a new version" (printed on a brand-new registry too, since
+    ``ensure_registered_model`` creates the model first, with its description) and "Created version
+    '1'": our own log line says which version was registered. Anything else it prints is passed on
+    as a warning."""
+    import contextlib
+    import io
+
+    captured = io.StringIO()
+    with contextlib.redirect_stderr(captured):  # MLflow prints through a stream that follows sys.stderr
+        version = mlflow.register_model(model_uri, name, tags=tags)
+    for line in captured.getvalue().splitlines():
+        if line.strip() and not line.startswith(_REGISTER_CHATTER):
+            log.warning("MLflow: %s", line)
+    return version
 
 
 def _version_tags(cfg: RunConfig, model: StageResult, downstream: list[StageResult]) -> dict[str, str]:

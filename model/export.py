@@ -106,12 +106,13 @@ def load_hf_state_dict(model: nn.Module, state: dict[str, torch.Tensor], source:
         )
     if missing:
         log.warning("%s has no weights for %s; they keep their random init", source, missing)
-    unexpected = sorted(set(wanted) - set(own)) + others
+    unexpected = sorted(set(wanted) - set(own)) + sorted(others)
     if unexpected:
-        # a backbone loaded from a pretraining export drops the MLM/NSP heads: expected, not a warning
+        # a backbone loaded from a pretraining export drops the MLM/NSP heads: expected, nothing for
+        # anyone to act on (every fine-tuning unit printed it), so only with --verbose
         heads_only = isinstance(model, BertModel) and all(k.startswith("cls.") for k in unexpected)
         log.log(
-            logging.INFO if heads_only else logging.WARNING,
+            logging.DEBUG if heads_only else logging.WARNING,
             "%s: ignoring weights this model does not have: %s",
             source,
             unexpected[:10],

@@ -15,6 +15,7 @@ import os
 import sys
 
 from flows.calls import StageCall
+from flows.noise import silence_library_noise
 from flows.presets import config_from_dict
 from flows.proc.protocol import CHILD_LOG_FORMAT, exit_code_for, progress_reporter, read_spec
 from flows.table import get_stage
@@ -26,6 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--spec", required=True, help="JSON file: stage, root, url, inputs, restart, config")
     args = parser.parse_args(argv)
     spec = read_spec(args.spec)
+    silence_library_noise()
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter(CHILD_LOG_FORMAT))  # the parent adds the time
     logger = logging.getLogger("bertflow")  # every module of ours logs under bertflow.*

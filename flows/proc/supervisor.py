@@ -29,6 +29,12 @@ worker) gets SIGTERM, then SIGKILL after :data:`SWEEP_GRACE_S`. The worker has
 Cost: one more Python process (~20 MB, imports only this module and the protocol) and the
 worker's start-up (~1 s). Linux only for ``PR_SET_PDEATHSIG`` and ``/proc`` (elsewhere the
 supervisor still forwards and kills its direct child).
+
+The run's last words are the supervisor's: the worker hands its closing line (the error of a
+failed run, the stop notice) to the supervisor through a file (:func:`say_last`), which prints it
+after the worker and what is left of its session have exited. Printed by the worker itself, the
+error was followed by whatever its exit ran (Prefect's ``Stopping temporary server`` line) and
+was not the last line on stderr.
 """
 
 from __future__ import annotations
@@ -37,11 +43,14 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 from flows.proc.protocol import GRACE_SECONDS, describe_exit, set_parent_death_signal
 
 ENV_WORKER = "BERTFLOW_WORKER"
+ENV_LAST_WORDS = "BERTFLOW_LAST_WORDS"
+"""The file the worker writes its closing line to; the supervisor prints it last."""
 STOP_DEADLINE_S = GRACE_SECONDS + 30.0
 """How long the worker has after the first signal (the trainer's checkpoint takes up to
 ``GRACE_SECONDS``) before the supervisor kills the tree."""
@@ -53,15 +62,38 @@ def is_worker() -> bool:
     return os.environ.get(ENV_WORKER) == "1"
 
 
+def say_last(line: str) -> None:
+    """The run's closing line: to the supervisor, which prints it last, when this process is a
+    supervised worker; else straight to stderr."""
+    path = os.environ.get(ENV_LAST_WORDS) if is_worker() else None
+    if not path:
+        print(line, file=sys.stderr, flush=True)
+        return
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(line.rstrip("\n") + "\n")
+
+
 def _worker_preexec() -> None:
     set_parent_death_signal(signal.SIGINT)
 
 
-def supervise(argv: list[str], what: str) -> int:
-    """Run ``python -m flows.cli ARGV`` as the worker and own its lifetime; its exit code."""
+def supervise(argv: list[str], what: str, command: list[str] | None = None) -> int:
+    """Run ``python -m flows.cli ARGV`` (or ``command``) as the worker and own its lifetime; its
+    exit code. The worker's closing line (:func:`say_last`) is printed last, after the sweep."""
+    with tempfile.TemporaryDirectory(prefix="bertflow-supervisor-") as tmp:
+        last_words = os.path.join(tmp, "last-words")
+        rc = _supervise(command or [sys.executable, "-m", "flows.cli", *argv], what, last_words)
+        if os.path.exists(last_words):
+            with open(last_words, encoding="utf-8") as f:
+                sys.stderr.write(f.read())
+            sys.stderr.flush()
+    return rc
+
+
+def _supervise(command: list[str], what: str, last_words: str) -> int:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "flows.cli", *argv],
-        env={**os.environ, ENV_WORKER: "1"},
+        command,
+        env={**os.environ, ENV_WORKER: "1", ENV_LAST_WORDS: last_words},
         start_new_session=True,
         preexec_fn=_worker_preexec if sys.platform.startswith("linux") else None,
     )

@@ -170,3 +170,109 @@ def test_beam_options_in_one_place_and_beams_own_words(capsys):
     assert main(["config", "--runnr=DataflowRunner"]) == 2
     assert "not an option of bertflow nor of Beam" in capsys.readouterr().err
     assert main(["status", "--runner=DataflowRunner"]) == 2
+def test_a_failed_run_exits_with_its_stage_process_code():
+    """``bertflow run``/``stage`` exit with the failed stage process's code (4: the trainer's
+    divergence), through Prefect's re-raise and the units' wrapping; a code that is not one of
+    ``EXIT_CODES`` (a SIGKILL, a retryable failure) is 1."""
+    from flows.cli import EXIT_CODES, failure_code
+    from flows.proc.protocol import StageProcessError
+    from pipeline.schema.config import ConfigError
+
+    for code, expected in ((4, 4), (3, 3), (2, 2), (1, 1), (-9, 1), (143, 1), (7, 1)):
+        assert failure_code(StageProcessError("pretrain: the training process", code)) == expected, code
+    wrapped = RuntimeError("finetune/sst2 unit u failed")
+    wrapped.__cause__ = StageProcessError("unit", 4)
+    assert failure_code(wrapped) == 4
+    assert failure_code(ConfigError("corpus.sources: no documents")) == 2  # an inline stage's bad input
+    assert failure_code(FloatingPointError("loss is nan at step 3")) == 4
+    assert failure_code(RuntimeError("connection reset")) == 1
+    assert {4, 3, 2, 1} <= set(EXIT_CODES)
+
+
+WORKER = """
+import atexit, sys
+from flows.proc.supervisor import say_last
+atexit.register(lambda: print("prefect - Stopping temporary server on http://127.0.0.1:8482", file=sys.stderr))
+print("a traceback line", file=sys.stderr)
+say_last("bertflow: run failed (exit 4): StageProcessError: the training loss diverged")
+print("more noise after the error", file=sys.stderr)
+sys.exit(4)
+"""
+
+
+def test_the_supervisor_prints_the_workers_error_last_and_exits_with_its_code(capfd):
+    """What the worker prints after its error (Prefect's server stopping at exit) comes before
+    it: the supervisor prints the worker's closing line once the worker's session has ended."""
+    import sys
+
+    from flows.proc.supervisor import supervise
+
+    rc = supervise([], "run", command=[sys.executable, "-c", WORKER])
+    err = capfd.readouterr().err.strip().splitlines()
+    assert rc == 4
+    assert err[-1] == "bertflow: run failed (exit 4): StageProcessError: the training loss diverged"
+    assert "prefect - Stopping temporary server on http://127.0.0.1:8482" in err[:-1]
+    assert err.count(err[-1]) == 1
+
+
+def test_the_closing_table_in_a_file_cuts_no_path():
+    """Written to a file (not a terminal), the table is as wide as its cells: every output URL
+    and key figure whole on one line (at the former fixed 120 columns the URL column folded
+    `.../runs/tiny/cor` / `pus`)."""
+    import io
+
+    from flows.cli import print_summary
+
+    root = "/home/someone/projects/a-rather-long-folder-name/bertflow/runs/tiny"
+    stages = [
+        {"stage": name, "status": "done", "seconds": 12.3, "figures": figs, "url": f"{root}/{name}"}
+        for name, figs in (
+            ("corpus", {"documents": 397.0, "records_rejected": 305.0, "sentences": 8223.0}),
+            ("finetune/conll2003", {"eval_f1": 56.56410256410256}),
+        )
+    ]
+    summary = {"preset": "tiny", "seconds": 183.2, "stages": stages, "root": root,
+               "tracking_uri": f"sqlite:///{root}/mlflow.db", "model_name": "bert-tiny", "model_version": "1",
+               "model_alias": "champion"}  # fmt: skip
+    out = io.StringIO()
+    print_summary(summary, file=out)
+    lines = out.getvalue().splitlines()
+    for s in stages:
+        assert any(s["url"] in line and s["stage"] in line for line in lines), s["url"]
+    assert any("documents=397" in line for line in lines) and any("eval_f1=56.56" in line for line in lines)
+    assert f"MLflow: mlflow ui --backend-store-uri sqlite:///{root}/mlflow.db" in lines
+
+
+BEAM_WITHOUT_APITOOLS = """
+import logging, sys
+sys.modules["apitools"] = None  # as where the gcp extra is not installed: its import fails
+from flows.cli import _offline_defaults
+_offline_defaults()  # what every bertflow command does first
+import apache_beam
+assert "apache_beam.io.gcp.internal.clients.bigquery" in sys.modules  # the module that warns ran
+logging.warning("a warning of anyone else's still shows")
+"""
+
+
+def test_beams_apitools_warning_is_silenced_and_nothing_else():
+    """Beam's "apitools not found, and bigquery client libraries are not available" (a root-logger
+    warning at import when the gcp extra is absent) is not printed by bertflow's processes; other
+    root-logger warnings are."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    out = subprocess.run([sys.executable, "-c", BEAM_WITHOUT_APITOOLS], env=env, capture_output=True, text=True,
+                         timeout=300)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "apitools not found" not in out.stderr
+    assert "a warning of anyone else's still shows" in out.stderr
+
+
+def test_the_readmes_commands_table_lists_every_preset():
+    from flows.presets import PRESETS
+
+    row = next(ln for ln in (REPO / "README.md").read_text().splitlines() if ln.startswith("| `bertflow run --preset"))
+    listed = row.split("--preset ", 1)[1].split(" ", 1)[0].split("\\|")
+    assert listed == list(PRESETS)

@@ -191,6 +191,35 @@ def test_the_champion_loads_back_as_a_pyfunc_model(chain):
     assert len(out["cls_embedding"][0]) == len(out["mean_embedding"][1]) == hidden
 
 
+NOISE = (
+    "ignoring weights this model does not have",  # the heads a fine-tuning backbone drops, once per unit
+    "apitools not found",  # Beam at import, without the gcp extra
+    "Add type hints to the `predict` method",  # MLflow, at logging and at every load
+    "already exists",  # MLflow's register_model on a brand-new registry
+    "Downloading artifacts",  # MLflow's progress bars, one line per update in a file
+)
+
+
+def test_a_successful_run_prints_no_warning_that_is_not_its_users(chain):
+    """What a newcomer reads as trouble and cannot act on: none of it in the first run's output,
+    nor when the registered model loads."""
+    import warnings
+
+    import mlflow
+
+    root, first, _, _ = chain
+    for text in NOISE:
+        assert text not in first.stderr and text not in first.stdout, text
+    assert "registered bert-tiny version 1" in first.stderr  # what is said instead
+    uri = f"sqlite:///{root}/mlflow.db"
+    mlflow.set_tracking_uri(uri)
+    mlflow.set_registry_uri(uri)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        mlflow.pyfunc.load_model("models:/bert-tiny@champion")
+    assert not [str(w.message) for w in caught if "type hint" in str(w.message)]
+
+
 def test_second_run_skips_every_stage(chain):
     root, _, second, _ = chain
     assert "skipped" in second.stdout

@@ -118,3 +118,22 @@ def test_a_kill_in_each_stage_reruns_to_the_same_outputs(stage, chain, cli, cli_
     root = tmp_path / "killed"
     _kill_during(stage, 2.0, root, cli, cli_env)
     _check_same_as_uninterrupted(root, chain[0], cli, cli_env)
+
+
+@pytest.mark.slow
+def test_a_divergence_exits_4_with_its_error_as_the_last_line(chain, cli, cli_env, tmp_path):
+    """``--set pretrain.learning_rate=1e4``: the loss goes to NaN, the trainer exits 4, and so
+    does ``bertflow`` (it exited 1), with the error as the last line on stderr (it was followed by
+    Prefect's "Stopping temporary server" line), once, after Prefect's traceback."""
+    import shutil
+
+    root = tmp_path / "root"
+    for folder in ("corpus", "vocab", "examples"):
+        shutil.copytree(chain[0] / folder, root / folder)
+    cmd = cli(["stage", "pretrain", "--preset", "tiny"], root) + ["--set", "pretrain.learning_rate=1e4"]
+    out = subprocess.run(cmd, env=cli_env, capture_output=True, text=True, timeout=1200)
+    last = out.stderr.strip().splitlines()[-1]
+    assert out.returncode == 4, out.stderr[-4000:]
+    assert last.startswith("bertflow: stage failed (exit 4): StageProcessError: pretrain"), last
+    assert "diverged" in last
+    assert out.stderr.count(last) == 1

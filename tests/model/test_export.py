@@ -1,6 +1,7 @@
 """Export/import in Hugging Face layout: round trips, prefixes, tokenizer files, the export stage."""
 
 import json
+import logging
 
 import pytest
 import safetensors.torch
@@ -72,10 +73,16 @@ def test_files_have_hf_layout_and_tied_weight_once(tmp_path):
     assert all(k.startswith(("bert.", "cls.")) for k in tensors)
 
 
-def test_bert_model_from_pretraining_export_and_bare_export(tmp_path):
+def test_bert_model_from_pretraining_export_and_bare_export(tmp_path, caplog):
     m = trained_model()
     save_pretrained(m, str(tmp_path / "pre"))
-    backbone = load_pretrained(str(tmp_path / "pre"), BertModel).eval()
+    with caplog.at_level(logging.DEBUG, logger="bertflow"):
+        backbone = load_pretrained(str(tmp_path / "pre"), BertModel).eval()
+    # the pretraining heads a backbone drops are expected: said at DEBUG only (--verbose), in
+    # sorted order, not once per fine-tuning unit at INFO
+    dropped = [r for r in caplog.records if "ignoring weights this model does not have" in r.getMessage()]
+    assert [r.levelno for r in dropped] == [logging.DEBUG]
+    assert "'cls.predictions.bias', 'cls.predictions.transform.LayerNorm.bias'" in dropped[0].getMessage()
     ids, types, mask = inputs()
     ref = m.bert(ids, types, mask)
     out = backbone(ids, types, mask)

@@ -420,6 +420,8 @@ def _results_of(cfg: RunConfig, root: str, fingerprint: str, downstream: list[St
         if manifest.inputs.get("model") == fingerprint:
             out.append(StageResult(name, "skipped", 0.0, manifest.url, manifest.counts, manifest))
     return out
+
+
 _REGISTER_CHATTER = ("Registered model ", "Successfully registered model ", "Created version ")
 
 

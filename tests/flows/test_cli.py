@@ -170,6 +170,8 @@ def test_beam_options_in_one_place_and_beams_own_words(capsys):
     assert main(["config", "--runnr=DataflowRunner"]) == 2
     assert "not an option of bertflow nor of Beam" in capsys.readouterr().err
     assert main(["status", "--runner=DataflowRunner"]) == 2
+
+
 def test_a_failed_run_exits_with_its_stage_process_code():
     """``bertflow run``/``stage`` exit with the failed stage process's code (4: the trainer's
     divergence), through Prefect's re-raise and the units' wrapping; a code that is not one of

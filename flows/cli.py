@@ -605,7 +605,8 @@ def _summary_lines(console, summary: dict, fold: bool) -> None:
     uri = summary["tracking_uri"]
     if not uri.startswith(("http://", "https://")):
         console.print(f"MLflow: mlflow ui --backend-store-uri {uri}")
-    console.print(f"MLflow runs: {ui_url(uri, summary['experiment_id'])}")
+    if summary.get("experiment_id"):
+        console.print(f"MLflow runs: {ui_url(uri, summary['experiment_id'])}")
 
 
 if __name__ == "__main__":

@@ -40,6 +40,12 @@ def local_path(url: str) -> str:
     return os.path.abspath(url.removeprefix("file://"))
 
 
+def absolute_root(root: str) -> str:
+    """A local root as an absolute path (a URL as given): what runs are tagged with and lineage
+    names, so a store shared by runs started from different folders holds no relative path."""
+    return os.path.abspath(root) if "://" not in root else root
+
+
 def preflight(
     cfg: RunConfig, root: str, stages: list[str], tracking_uri: str | None, given: dict[str, str] | None = None
 ) -> None:

@@ -277,13 +277,13 @@ def _main(argv: list[str]) -> int:
 
 
 def _run(args, cfg, overrides) -> int:
-    from flows.checks import RootBusyError, RootLock, preflight
+    from flows.checks import RootBusyError, RootLock, absolute_root, preflight
     from flows.secrets import ENV_SECRET_OVERRIDES, split_secret_overrides
     from flows.table import stage_names
     from flows.tracking import default_tracking_uri
 
     console = _setup_logging(args.verbose)
-    root = args.root or os.path.abspath(os.path.join("runs", args.preset))
+    root = absolute_root(args.root or os.path.join("runs", args.preset))
     given = dict(item.split("=", 1) for item in getattr(args, "input", []) if "=" in item)
     groups = (args.name,) if args.command == "stage" else CHAIN
     try:
@@ -398,9 +398,10 @@ class _progress_bars:
 
 
 def _status(args, cfg) -> int:
+    from flows.checks import absolute_root
     from flows.status import collect_status, print_status, root_missing
 
-    root = args.root or os.path.abspath(os.path.join("runs", args.preset))
+    root = absolute_root(args.root or os.path.join("runs", args.preset))
     missing = root_missing(root)
     if missing:
         print(f"bertflow: status: {missing}", file=sys.stderr)

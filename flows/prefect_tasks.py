@@ -28,7 +28,7 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.states import Completed
 
-from flows.checks import RootLock, preflight
+from flows.checks import RootLock, absolute_root, preflight
 from flows.figures import format_figure, key_figures
 from flows.presets import RunConfig, as_dict, load_config
 from flows.proc.protocol import STOP, worth_retrying
@@ -45,7 +45,14 @@ from flows.table import (
     stage_names,
     stage_url,
 )
-from flows.tracking import ENV_RUN_ID, ENV_TRACKING_URI, Tracker, default_tracking_uri, git_commit
+from flows.tracking import (
+    ENV_RUN_ID,
+    ENV_TRACKING_URI,
+    Tracker,
+    default_tracking_uri,
+    git_commit,
+    store_artifact_root,
+)
 from pipeline.schema.config import config_digest
 from pipeline.schema.manifest import ManifestError, fingerprint_input, read_manifest
 from pipeline.schema.storage import join_url
@@ -87,13 +94,13 @@ def session(
     from flows.secrets import merge_secret_overrides
 
     cfg = load_config(preset, merge_secret_overrides(overrides))
-    root = root or default_root(preset)
+    root = absolute_root(root or default_root(preset))  # tags and lineage name where it is, wherever run from
     tracking_uri = mlflow_uri or os.environ.get("MLFLOW_TRACKING_URI") or default_tracking_uri(root)
     preflight(cfg, root, stage_names(cfg, groups), tracking_uri, given)
     with RootLock(root), _prefect_logs():
         _follow_moved_root(root, tracking_uri)
         tracker = Tracker(tracking_uri)
-        tracker.use_experiment(EXPERIMENT, artifact_root=join_url(root, "mlartifacts"))
+        tracker.use_experiment(EXPERIMENT, artifact_root=store_artifact_root(tracking_uri, root))
         killed = tracker.mark_killed_runs(root)
         if killed:
             log.warning("marked %d run(s) of %s left RUNNING by a killed process as KILLED", len(killed), root)

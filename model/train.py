@@ -117,6 +117,13 @@ class Session:
     """``time.perf_counter()`` when this session's ``fit`` started."""
     seconds_before: float = 0.0
     """Training seconds of the sessions before this one (from the checkpoint)."""
+    vocab_fp: str = ""
+    """The fingerprint of the vocabulary the embeddings are sized by (empty: none given)."""
+
+    @property
+    def inputs(self) -> dict[str, str]:
+        """The input fingerprints its manifest records."""
+        return {"examples": self.examples_fp, **({"vocab": self.vocab_fp} if self.vocab_fp else {})}
 
     @property
     def phase_ends(self) -> set[int]:
@@ -139,6 +146,7 @@ def run_pretrain(
     init_from: str = "",
     pad_id: int | None = None,
     callbacks: Callbacks | None = None,
+    vocab_url: str = "",
 ) -> Manifest:
     """Pretrain BERT on the example stage at ``examples_url``; write checkpoints and final weights.
 
@@ -146,7 +154,9 @@ def run_pretrain(
     (``model/resume.py``); ``restart=True`` clears ``output_url`` first. ``init_from``: a BERT
     folder in Hugging Face layout whose weights start the run (continued pretraining).
     ``mask_fn`` is needed for dynamic masking. ``log_fn(metrics, step)`` runs on rank 0;
-    ``callbacks`` (``model.callbacks.Callbacks``) on every process.
+    ``callbacks`` (``model.callbacks.Callbacks``) on every process. ``vocab_url``: the
+    vocabulary the model's embeddings are sized by; its fingerprint is recorded beside the
+    examples' (so export can check that it ships the vocabulary the weights were trained on).
     """
     session = setup(
         config,
@@ -159,6 +169,7 @@ def run_pretrain(
         init_from=init_from,
         pad_id=pad_id,
         callbacks=callbacks,
+        vocab_url=vocab_url,
     )
     fit(session)
     return finish(session)
@@ -190,6 +201,7 @@ def setup(
     init_from: str = "",
     pad_id: int | None = None,
     callbacks: Callbacks | None = None,
+    vocab_url: str = "",
 ) -> Session:
     """Check everything that can fail before training, build the model and resume or start."""
     t_start = time.time()
@@ -294,6 +306,7 @@ def setup(
         peak_tflops(config.peak_tflops, backend.device, backend.precision),
         unpad,
         t_start,
+        vocab_fp=fingerprint_input(vocab_url) if vocab_url else "",
     )
 
 
@@ -567,13 +580,13 @@ def finish(s: Session) -> Manifest:
     }
     stage_config = manifest_config(s.config, s.model_config)
     if not be.is_main:
-        return Manifest("pretrain", s.output_url, stage_config, {"examples": s.examples_fp}, counts, [])
+        return Manifest("pretrain", s.output_url, stage_config, s.inputs, counts, [])
     files = [describe_file(s.output_url, f"final/{name}") for name in ("config.json", "model.safetensors")]
     return write_manifest(
         "pretrain",
         s.output_url,
         config=stage_config,
-        inputs={"examples": s.examples_fp},
+        inputs=s.inputs,
         counts=counts,
         files=files,
         seconds=time.time() - s.t_start,

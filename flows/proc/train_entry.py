@@ -133,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
             init_from=spec.get("init_from") or "",
             pad_id=pad_id,
             callbacks=DataTrace(trace) if trace else None,
+            vocab_url=spec.get("vocab_url") or "",
         )
     except Preempted as exc:
         log.warning("%s; rerun to resume", exc)

@@ -46,11 +46,34 @@ def absolute_root(root: str) -> str:
     return os.path.abspath(root) if "://" not in root else root
 
 
+def stages_to_run(
+    cfg: RunConfig, root: str, stages: list[str], forced: set[str], given: dict[str, str] | None = None
+) -> list[str]:
+    """The stages of ``stages`` (in chain order) that a run skipping finished stages will run: from
+    the first that is forced (its group in ``forced``) or not done, every one after it too (an
+    upstream rerun may change their inputs; the runner checks each again before it runs)."""
+    from flows.runner import stage_state
+
+    for i, stage in enumerate(stages):
+        if stage.split("/", 1)[0] in forced or stage_state(stage, cfg, root, given).state != "done":
+            return stages[i:]
+    return []
+
+
 def preflight(
-    cfg: RunConfig, root: str, stages: list[str], tracking_uri: str | None, given: dict[str, str] | None = None
+    cfg: RunConfig,
+    root: str,
+    stages: list[str],
+    tracking_uri: str | None,
+    given: dict[str, str] | None = None,
+    forced: set[str] | None = None,
 ) -> None:
     """Raise a one-line error naming the path when the run cannot work; do nothing else.
-    ``given``: input URLs replacing the defaults (a stage flow's parameters)."""
+    ``given``: input URLs replacing the defaults (a stage flow's parameters). ``forced``: the
+    groups a run that skips finished stages reruns (None: every stage runs); the stages it will
+    skip are not checked (a disk estimate for a finished stage refused a run that would skip it)."""
+    if forced is not None:
+        stages = stages_to_run(cfg, root, stages, forced, given)
     if is_local(root):
         path = local_path(root)
         if os.path.exists(path) and not os.path.isdir(path):

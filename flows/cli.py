@@ -279,7 +279,7 @@ def _main(argv: list[str]) -> int:
 def _run(args, cfg, overrides) -> int:
     from flows.checks import RootBusyError, RootLock, absolute_root, preflight
     from flows.secrets import ENV_SECRET_OVERRIDES, split_secret_overrides
-    from flows.table import stage_names
+    from flows.table import stage_names, stages_after
     from flows.tracking import default_tracking_uri
 
     console = _setup_logging(args.verbose)
@@ -288,7 +288,8 @@ def _run(args, cfg, overrides) -> int:
     groups = (args.name,) if args.command == "stage" else CHAIN
     try:
         tracking_uri = args.mlflow_uri or os.environ.get("MLFLOW_TRACKING_URI") or default_tracking_uri(root)
-        preflight(cfg, root, stage_names(cfg, groups), tracking_uri, given)
+        forced = {g for f in args.force for g in stages_after(f)} if args.command == "run" else None
+        preflight(cfg, root, stage_names(cfg, groups), tracking_uri, given, forced)
         lock = RootLock(root)
         lock.acquire()
     except (OSError, ValueError, KeyError, RootBusyError) as exc:

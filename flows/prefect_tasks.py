@@ -31,7 +31,7 @@ from prefect.states import Completed
 from flows.checks import RootLock, absolute_root, preflight
 from flows.figures import format_figure, key_figures
 from flows.presets import RunConfig, as_dict, load_config
-from flows.proc.protocol import STOP, worth_retrying
+from flows.proc.protocol import STOP, DiskFullError, StageProcessError, describe_disk_full, disk_full, worth_retrying
 from flows.reporting import log_stage_artifacts, stage_markdown
 from flows.runner import run_stage
 from flows.table import (
@@ -89,14 +89,16 @@ def session(
     mlflow_uri: str | None,
     groups: tuple[str, ...] = CHAIN,
     given: dict[str, str] | None = None,
+    forced: set[str] | None = None,
 ):
-    """Config, checks, the root's lock, the parent MLflow run and log forwarding, for one flow run."""
+    """Config, checks, the root's lock, the parent MLflow run and log forwarding, for one flow run.
+    ``forced``: the groups a run skipping finished stages reruns (None: all run; see ``preflight``)."""
     from flows.secrets import merge_secret_overrides
 
     cfg = load_config(preset, merge_secret_overrides(overrides))
     root = absolute_root(root or default_root(preset))  # tags and lineage name where it is, wherever run from
     tracking_uri = mlflow_uri or os.environ.get("MLFLOW_TRACKING_URI") or default_tracking_uri(root)
-    preflight(cfg, root, stage_names(cfg, groups), tracking_uri, given)
+    preflight(cfg, root, stage_names(cfg, groups), tracking_uri, given, forced)
     with RootLock(root), _prefect_logs():
         _follow_moved_root(root, tracking_uri)
         tracker = Tracker(tracking_uri)
@@ -231,17 +233,23 @@ def stage_task(
         env = {ENV_RUN_ID: run_id, ENV_TRACKING_URI: tracking.uri}
         # a retry resumes (pretraining from its last checkpoint): only the first attempt starts over
         first_attempt = (task_run.run_count or 1) <= 1
-        result = run_stage(
-            stage,
-            cfg,
-            root,
-            force=force and first_attempt,
-            log_fn=lambda m, step: tracker.log_metrics(run_id, m, step),
-            env=env,
-            given=given,
-            on_progress=_progress_artifact(stage) if get_stage(stage).where == "training" else None,
-            aggregate_only=aggregate_only,
-        )
+        try:
+            result = run_stage(
+                stage,
+                cfg,
+                root,
+                force=force and first_attempt,
+                log_fn=lambda m, step: tracker.log_metrics(run_id, m, step),
+                env=env,
+                given=given,
+                on_progress=_progress_artifact(stage) if get_stage(stage).where == "training" else None,
+                aggregate_only=aggregate_only,
+            )
+        except Exception as exc:  # a full disk is named as the disk (a stage process names it itself)
+            full = disk_full(exc)
+            if full is None or isinstance(exc, (StageProcessError, DiskFullError)):
+                raise
+            raise DiskFullError(describe_disk_full(full, stage_url(root, stage))) from exc
         _log_stage(tracker, run_id, stage, cfg, result)
         create_markdown_artifact(
             key=stage.replace("/", "-").replace("_", "-").lower() + "-output",

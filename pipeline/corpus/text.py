@@ -99,13 +99,24 @@ def iter_text_records(url: str, config: CorpusConfig) -> Iterator[dict | TextRej
         raise CorpusReadError(f"{url}: unreadable {kind} file: {type(exc).__name__}: {exc}") from exc
 
 
+def _sample(value, limit: int = 1000) -> str:
+    """At most ``limit`` characters of a rejected value, without building its whole text first."""
+    if isinstance(value, str):
+        return value[:limit]
+    if isinstance(value, (bytes, bytearray)):
+        return bytes(value[:limit]).decode("utf-8", "replace")
+    if isinstance(value, (list, tuple, dict)) and len(value) > limit:
+        return f"a {type(value).__name__} of {len(value):,} items"
+    return str(value)[:limit]
+
+
 def _record(url: str, stem: str, number: int, text, doc_id, title) -> dict | TextReject:
     where = f"{url}: record {number}"
     rid = f"text:{stem}:{number:09d}" if doc_id is None else f"text:{str(doc_id)[:_ID_CHARS]}"
     if text is None:
         return TextReject("missing_text", rid, f"{where}: no text (null or missing field)")
     if not isinstance(text, str):
-        return TextReject("missing_text", rid, f"{where}: text is a {type(text).__name__}, not a string", str(text))
+        return TextReject("missing_text", rid, f"{where}: text is a {type(text).__name__}, not a string", _sample(text))
     return {"doc_id": rid, "source": "text", "title": "" if title is None else str(title), "text": text}
 
 
@@ -190,14 +201,17 @@ def _columns(url: str, kind: str, config: CorpusConfig) -> Iterator[dict | TextR
             titles = data.get(config.text_title_field, [None] * len(texts))
             for text, doc_id, title in zip(texts, ids, titles, strict=True):
                 number += 1
-                if isinstance(text, str) and len(text) > config.max_line_bytes:
+                # sized before anything is decoded or copied: a binary column's 100 MB value is
+                # judged by its length, never turned into a 100-million-character str first
+                if isinstance(text, (str, bytes)) and len(text) > config.max_line_bytes:
                     rid = f"text:{stem}:{number:09d}" if doc_id is None else f"text:{str(doc_id)[:_ID_CHARS]}"
+                    unit = "characters" if isinstance(text, str) else "bytes"
                     yield TextReject(
                         "record_too_large",
                         rid,
-                        f"{url}: record {number}: {len(text)} characters, over "
+                        f"{url}: record {number}: {len(text)} {unit}, over "
                         f"corpus.max_line_bytes={config.max_line_bytes}",
-                        text[:1000],
+                        _sample(text),
                     )
                     continue
                 yield _record(url, stem, number, text, doc_id, title)

@@ -83,8 +83,9 @@ def preflight(
             parent = os.path.dirname(parent)
         if not os.access(parent, os.W_OK):
             raise PermissionError(f"--root {root}: {parent} is not writable")
-    from pipeline.schema.manifest import fingerprint_input
+    from pipeline.schema.manifest import check_inputs_agree, fingerprint_input
 
+    running = {get_stage(s).provides for s in stages} - {""}  # what this run writes before it is read
     for stage in stages:
         inputs = stage_inputs(stage, cfg, root, given)
         row = get_stage(stage)
@@ -96,6 +97,11 @@ def preflight(
                 fingerprint_input(url)
             except FileNotFoundError as exc:
                 raise FileNotFoundError(f"stage {stage}, input {name}: {exc}") from None
+
+        # inputs that must belong together, unless this run writes one of them first (the runner
+        # checks those again before the stage runs)
+        first = {n for n in running if written_by_this_run(n, inputs.get(n, ""), root)}  # this run writes them first
+        check_inputs_agree(inputs, [(a, b) for a, b in row.agree if not {a, b} & first])
     if tracking_uri:
         check_tracking_uri(tracking_uri)
 

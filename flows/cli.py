@@ -281,6 +281,7 @@ def _run(args, cfg, overrides) -> int:
     from flows.secrets import ENV_SECRET_OVERRIDES, split_secret_overrides
     from flows.table import stage_names, stages_after
     from flows.tracking import default_tracking_uri
+    from pipeline.schema.manifest import ManifestError
 
     console = _setup_logging(args.verbose)
     root = absolute_root(args.root or os.path.join("runs", args.preset))
@@ -292,7 +293,7 @@ def _run(args, cfg, overrides) -> int:
         preflight(cfg, root, stage_names(cfg, groups), tracking_uri, given, forced)
         lock = RootLock(root)
         lock.acquire()
-    except (OSError, ValueError, KeyError, RootBusyError) as exc:
+    except (OSError, ValueError, KeyError, RootBusyError, ManifestError) as exc:
         print(f"bertflow: {args.command}: {exc}", file=sys.stderr)
         return 2
     from flows.proc.supervisor import is_worker, supervise

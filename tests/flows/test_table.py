@@ -270,6 +270,10 @@ def test_inputs_that_do_not_belong_together_are_refused_naming_both(tmp_path):
     message = str(refused.value)
     for named in (theirs[:12], ours[:12], other_examples, stage_url(root, "vocab")):
         assert named in message
+    from flows.checks import preflight
+
+    with pytest.raises(InputsDisagreeError):  # `bertflow stage pretrain --input examples=...`: before any server
+        preflight(cfg, root, ["pretrain"], None, given={"examples": other_examples})
     # checkpoints recording another vocabulary: export refuses to ship them with this one
     _finished("pretrain", cfg, root, given={"vocab": other_vocab, "examples": other_examples})
     with pytest.raises(InputsDisagreeError, match=f"pretrain at .* {theirs[:12]}.* {ours[:12]}"):

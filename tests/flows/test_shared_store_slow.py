@@ -48,7 +48,8 @@ def test_two_runs_on_one_new_store_both_register_and_keep_their_artifacts(tmp_pa
     assert sorted(by_root) == [str(tmp_path / "runs" / "concA"), str(tmp_path / "runs" / "concB")]
     for v in versions:
         assert all(os.path.isabs(v.tags[k]) for k in v.tags if k.startswith("lineage.") and k.endswith(".url"))
-        assert v.storage_location.startswith(f"file://{tmp_path}/team/mlartifacts/") or v.source.startswith("models:/")
+        logged = client.get_logged_model(v.source.removeprefix("models:/"))  # the version's source: its logged model
+        assert logged.artifact_location.startswith(f"file://{tmp_path}/team/mlartifacts/")
     shutil.move(tmp_path / "runs" / "concA", tmp_path / "elsewhere")  # the first root goes away
     mlflow.set_tracking_uri(uri)
     mlflow.set_registry_uri(uri)

@@ -26,6 +26,7 @@ were needed, and a warning is issued.
 from __future__ import annotations
 
 import os
+import reprlib
 import warnings
 
 import mlflow
@@ -93,10 +94,8 @@ def texts_of(model_input, max_chars: int = MAX_CHARS, max_batch: int = MAX_BATCH
     texts = []
     for i, value in enumerate(values):
         if not isinstance(value, str):  # numpy's str_ is a str; a number, a list, None are not text
-            shown = repr(value)
-            raise RequestRefused(
-                f"text {i} is {type(value).__name__} {shown[:40]}{'...' if len(shown) > 40 else ''}, not a string"
-            )
+            shown = reprlib.repr(value)  # bounded: a nested 20 MB string is not copied to be named
+            raise RequestRefused(f"text {i} is {type(value).__name__} {shown}, not a string")
         if len(value) > max_chars:
             raise RequestRefused(
                 f"text {i} has {len(value):,} characters, more than the limit of {max_chars:,} ({ENV_MAX_CHARS}): "

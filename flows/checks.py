@@ -40,11 +40,40 @@ def local_path(url: str) -> str:
     return os.path.abspath(url.removeprefix("file://"))
 
 
+def absolute_root(root: str) -> str:
+    """A local root as an absolute path (a URL as given): what runs are tagged with and lineage
+    names, so a store shared by runs started from different folders holds no relative path."""
+    return os.path.abspath(root) if "://" not in root else root
+
+
+def stages_to_run(
+    cfg: RunConfig, root: str, stages: list[str], forced: set[str], given: dict[str, str] | None = None
+) -> list[str]:
+    """The stages of ``stages`` (in chain order) that a run skipping finished stages will run: from
+    the first that is forced (its group in ``forced``) or not done, every one after it too (an
+    upstream rerun may change their inputs; the runner checks each again before it runs)."""
+    from flows.runner import stage_state
+
+    for i, stage in enumerate(stages):
+        if stage.split("/", 1)[0] in forced or stage_state(stage, cfg, root, given).state != "done":
+            return stages[i:]
+    return []
+
+
 def preflight(
-    cfg: RunConfig, root: str, stages: list[str], tracking_uri: str | None, given: dict[str, str] | None = None
+    cfg: RunConfig,
+    root: str,
+    stages: list[str],
+    tracking_uri: str | None,
+    given: dict[str, str] | None = None,
+    forced: set[str] | None = None,
 ) -> None:
     """Raise a one-line error naming the path when the run cannot work; do nothing else.
-    ``given``: input URLs replacing the defaults (a stage flow's parameters)."""
+    ``given``: input URLs replacing the defaults (a stage flow's parameters). ``forced``: the
+    groups a run that skips finished stages reruns (None: every stage runs); the stages it will
+    skip are not checked (a disk estimate for a finished stage refused a run that would skip it)."""
+    if forced is not None:
+        stages = stages_to_run(cfg, root, stages, forced, given)
     if is_local(root):
         path = local_path(root)
         if os.path.exists(path) and not os.path.isdir(path):
@@ -54,8 +83,9 @@ def preflight(
             parent = os.path.dirname(parent)
         if not os.access(parent, os.W_OK):
             raise PermissionError(f"--root {root}: {parent} is not writable")
-    from pipeline.schema.manifest import fingerprint_input
+    from pipeline.schema.manifest import check_inputs_agree, fingerprint_input
 
+    running = {get_stage(s).provides for s in stages} - {""}  # what this run writes before it is read
     for stage in stages:
         inputs = stage_inputs(stage, cfg, root, given)
         row = get_stage(stage)
@@ -67,6 +97,11 @@ def preflight(
                 fingerprint_input(url)
             except FileNotFoundError as exc:
                 raise FileNotFoundError(f"stage {stage}, input {name}: {exc}") from None
+
+        # inputs that must belong together, unless this run writes one of them first (the runner
+        # checks those again before the stage runs)
+        first = {n for n in running if written_by_this_run(n, inputs.get(n, ""), root)}  # this run writes them first
+        check_inputs_agree(inputs, [(a, b) for a, b in row.agree if not {a, b} & first])
     if tracking_uri:
         check_tracking_uri(tracking_uri)
 

@@ -390,21 +390,23 @@ def _main(argv: list[str]) -> int:
 
 
 def _run(args, cfg, overrides) -> int:
-    from flows.checks import RootBusyError, RootLock, preflight
+    from flows.checks import RootBusyError, RootLock, absolute_root, preflight
     from flows.secrets import ENV_SECRET_OVERRIDES, split_secret_overrides
-    from flows.table import stage_names
+    from flows.table import stage_names, stages_after
     from flows.tracking import default_tracking_uri
+    from pipeline.schema.manifest import ManifestError
 
     console = _setup_logging(args.verbose)
-    root = args.root or os.path.abspath(os.path.join("runs", args.preset))
+    root = absolute_root(args.root or os.path.join("runs", args.preset))
     given = dict(item.split("=", 1) for item in getattr(args, "input", []) if "=" in item)
     groups = (args.name,) if args.command == "stage" else CHAIN
     try:
         tracking_uri = args.mlflow_uri or os.environ.get("MLFLOW_TRACKING_URI") or default_tracking_uri(root)
-        preflight(cfg, root, stage_names(cfg, groups), tracking_uri, given)
+        forced = {g for f in args.force for g in stages_after(f)} if args.command == "run" else None
+        preflight(cfg, root, stage_names(cfg, groups), tracking_uri, given, forced)
         lock = RootLock(root)
         lock.acquire()
-    except (OSError, ValueError, KeyError, RootBusyError) as exc:
+    except (OSError, ValueError, KeyError, RootBusyError, ManifestError) as exc:
         print(f"bertflow: {args.command}: {exc}", file=sys.stderr)
         return 2
     from flows.proc.supervisor import is_worker, supervise
@@ -513,9 +515,10 @@ class _progress_bars:
 
 
 def _status(args, cfg) -> int:
+    from flows.checks import absolute_root
     from flows.status import collect_status, print_status, root_missing
 
-    root = args.root or os.path.abspath(os.path.join("runs", args.preset))
+    root = absolute_root(args.root or os.path.join("runs", args.preset))
     missing = root_missing(root)
     if missing:
         print(f"bertflow: status: {missing}", file=sys.stderr)

@@ -28,10 +28,10 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.states import Completed
 
-from flows.checks import RootLock, preflight
+from flows.checks import RootLock, absolute_root, preflight
 from flows.figures import format_figure, key_figures
 from flows.presets import RunConfig, as_dict, load_config
-from flows.proc.protocol import STOP, worth_retrying
+from flows.proc.protocol import STOP, DiskFullError, StageProcessError, describe_disk_full, disk_full, worth_retrying
 from flows.reporting import log_stage_artifacts, stage_markdown
 from flows.runner import run_stage, stage_state
 from flows.table import (
@@ -44,7 +44,14 @@ from flows.table import (
     stage_names,
     stage_url,
 )
-from flows.tracking import ENV_RUN_ID, ENV_TRACKING_URI, Tracker, default_tracking_uri, git_commit
+from flows.tracking import (
+    ENV_RUN_ID,
+    ENV_TRACKING_URI,
+    Tracker,
+    default_tracking_uri,
+    git_commit,
+    store_artifact_root,
+)
 from pipeline.schema.config import config_digest
 from pipeline.schema.manifest import ManifestError, fingerprint_input, read_manifest
 from pipeline.schema.storage import join_url
@@ -97,9 +104,10 @@ def session(
     mlflow_uri: str | None,
     groups: tuple[str, ...] = CHAIN,
     given: dict[str, str] | None = None,
+    forced: set[str] | None = None,
 ):
     """Config, checks, the root's lock, the parent MLflow run and log forwarding, for one flow run.
-
+    ``forced``: the groups a run skipping finished stages reruns (None: all run; see ``preflight``).
     Raises :class:`SetupError` (one line, as the CLI prints it) when the configuration, the
     root, the tracking URI or an input is refused, before anything starts."""
     from flows.secrets import merge_secret_overrides
@@ -107,15 +115,15 @@ def session(
 
     try:
         cfg = load_config(preset, merge_secret_overrides(overrides))
-        root = root or default_root(preset)
+        root = absolute_root(root or default_root(preset))  # tags and lineage name where it is, wherever run from
         tracking_uri = mlflow_uri or os.environ.get("MLFLOW_TRACKING_URI") or default_tracking_uri(root)
-        preflight(cfg, root, stage_names(cfg, groups), tracking_uri, given)
+        preflight(cfg, root, stage_names(cfg, groups), tracking_uri, given, forced)
     except (ConfigError, OSError, ValueError, KeyError) as exc:
         raise SetupError(f"{name}: configuration error: {exc}") from None
     with RootLock(root), _prefect_logs():
         _follow_moved_root(root, tracking_uri)
         tracker = Tracker(tracking_uri)
-        tracker.use_experiment(EXPERIMENT, artifact_root=join_url(root, "mlartifacts"))
+        tracker.use_experiment(EXPERIMENT, artifact_root=store_artifact_root(tracking_uri, root))
         killed = tracker.mark_killed_runs(root)
         if killed:
             log.warning("marked %d run(s) of %s left RUNNING by a killed process as KILLED", len(killed), root)
@@ -252,17 +260,23 @@ def stage_task(
         env = {ENV_RUN_ID: run_id, ENV_TRACKING_URI: tracking.uri}
         # a retry resumes (pretraining from its last checkpoint): only the first attempt starts over
         first_attempt = (task_run.run_count or 1) <= 1
-        result = run_stage(
-            stage,
-            cfg,
-            root,
-            force=force and first_attempt,
-            log_fn=lambda m, step: tracker.log_metrics(run_id, m, step),
-            env=env,
-            given=given,
-            on_progress=_progress_artifact(stage) if get_stage(stage).where == "training" else None,
-            aggregate_only=aggregate_only,
-        )
+        try:
+            result = run_stage(
+                stage,
+                cfg,
+                root,
+                force=force and first_attempt,
+                log_fn=lambda m, step: tracker.log_metrics(run_id, m, step),
+                env=env,
+                given=given,
+                on_progress=_progress_artifact(stage) if get_stage(stage).where == "training" else None,
+                aggregate_only=aggregate_only,
+            )
+        except Exception as exc:  # a full disk is named as the disk (a stage process names it itself)
+            full = disk_full(exc)
+            if full is None or isinstance(exc, (StageProcessError, DiskFullError)):
+                raise
+            raise DiskFullError(describe_disk_full(full, stage_url(root, stage))) from exc
         _log_stage(tracker, run_id, stage, cfg, result)
         create_markdown_artifact(
             key=_artifact_key(stage),

@@ -46,7 +46,8 @@ def pretrain(
     forced_groups = _forced(force) | set(stages or ())
     groups = tuple(g for g in CHAIN if not stages or g in stages)
     try:
-        with session(f"pretrain-{preset}", preset, root, overrides, mlflow_uri, groups) as (cfg, root, tracking):
+        opened = session(f"pretrain-{preset}", preset, root, overrides, mlflow_uri, groups, forced=forced_groups)
+        with opened as (cfg, root, tracking):
             names = stage_names(cfg, groups)
             forced = {n for n in names if n.split("/", 1)[0] in forced_groups}
             results = run_stages(names, cfg, root, forced, tracking)

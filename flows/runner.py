@@ -35,6 +35,7 @@ from flows.versions import code_version
 from pipeline.schema.manifest import (
     Manifest,
     ManifestError,
+    check_inputs_agree,
     fingerprint_input,
     has_manifest,
     read_attempt,
@@ -75,9 +76,9 @@ def stage_state(
         return StageState(stage, url, "stale", [str(exc)])
     try:
         inputs = stage_inputs(stage, cfg, root, given)
-        # the inputs that determine the output are the ones its run recorded (pretraining reads
-        # the vocab only for its size, which its config holds); an input it lacks marks it stale
-        fingerprints = {k: fingerprint_input(u) for k, u in inputs.items() if k in manifest.inputs}
+        # every input the stage table declares, never only those the manifest lists: a manifest
+        # that records fewer (or other) inputs than the table says the stage reads is stale
+        fingerprints = {k: fingerprint_input(u) for k, u in inputs.items()}
         expected = stage_config(stage, cfg, inputs)
     except (ManifestError, FileNotFoundError, KeyError) as exc:
         return StageState(stage, url, "stale", [f"inputs not ready: {exc}"], manifest)
@@ -120,8 +121,10 @@ def _unfinished(
 
 
 def check_inputs_ready(stage: str, cfg: RunConfig, root: str, given: dict[str, str] | None = None) -> None:
-    """Fail before any work when an input is missing: an upstream stage unfinished, a raw file absent."""
-    for name, url in stage_inputs(stage, cfg, root, given).items():
+    """Fail before any work when an input is missing (an upstream stage unfinished, a raw file
+    absent) or when two inputs do not belong together (the row's ``agree`` pairs)."""
+    inputs = stage_inputs(stage, cfg, root, given)
+    for name, url in inputs.items():
         if written_by_this_run(name, url, root):
             if not has_manifest(url):
                 raise ManifestError(
@@ -130,6 +133,7 @@ def check_inputs_ready(stage: str, cfg: RunConfig, root: str, given: dict[str, s
                 )
         else:
             fingerprint_input(url)  # raises FileNotFoundError naming the URL
+    check_inputs_agree(inputs, get_stage(stage).agree)
 
 
 def stage_spec(call: StageCall) -> dict:

@@ -7,7 +7,15 @@ Hugging Face folder (artifact ``hf_model``), stored once. So a fresh environment
 those requirements loads and serves it; bertflow need not be installed
 (``tests/flows/test_served_model_slow.py`` does exactly that in a separate venv).
 
-Input: a DataFrame (its ``text`` column, else its first), a list of strings, or one string.
+Input: a DataFrame (its ``text`` column, else its first), a list of strings, or one string, in
+every shape MLflow's scoring server hands over (``{"inputs": "one text"}`` arrives as a 0-d array).
+Each request is bounded before any text is tokenised: at most ``BERTFLOW_SERVE_MAX_BATCH`` texts
+(default 64) of at most ``BERTFLOW_SERVE_MAX_CHARS`` characters each (default 20,000: about 80
+windows of the tiny model), both read from the serving process's environment when the model is
+loaded. A request beyond them, or holding anything but text (numbers, nested lists, null), is
+refused with :class:`RequestRefused` naming the limit or the value, which the scoring server
+answers with HTTP 400 (its body's ``stack_trace`` ends with the reason), instead of reading a
+20 MB string in 50,000 windows while the client has long given up.
 Output, per text: the top token for each ``[MASK]`` (``filled``), the ``[CLS]`` embedding and the
 mean of the token embeddings. A text longer than the model's positions is read in overlapping
 windows (half a window apart) instead of being cut: every ``[MASK]`` is filled from the window
@@ -17,22 +25,84 @@ were needed, and a warning is issued.
 
 from __future__ import annotations
 
+import os
+import reprlib
 import warnings
 
 import mlflow
 from mlflow.models import set_model
 
+ENV_MAX_CHARS = "BERTFLOW_SERVE_MAX_CHARS"
+ENV_MAX_BATCH = "BERTFLOW_SERVE_MAX_BATCH"
+MAX_CHARS = 20_000
+"""Default longest text of a request, in characters (checked before tokenising)."""
+MAX_BATCH = 64
+"""Default most texts in one request."""
 
-def texts_of(model_input) -> list[str]:
-    """The texts of a DataFrame (``text`` column, else the first), a list, or one string."""
+
+class RequestRefused(ValueError):
+    """A request beyond the served model's limits, or holding something that is not text."""
+
+
+def limit_from_env(name: str, default: int) -> int:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r}: expected a positive whole number") from None
+    if value < 1:
+        raise ValueError(f"{name}={raw!r}: expected a positive whole number")
+    return value
+
+
+def _values(model_input) -> list:
+    """The request's values, one per text, whatever shape MLflow gave them."""
     if isinstance(model_input, str):
         return [model_input]
-    if hasattr(model_input, "columns"):
+    if hasattr(model_input, "columns"):  # a DataFrame: its text column
+        if len(model_input.columns) == 0:
+            raise RequestRefused("the request has no column: send a 'text' column")
         column = "text" if "text" in model_input.columns else model_input.columns[0]
-        return [str(t) for t in model_input[column]]
-    if isinstance(model_input, dict) and "text" in model_input:
-        return texts_of(model_input["text"])
-    return [str(t) for t in model_input]
+        return model_input[column]
+    if isinstance(model_input, dict):
+        if "text" not in model_input:
+            raise RequestRefused(f"the request's keys are {sorted(map(str, model_input))[:5]}: send 'text'")
+        return _values(model_input["text"])
+    if getattr(model_input, "ndim", None) == 0:  # {"inputs": "one text"}: a 0-d array
+        return [model_input.item()]
+    if isinstance(model_input, (list, tuple)) or getattr(model_input, "ndim", None) == 1:
+        return model_input
+    shape = getattr(model_input, "shape", None)
+    raise RequestRefused(
+        f"the request is {type(model_input).__name__}{f' of shape {shape}' if shape else ''}: send one text, "
+        "a list of texts or a 'text' column"
+    )
+
+
+def texts_of(model_input, max_chars: int = MAX_CHARS, max_batch: int = MAX_BATCH) -> list[str]:
+    """The texts of a request, each checked to be text within the limits (:class:`RequestRefused`)."""
+    values = _values(model_input)
+    if len(values) > max_batch:
+        raise RequestRefused(
+            f"the request holds {len(values):,} texts, more than the limit of {max_batch:,} a request "
+            f"({ENV_MAX_BATCH}): send them in several requests"
+        )
+    if len(values) == 0:
+        raise RequestRefused("the request holds no text")
+    texts = []
+    for i, value in enumerate(values):
+        if not isinstance(value, str):  # numpy's str_ is a str; a number, a list, None are not text
+            shown = reprlib.repr(value)  # bounded: a nested 20 MB string is not copied to be named
+            raise RequestRefused(f"text {i} is {type(value).__name__} {shown}, not a string")
+        if len(value) > max_chars:
+            raise RequestRefused(
+                f"text {i} has {len(value):,} characters, more than the limit of {max_chars:,} ({ENV_MAX_CHARS}): "
+                "split it, or serve with a higher limit"
+            )
+        texts.append(str(value))
+    return texts
 
 
 def windows(n: int, size: int) -> list[tuple[int, int]]:
@@ -78,12 +148,15 @@ class BertModel(mlflow.pyfunc.PythonModel):
         self.sep_id = self.tokenizer.token_to_id("[SEP]")
         self.mask_id = self.tokenizer.token_to_id("[MASK]")
         self.max_length = self.model.config.max_position_embeddings
+        self.max_chars = limit_from_env(ENV_MAX_CHARS, MAX_CHARS)
+        self.max_batch = limit_from_env(ENV_MAX_BATCH, MAX_BATCH)
         self.torch = torch
 
     def predict(self, context, model_input, params=None):
         import pandas as pd
 
-        return pd.DataFrame([self._one(text) for text in texts_of(model_input)])
+        texts = texts_of(model_input, self.max_chars, self.max_batch)  # every text checked before any is read
+        return pd.DataFrame([self._one(text) for text in texts])
 
     def _one(self, text: str) -> dict:
         torch = self.torch

@@ -92,6 +92,10 @@ class Stage:
     """(tracker, run id, result) -> extra MLflow artifacts that show the output best."""
     task: str = ""
     """A downstream row: its task in ``tasks.registry.TASKS``."""
+    agree: tuple[tuple[str, str], ...] = ()
+    """Pairs ``(a, b)`` of its inputs that must belong together: input ``a``'s manifest records the
+    fingerprint of the ``b`` it was made from, which must be the ``b`` this stage reads (checked
+    before any work: ``pipeline.schema.manifest.check_inputs_agree``)."""
     units: Units | None = None
     """A stage made of independent units (the downstream grid): the flows fan them out one task
     (and process) each; ``run`` with ``StageCall.unit`` runs one, with ``aggregate_only`` gathers
@@ -314,6 +318,7 @@ STAGES: dict[str, Stage] = {
             "pretrain", "checkpoints",
             inputs=lambda cfg, root: {"examples": _at(root, "examples"), "vocab": _at(root, "vocab")},
             config=_pretrain_config, run=_run_pretrain, where="training", provides="pretrain",
+            agree=(("examples", "vocab"),),
             code=("model", "pipeline.examples.masking", "pipeline.schema"), resumable=True,
             figures=("steps", "first_mlm_loss", "last_mlm_loss"), retries=3, timeout_s=30 * 24 * 3600,
             preflight=hooks.backend_preflight, preview=hooks.counts_preview, artifacts=hooks.loss_curve_artifact,
@@ -323,6 +328,7 @@ STAGES: dict[str, Stage] = {
             "export", "model",
             inputs=lambda cfg, root: {"pretrain": _at(root, "checkpoints"), "vocab": _at(root, "vocab")},
             config=_export_config, run=_run_export, provides="model", publishes_model=True,
+            agree=(("pretrain", "vocab"),),
             code=("model.export", "model.bert", "model.packing", "model.config", "model.contract", "model.kernels",
                   "model.card", "flows.card", "pipeline.schema"),
             figures=("parameters",), retries=1, timeout_s=3600, preview=hooks.model_preview,

@@ -28,6 +28,17 @@ Design choices:
    resumes from the checkpoints and registers; its start marks the runs the failure left
    ``RUNNING`` as ``KILLED``. MLflow's own retries are cut to 2 (``MLFLOW_HTTP_REQUEST_MAX_RETRIES``,
    an operator's setting wins).
+6. **A new SQLite store is created under a lock**: MLflow creates and migrates a database's tables
+   the first time a client opens it, and two runs opening one new file at once both failed
+   mid-migration and left it broken (``_alembic_tmp_tags already exists``). :func:`prepare_store`
+   does that first open under ``flock`` on ``<database>.lock``; the others wait, then find the
+   tables made.
+7. **Artifacts live with the store, not with whichever root came first**: the experiment's
+   artifact location is fixed when it is created, so a store shared by several roots kept every
+   root's models under the first root's folder (moving that root broke the others' models).
+   :func:`store_artifact_root` puts them beside the SQLite file (for a root's own store, under
+   the root as before) or leaves them to the tracking server, as ``mlflow server`` does. A team
+   shares one ``mlflow server`` (README, "Tracking").
 """
 
 from __future__ import annotations
@@ -131,6 +142,50 @@ class _Retrying:
         return call
 
 
+_PREPARED: set[str] = set()
+
+
+def sqlite_path(uri: str) -> str | None:
+    """The database file of a ``sqlite:///`` URI (None: another kind of store, or in memory)."""
+    if not uri.startswith("sqlite:///"):
+        return None
+    path = uri.removeprefix("sqlite:///").split("?", 1)[0]
+    return os.path.abspath(path) if path and path != ":memory:" else None
+
+
+def prepare_store(uri: str, seconds: float = BUSY_SECONDS) -> None:
+    """Create or migrate a SQLite store under an exclusive lock on ``<database>.lock`` beside it
+    (design choice 5), once per process and URI; other stores are left to their server."""
+    path = sqlite_path(uri)
+    if path is None or uri in _PREPARED:
+        return
+    import fcntl
+
+    from mlflow.tracking import MlflowClient
+
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    fd = os.open(path + ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        deadline = time.monotonic() + seconds
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(
+                        f"MLflow store {path}: another process has held {path}.lock for {seconds:.0f} s while "
+                        "creating or migrating it"
+                    ) from None
+                time.sleep(0.1)
+        client = MlflowClient(tracking_uri=uri, registry_uri=uri)
+        client.search_experiments(max_results=1)  # builds the tracking store: creates and migrates its tables
+        client.search_registered_models(max_results=1)  # and the registry's
+    finally:
+        os.close(fd)  # closing drops the flock
+    _PREPARED.add(uri)
+
+
 def _client(uri: str):
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     from mlflow.tracking import MlflowClient
@@ -139,7 +194,21 @@ def _client(uri: str):
         # MLflow's own retries of a refused connection (7, backing off to 2 min: ~4 min a call)
         # are shortened so that the wait is this module's, bounded by UNREACHABLE_SECONDS
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
+    prepare_store(uri)
     return _Retrying(MlflowClient(tracking_uri=uri, registry_uri=uri), uri=uri)
+
+
+def store_artifact_root(uri: str, root: str) -> str | None:
+    """Where a new experiment of store ``uri`` keeps its artifacts (design choice 6): beside a
+    SQLite store's file (a root's own store: ``<root>/mlartifacts``); a tracking server's own
+    artifact root (None: the server decides, ``--artifacts-destination`` or
+    ``--default-artifact-root``); under the root for any other database URL."""
+    path = sqlite_path(uri)
+    if path is not None:
+        return os.path.join(os.path.dirname(path), "mlartifacts")
+    if uri.startswith(("http://", "https://", "databricks")):
+        return None
+    return root.rstrip("/") + "/mlartifacts"
 
 
 def quoted(value: str) -> str | None:

@@ -130,6 +130,13 @@ class Session:
     """``time.perf_counter()`` when this session's ``fit`` started."""
     seconds_before: float = 0.0
     """Training seconds of the sessions before this one (from the checkpoint)."""
+    vocab_fp: str = ""
+    """The fingerprint of the vocabulary the embeddings are sized by (empty: none given)."""
+
+    @property
+    def inputs(self) -> dict[str, str]:
+        """The input fingerprints its manifest records."""
+        return {"examples": self.examples_fp, **({"vocab": self.vocab_fp} if self.vocab_fp else {})}
 
     @property
     def phase_ends(self) -> set[int]:
@@ -161,7 +168,9 @@ def run_pretrain(
     folder in Hugging Face layout whose weights start the run (continued pretraining; with
     ``vocab_url``, the run's vocabulary, a folder of another vocabulary too: ``model/warmstart.py``).
     ``mask_fn`` is needed for dynamic masking. ``log_fn(metrics, step)`` runs on rank 0;
-    ``callbacks`` (``model.callbacks.Callbacks``) on every process.
+    ``callbacks`` (``model.callbacks.Callbacks``) on every process. ``vocab_url``: the
+    vocabulary the model's embeddings are sized by; its fingerprint is recorded beside the
+    examples' (so export can check that it ships the vocabulary the weights were trained on).
     """
     session = setup(
         config,
@@ -319,6 +328,7 @@ def setup(
         peak_tflops(config.peak_tflops, backend.device, backend.precision),
         unpad,
         t_start,
+        vocab_fp=fingerprint_input(vocab_url) if vocab_url else "",
     )
 
 
@@ -592,13 +602,13 @@ def finish(s: Session) -> Manifest:
     }
     stage_config = manifest_config(s.config, s.model_config)
     if not be.is_main:
-        return Manifest("pretrain", s.output_url, stage_config, {"examples": s.examples_fp}, counts, [])
+        return Manifest("pretrain", s.output_url, stage_config, s.inputs, counts, [])
     files = [describe_file(s.output_url, f"final/{name}") for name in ("config.json", "model.safetensors")]
     manifest = write_manifest(
         "pretrain",
         s.output_url,
         config=stage_config,
-        inputs={"examples": s.examples_fp},
+        inputs=s.inputs,
         counts=counts,
         files=files,
         seconds=time.time() - s.t_start,

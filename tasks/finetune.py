@@ -95,14 +95,18 @@ def load_tokenizer(model_url: str) -> Tokenizer | WordTokenizer:
     root = root.rstrip("/")
     segmented = word_tokenizer_of(read_tokenizer_config(model_url))
     if segmented is not None:
+        source = f"{model_url.rstrip('/')}/vocab.txt"
         with fs.open(f"{root}/vocab.txt", "r", encoding="utf-8", newline="") as f:
             vocab = f.read().rstrip("\n").split("\n")
+        check_vocabulary({t: i for i, t in enumerate(vocab)}, source, model_url)
         tokenizer = WordTokenizer(vocab, *segmented, specials=True)
     elif fs.exists(f"{root}/tokenizer.json"):
+        source = f"{model_url.rstrip('/')}/tokenizer.json"
         with fs.open(f"{root}/tokenizer.json", "r", encoding="utf-8") as f:
             tokenizer = Tokenizer.from_str(f.read())
+        check_vocabulary(tokenizer.get_vocab(with_added_tokens=True), source, model_url)
     elif fs.exists(f"{root}/vocab.txt"):
-        tokenizer = _wordpiece_from_vocab(fs, root)
+        tokenizer = _wordpiece_from_vocab(fs, root, model_url)
     else:
         raise FileNotFoundError(f"{model_url}: no tokenizer.json or vocab.txt")
     tokenizer.no_padding()
@@ -110,11 +114,43 @@ def load_tokenizer(model_url: str) -> Tokenizer | WordTokenizer:
     return tokenizer
 
 
-def _wordpiece_from_vocab(fs, root: str) -> Tokenizer:
+SPECIALS_NEEDED = ("[CLS]", "[SEP]", "[UNK]")
+"""The tokens every task's inputs are built with."""
+
+
+def check_vocabulary(vocab: dict[str, int], source: str, model_url: str) -> None:
+    """Refuse a model folder whose vocabulary does not belong to its weights, naming the file and
+    the mismatch: a special token the tasks need is missing, or an id is past ``config.json``'s
+    ``vocab_size`` (the embedding rows) -- instead of ``KeyError: '[CLS]'`` or an ``IndexError``
+    from the embedding at the first batch."""
+    from model.export import load_bert_config
+
+    missing = [t for t in SPECIALS_NEEDED if t not in vocab]
+    if missing:
+        raise ValueError(
+            f"{source}: no {', '.join(missing)} token among its {len(vocab):,} entries: not a BERT vocabulary "
+            f"(the tasks need {', '.join(SPECIALS_NEEDED)})"
+        )
+    fs, root = fsspec.core.url_to_fs(model_url)
+    if not fs.exists(f"{root.rstrip('/')}/config.json"):
+        return  # load_encoder names the missing config
+    rows = load_bert_config(model_url).vocab_size
+    top = max(vocab.values())
+    if top >= rows:
+        token = next(t for t, i in vocab.items() if i == top)
+        raise ValueError(
+            f"{source}: token {token!r} has id {top:,}, past {model_url.rstrip('/')}/config.json's vocab_size "
+            f"{rows:,} (the embedding has rows 0..{rows - 1:,}): the vocabulary ({len(vocab):,} entries) does not "
+            "belong to these weights"
+        )
+
+
+def _wordpiece_from_vocab(fs, root: str, model_url: str) -> Tokenizer:
     from tokenizers import decoders, models, normalizers, pre_tokenizers, processors
 
     with fs.open(f"{root}/vocab.txt", "r", encoding="utf-8") as f:
         vocab = {line.rstrip("\n"): i for i, line in enumerate(f) if line.rstrip("\n")}
+    check_vocabulary(vocab, f"{model_url.rstrip('/')}/vocab.txt", model_url)
     lowercase = "uncased" in root.rsplit("/", 1)[-1].lower() or "cased" not in root.rsplit("/", 1)[-1].lower()
     if fs.exists(f"{root}/tokenizer_config.json"):
         with fs.open(f"{root}/tokenizer_config.json", "r") as f:

@@ -8,7 +8,8 @@
 - **Exit codes** of a stage process: 0 done, 1 failed (worth a retry: a lost worker, a busy
   database), 2 bad input or config (deterministic: never retried), 3 a checkpoint that cannot
   continue under this config (pretraining: rerun with ``--force pretrain``), 4 the training loss
-  diverged (NaN/inf; the message names the step and the checkpoint), 130 / 143 stopped by SIGINT /
+  diverged (NaN/inf; the message names the step and the checkpoint), 5 the disk is full (the
+  message names the file and the filesystem; never retried), 130 / 143 stopped by SIGINT /
   SIGTERM (the trainer wrote its checkpoint first; a rerun resumes); a negative code is the
   signal that killed it (-9: most often the kernel's out-of-memory killer). The parent turns a
   non-zero code into a :class:`StageProcessError` that says which of these it was and whether a
@@ -24,6 +25,7 @@
 from __future__ import annotations
 
 import ctypes
+import errno
 import json
 import logging
 import os
@@ -40,12 +42,18 @@ EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
 EXIT_RESUME_REFUSED = 3
 EXIT_DIVERGED = 4
+EXIT_DISK_FULL = 5
 EXIT_INTERRUPTED = 128 + signal.SIGINT  # 130
 EXIT_TERMINATED = 128 + signal.SIGTERM  # 143
 STOPPED_BY_SIGNAL = (EXIT_INTERRUPTED, EXIT_TERMINATED, -signal.SIGINT, -signal.SIGTERM)
-NOT_RETRIED = (EXIT_BAD_INPUT, EXIT_RESUME_REFUSED, EXIT_DIVERGED, -signal.SIGKILL, *STOPPED_BY_SIGNAL)
-"""Exit codes a retry cannot change: bad input, a refused resume, a divergence, an interruption,
-and SIGKILL (on one machine the kernel's OOM killer, which kills the retry the same way)."""
+NOT_RETRIED = (EXIT_BAD_INPUT, EXIT_RESUME_REFUSED, EXIT_DIVERGED, EXIT_DISK_FULL, -signal.SIGKILL,
+               *STOPPED_BY_SIGNAL)  # fmt: skip
+"""Exit codes a retry cannot change: bad input, a refused resume, a divergence, a full disk (the
+retry fills it again, and its MLflow calls then fail on the full disk instead, hiding the cause),
+an interruption, and SIGKILL (on one machine the kernel's OOM killer, which kills the retry the
+same way)."""
+DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+_DISK_FULL_TEXT = ("No space left on device", "Disk quota exceeded", "os error 28", "database or disk is full")
 
 CHILD_LOG_FORMAT = "%(levelname)s %(name)s | %(message)s"
 """How a child formats its ``bertflow.*`` log records; the parent logs each again under the
@@ -161,6 +169,7 @@ def describe_exit(code: int) -> str:
         EXIT_BAD_INPUT: "bad input or config",
         EXIT_RESUME_REFUSED: "its checkpoints cannot continue under this config",
         EXIT_DIVERGED: "the training loss diverged",
+        EXIT_DISK_FULL: "the disk is full",
         EXIT_INTERRUPTED: "stopped by SIGINT",
         EXIT_TERMINATED: "stopped by SIGTERM",
     }
@@ -189,6 +198,51 @@ def _deterministic_types() -> tuple[type[BaseException], ...]:
     return (ValueError, KeyError, TypeError, FloatingPointError, FileNotFoundError, NotADirectoryError, ManifestError)
 
 
+class DiskFullError(OSError):
+    """A stage met a full disk (its message from :func:`describe_disk_full`); never retried."""
+
+    deterministic = True
+
+
+def disk_full(exc: BaseException | None) -> OSError | None:
+    """The ``ENOSPC``/``EDQUOT`` error behind ``exc`` (itself, its cause or its context), or None:
+    torch and pyarrow wrap the OS's error in their own."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, OSError) and exc.errno in DISK_FULL_ERRNOS:
+            return exc
+        text = str(exc)
+        if any(t in text for t in _DISK_FULL_TEXT):  # safetensors, Beam and SQLite keep only the words
+            return OSError(errno.ENOSPC, text[:300])
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def describe_disk_full(err: OSError, where: str) -> str:
+    """One line naming the full disk: the file being written, the filesystem's mount point and
+    its free space."""
+    import shutil
+
+    path = os.path.abspath(str(err.filename or where.removeprefix("file://")))
+    folder = path
+    while not os.path.isdir(folder) and os.path.dirname(folder) != folder:
+        folder = os.path.dirname(folder)
+    mount = folder
+    while not os.path.ismount(mount) and os.path.dirname(mount) != mount:
+        mount = os.path.dirname(mount)
+    try:
+        usage = shutil.disk_usage(folder)
+        space = f"{usage.free / 1e6:,.1f} MB free of {usage.total / 1e6:,.1f} MB"
+    except OSError:
+        space = "free space unknown"
+    what = "disk quota exceeded" if err.errno == errno.EDQUOT else "no space left on the disk"
+    return (
+        f"{what} writing {path} (the filesystem mounted at {mount}: {space}); free space there or use a root on "
+        "a larger disk, then rerun: finished stages and good checkpoints are kept"
+    )
+
+
 def is_deterministic(exc: BaseException) -> bool:
     """Whether ``exc`` (or what caused it) is an error of the input, the config or the code, which a
     retry meets again: a ConfigError/ValueError of bad input, a missing file, a manifest error, a
@@ -201,6 +255,8 @@ def is_deterministic(exc: BaseException) -> bool:
         if isinstance(exc, StageProcessError):
             return not exc.retryable
         if isinstance(exc, (kinds, StopRequested, TimeoutError)) or getattr(exc, "deterministic", False):
+            return True
+        if disk_full(exc) is not None:  # a retry fills the same disk again
             return True
         exc = exc.__cause__  # an explicit ``raise ... from``: what decided the failure
     return False
@@ -224,6 +280,8 @@ def exit_code_for(exc: BaseException) -> int:
         return 128 + (STOP.requested or signal.SIGINT)
     if isinstance(exc, FloatingPointError):
         return EXIT_DIVERGED
+    if disk_full(exc) is not None:
+        return EXIT_DISK_FULL
     return EXIT_BAD_INPUT if is_deterministic(exc) else EXIT_FAILED
 
 

@@ -17,7 +17,14 @@ import sys
 from flows.calls import StageCall
 from flows.noise import silence_library_noise
 from flows.presets import config_from_dict
-from flows.proc.protocol import CHILD_LOG_FORMAT, exit_code_for, progress_reporter, read_spec
+from flows.proc.protocol import (
+    CHILD_LOG_FORMAT,
+    describe_disk_full,
+    disk_full,
+    exit_code_for,
+    progress_reporter,
+    read_spec,
+)
 from flows.table import get_stage
 from flows.tracking import log_fn_from_env
 
@@ -49,6 +56,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         get_stage(call.stage).run(call)
     except BaseException as exc:  # the traceback for the log, the kind of failure in the exit code
+        full = disk_full(exc)
+        if full is not None:
+            logging.getLogger("bertflow.stage").error("%s failed: %s", call.stage, describe_disk_full(full, call.url))
+            return exit_code_for(exc)
         logging.getLogger("bertflow.stage").error("%s failed: %s: %s", call.stage, type(exc).__name__, exc)
         if not isinstance(exc, KeyboardInterrupt):
             import traceback

@@ -30,9 +30,12 @@ import sys
 from flows.proc.protocol import (
     CHILD_LOG_FORMAT,
     EXIT_BAD_INPUT,
+    EXIT_DISK_FULL,
     EXIT_DIVERGED,
     EXIT_OK,
     EXIT_RESUME_REFUSED,
+    describe_disk_full,
+    disk_full,
     is_deterministic,
     progress_reporter,
     set_parent_death_signal,
@@ -147,6 +150,10 @@ def main(argv: list[str] | None = None) -> int:
         log.error("%s", describe_divergence(spec["output_url"], exc))
         return EXIT_DIVERGED
     except Exception as exc:
+        full = disk_full(exc)
+        if full is not None:  # named as the disk, and never retried
+            log.error("%s", describe_disk_full(full, spec["output_url"]))
+            return EXIT_DISK_FULL
         if not is_deterministic(exc):
             raise
         log.exception("bad input: %s", exc)

@@ -132,6 +132,17 @@ def _printable(value: str) -> str:
     return value.encode("utf-8", "replace").decode("utf-8") if _SURROGATE.search(value) else value
 
 
+def _sample(value, limit: int = 1000) -> str:
+    """At most ``limit`` characters of a rejected value, without building its whole text first."""
+    if isinstance(value, str):
+        return value[:limit]
+    if isinstance(value, (bytes, bytearray)):
+        return bytes(value[:limit]).decode("utf-8", "replace")
+    if isinstance(value, (list, tuple, dict)) and len(value) > limit:
+        return f"a {type(value).__name__} of {len(value):,} items"
+    return str(value)[:limit]
+
+
 def _record(url: str, stem: str, number: int, text, doc_id, title) -> dict | TextReject:
     where = f"{url}: record {number}"
     rid = f"text:{stem}:{number:09d}" if doc_id is None else f"text:{str(doc_id)[:_ID_CHARS]}"
@@ -148,8 +159,9 @@ def _record(url: str, stem: str, number: int, text, doc_id, title) -> dict | Tex
     if text is None:
         return TextReject("missing_text", rid, f"{where}: no text (null or missing field)")
     if not isinstance(text, str):
-        sample = _printable(str(text)[:1000])
-        return TextReject("missing_text", rid, f"{where}: text is a {type(text).__name__}, not a string", sample)
+        return TextReject(
+            "missing_text", rid, f"{where}: text is a {type(text).__name__}, not a string", _printable(_sample(text))
+        )
     return {"doc_id": rid, "source": "text", "title": "" if title is None else str(title), "text": text}
 
 
@@ -262,16 +274,19 @@ def _columns(url: str, kind: str, config: CorpusConfig) -> Iterator[dict | TextR
             titles = data.get(config.text_title_field, [None] * len(texts))
             for text, doc_id, title in zip(texts, ids, titles, strict=True):
                 number += 1
+                # sized before anything is decoded or copied: a binary column's 100 MB value is
+                # judged by its length, never turned into a 100-million-character str first
                 if isinstance(text, (str, bytes)) and len(text) > config.max_line_bytes:
                     if isinstance(doc_id, bytes):
                         doc_id = doc_id.decode("utf-8", "replace")
                     rid = f"text:{stem}:{number:09d}" if doc_id is None else f"text:{str(doc_id)[:_ID_CHARS]}"
-                    limit = config.max_line_bytes
+                    unit = "characters" if isinstance(text, str) else "bytes"
                     yield TextReject(
                         "record_too_large",
                         _printable(rid),
-                        f"{url}: record {number}: {len(text)} bytes, over corpus.max_line_bytes={limit}",
-                        text[:1000].decode("utf-8", "replace") if isinstance(text, bytes) else _printable(text[:1000]),
+                        f"{url}: record {number}: {len(text)} {unit}, over "
+                        f"corpus.max_line_bytes={config.max_line_bytes}",
+                        _printable(_sample(text)),
                     )
                     continue
                 yield _decoded(url, stem, number, text, doc_id, title)

@@ -30,6 +30,12 @@ class ManifestError(RuntimeError):
     """A folder has no manifest (unfinished stage) or an unreadable one."""
 
 
+class InputsDisagreeError(ManifestError):
+    """Two inputs of a stage do not belong together: one was made from another version of the other."""
+
+    deterministic = True  # a retry reads the same two folders
+
+
 @dataclasses.dataclass
 class OutputFile:
     path: str  # relative to the stage folder
@@ -98,7 +104,11 @@ class Manifest:
             shown = ", ".join(f"{k}: {old.get(k, '-')!r} -> {new.get(k, '-')!r}" for k in changed[:4])
             reasons.append(f"config changed ({shown}{', ...' if len(changed) > 4 else ''})")
         for name in sorted(self.inputs.keys() | inputs.keys()):
-            if self.inputs.get(name) != inputs.get(name):
+            if name not in self.inputs:  # a manifest that lists fewer inputs than the stage reads is not believed
+                reasons.append(f"input {name} not recorded in its manifest")
+            elif name not in inputs:
+                reasons.append(f"input {name} recorded in its manifest is not one the stage reads")
+            elif self.inputs[name] != inputs[name]:
                 reasons.append(f"input {name} changed")
         if code_version and self.code_version != code_version:
             reasons.append("code changed")
@@ -315,3 +325,28 @@ def fingerprint_input(url: str) -> str:
             (p[len(root) :], int(info.get("size") or 0), content_digest(fs, p, info)) for p, info in found.items()
         )
     return config_digest(entries)
+
+
+def check_inputs_agree(inputs: dict[str, str], pairs: Iterable[tuple[str, str]]) -> None:
+    """Refuse inputs that do not belong together, from what their manifests record.
+
+    Each pair ``(a, b)`` says: input ``a`` was made from an input named ``b`` (its manifest records
+    ``b``'s fingerprint), and the stage reads both, so ``a``'s record must be the fingerprint of
+    the ``b`` it is given (the examples' vocabulary is the vocabulary pretraining sizes its
+    embeddings by and export ships). Raises :class:`InputsDisagreeError` naming both fingerprints
+    and both folders; a pair whose ``a`` has no manifest (a raw input) or records no ``b`` passes.
+    """
+    for a, b in pairs:
+        if a not in inputs or b not in inputs or not has_manifest(inputs[a]):
+            continue
+        made_from = read_manifest(inputs[a]).inputs.get(b)
+        if made_from is None:
+            continue
+        given = fingerprint_input(inputs[b])
+        if made_from != given:
+            raise InputsDisagreeError(
+                f"inputs do not belong together: {a} at {inputs[a]} was made from a {b} of fingerprint "
+                f"{made_from[:12]} ({manifest_url(inputs[a])}), but the {b} given is {inputs[b]}, fingerprint "
+                f"{given[:12]} ({manifest_url(inputs[b]) if has_manifest(inputs[b]) else 'its files'}): "
+                f"give the {b} that {a} was made from, or rebuild {a} from this {b}"
+            )

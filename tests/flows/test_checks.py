@@ -84,3 +84,37 @@ def test_manifests_never_hold_secrets(tmp_path):
     text = (tmp_path / "_manifest.json").read_text()
     assert "zzz" not in text and "--runner=DataflowRunner" in text
     assert read_manifest(str(tmp_path)).matches(config, {})  # the skip check compares redacted
+
+
+def test_the_disk_estimate_is_checked_only_for_stages_that_will_run(tmp_path):
+    """A corpus of 10^15 characters: the examples stage would not fit any disk. A run that skips
+    the finished examples stage (``--force export``) is not refused for it; one that runs it is."""
+    from flows.checks import preflight
+    from flows.presets import load_config
+    from flows.runner import stage_code_version, stage_state
+    from flows.sizes import HostTooSmallError
+    from flows.table import STAGES, stage_inputs, stage_url
+    from pipeline.schema.manifest import fingerprint_input, save_manifest
+
+    cfg = load_config("tiny")
+    root = str(tmp_path)
+
+    def finished(stage, counts):
+        inputs = {k: fingerprint_input(u) for k, u in stage_inputs(stage, cfg, root).items()}
+        m = write_manifest(stage, stage_url(root, stage), STAGES[stage].config(cfg, stage_inputs(stage, cfg, root)),
+                           inputs, counts)  # fmt: skip
+        m.code_version = stage_code_version(stage)
+        save_manifest(m)
+
+    finished("corpus", {"chars": 1e15, "documents": 3.0})
+    finished("vocab", {"vocab_size": 100.0})
+    stages = ["corpus", "vocab", "examples", "export"]
+    with pytest.raises(HostTooSmallError, match="examples: would write about"):
+        preflight(cfg, root, stages, None, forced=set())  # examples has not run: it will
+    finished("examples", {})
+    assert stage_state("examples", cfg, root).state == "done"
+    preflight(cfg, root, stages, None, forced={"export"})  # examples is skipped: not estimated
+    with pytest.raises(HostTooSmallError, match="examples: would write about"):
+        preflight(cfg, root, stages, None, forced={"examples"})
+    with pytest.raises(HostTooSmallError):
+        preflight(cfg, root, ["examples"], None)  # `bertflow stage examples` always runs it

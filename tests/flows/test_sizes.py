@@ -106,3 +106,42 @@ def test_a_stage_process_killed_by_sigkill_is_reported_as_out_of_memory():
     )
     assert not err.retryable and is_deterministic(err)
     assert StageProcessError("x", 1).retryable
+
+
+def test_a_full_disk_is_named_as_the_disk_and_never_retried(tmp_path):
+    """A real ENOSPC (``/dev/full``), and the forms torch/safetensors/SQLite wrap it in: the stage
+    process exits 5 naming the file's filesystem and its free space, and no retry follows (a retry
+    filled the disk again, and its MLflow calls then reported SQLite's "database or disk is full")."""
+    from flows.proc.protocol import (
+        EXIT_DISK_FULL,
+        NOT_RETRIED,
+        describe_disk_full,
+        disk_full,
+        exit_code_for,
+        worth_retrying,
+    )
+
+    try:
+        with open("/dev/full", "wb") as f:
+            f.write(b"x" * 10)
+            f.flush()
+    except OSError as exc:
+        full = exc
+    assert full.errno == 28
+    try:
+        try:
+            raise full
+        except OSError:
+            raise RuntimeError("checkpoint step-300: write failed") from None  # torch's wrapping keeps the context
+    except RuntimeError as exc:
+        wrapped = exc
+    words = RuntimeError("Error while serializing: I/O error: No space left on device (os error 28)")
+    for exc in (full, wrapped, words):
+        assert disk_full(exc) is not None
+        assert exit_code_for(exc) == EXIT_DISK_FULL and not worth_retrying(exc)
+    assert disk_full(ValueError("a bad row")) is None
+    assert EXIT_DISK_FULL in NOT_RETRIED
+    assert not is_deterministic(StageProcessError("pretrain", 1)) and is_deterministic(StageProcessError("p", 5))
+    line = describe_disk_full(full, str(tmp_path / "checkpoints"))
+    assert f"no space left on the disk writing {tmp_path}/checkpoints (the filesystem mounted at /" in line
+    assert "MB free of" in line

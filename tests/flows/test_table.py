@@ -1,6 +1,7 @@
 """The stage table: one row per stage drives folders, inputs, code versions, skipping, the CLI, the flows
 and the deployments."""
 
+import json
 import os
 
 import pytest
@@ -258,3 +259,65 @@ def test_init_from_previous_is_the_roots_last_export_once_there_is_one(tmp_path)
     write_manifest("export", stage_url(root, "export"), {}, {}, {}, files=[])
     assert init_from_url(cfg, root) == stage_url(root, "export")
     assert init_from_url(load_config("tiny", {"pretrain.init_from": "/models/bert"}), root) == "/models/bert"
+
+
+def _finished(stage, cfg, root, given=None, url=None) -> str:
+    """A stage folder whose manifest matches ``cfg`` and its inputs (made by hand: no Beam, no torch)."""
+    url = url or stage_url(root, stage)
+    inputs = stage_inputs(stage, cfg, root, given)
+    fingerprints = {k: fingerprint_input(u) for k, u in inputs.items()}
+    config = {"vocab_size": 100} if stage != "vocab" else STAGES["vocab"].config(cfg, inputs)
+    m = write_manifest(stage, url, config, fingerprints, {"vocab_size": 100.0})
+    m.code_version = stage_code_version(stage)
+    save_manifest(m)
+    return url
+
+
+def test_a_manifest_listing_fewer_inputs_than_the_table_is_stale(tmp_path):
+    """Staleness reads the inputs the stage table declares: a manifest edited to record no input
+    (``"inputs": {}``) is not believed, whatever its stage's upstream did since."""
+    cfg = load_config("tiny")
+    root = str(tmp_path)
+    _finished_corpus(cfg, root)
+    url = _finished("vocab", cfg, root)
+    assert stage_state("vocab", cfg, root).state == "done"
+    path = f"{url}/_manifest.json"
+    with open(path) as f:
+        edited = json.load(f)
+    edited["inputs"] = {}  # the lie: "made from nothing"
+    with open(path, "w") as f:
+        json.dump(edited, f)
+    s = stage_state("vocab", cfg, root)
+    assert s.state == "stale" and s.reasons == ["input corpus not recorded in its manifest"]
+
+
+def test_inputs_that_do_not_belong_together_are_refused_naming_both(tmp_path):
+    """Examples made with another vocabulary: pretraining (and export, for checkpoints trained on
+    another vocabulary) refuses before any work, naming both fingerprints and both folders."""
+    from pipeline.schema.manifest import InputsDisagreeError
+
+    cfg = load_config("tiny")
+    root = str(tmp_path / "a")
+    other = str(tmp_path / "b")
+    _finished_corpus(cfg, root)
+    _finished("vocab", cfg, root)
+    _finished("examples", cfg, root)
+    check_inputs_ready("pretrain", cfg, root)  # the root's own examples: made from its vocabulary
+    # another root's vocabulary (another size) and the examples made from it
+    other_vocab = _finished("vocab", load_config("tiny", {"vocab.vocab_size": 1000}), root, url=f"{other}/vocab")
+    other_examples = _finished("examples", cfg, root, given={"vocab": other_vocab}, url=f"{other}/examples")
+    ours, theirs = fingerprint_input(stage_url(root, "vocab")), fingerprint_input(other_vocab)
+    assert ours != theirs
+    with pytest.raises(InputsDisagreeError) as refused:
+        check_inputs_ready("pretrain", cfg, root, given={"examples": other_examples})
+    message = str(refused.value)
+    for named in (theirs[:12], ours[:12], other_examples, stage_url(root, "vocab")):
+        assert named in message
+    from flows.checks import preflight
+
+    with pytest.raises(InputsDisagreeError):  # `bertflow stage pretrain --input examples=...`: before any server
+        preflight(cfg, root, ["pretrain"], None, given={"examples": other_examples})
+    # checkpoints recording another vocabulary: export refuses to ship them with this one
+    _finished("pretrain", cfg, root, given={"vocab": other_vocab, "examples": other_examples})
+    with pytest.raises(InputsDisagreeError, match=f"pretrain at .* {theirs[:12]}.* {ours[:12]}"):
+        check_inputs_ready("export", cfg, root)

@@ -99,3 +99,33 @@ def test_any_hf_bert_folder_released_layout(tmp_path, tiny_model_url):
     assert tok.encode(text).ids == reference.encode(text).ids
     with pytest.raises(FileNotFoundError, match="no model.safetensors or pytorch_model.bin"):
         load_encoder(str(tmp_path))
+
+
+@pytest.mark.parametrize("layout", ["vocab.txt", "tokenizer.json"])
+def test_a_folder_whose_vocabulary_does_not_fit_its_weights_is_named(tmp_path, tiny_model_url, layout):
+    """A vocabulary without [CLS], or with ids past config.json's vocab_size: refused naming the
+    file and the mismatch (it was ``KeyError: '[CLS]'`` / ``IndexError: index out of range``)."""
+    folder = tmp_path / "m"
+    shutil.copytree(tiny_model_url, folder)
+    if layout == "vocab.txt":
+        (folder / "tokenizer.json").unlink()
+    vocab = (folder / "vocab.txt").read_text().split("\n")
+    rows = json.loads((folder / "config.json").read_text())["vocab_size"]
+
+    def write(tokens):
+        (folder / "vocab.txt").write_text("\n".join(tokens))
+        if layout == "tokenizer.json":
+            tok = json.loads((tmp_path / "tok.json").read_text())
+            tok["model"]["vocab"] = {t: i for i, t in enumerate(tokens) if t}
+            (folder / "tokenizer.json").write_text(json.dumps(tok))
+
+    if layout == "tokenizer.json":
+        shutil.copy(folder / "tokenizer.json", tmp_path / "tok.json")
+    write([t if t != "[CLS]" else "[NOT-CLS]" for t in vocab])
+    with pytest.raises(ValueError, match=rf"m/{layout}: no \[CLS\] token"):
+        load_tokenizer(str(folder))
+    write([t for t in vocab if t] + ["extra1", "extra2"])
+    with pytest.raises(
+        ValueError, match=rf"m/{layout}: token 'extra2' has id {rows + 1}, past .*config.json's vocab_size {rows}"
+    ):
+        load_tokenizer(str(folder))

@@ -1,0 +1,177 @@
+"""The served model's request limits and input shapes (``flows/served_model.py``).
+
+The fast tests call the pyfunc's input reader directly; the slow one serves a tiny model with
+``mlflow models serve`` and sends what an attacker would: a 20 MB string, too many texts, numbers,
+nested lists and null, and checks the answers and the worker's peak memory.
+"""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from flows.served_model import ENV_MAX_BATCH, ENV_MAX_CHARS, RequestRefused, limit_from_env, texts_of
+
+
+@pytest.mark.parametrize(
+    "request_",
+    [
+        "one text",
+        np.array("one text"),  # {"inputs": "one text"}: MLflow hands over a 0-d array
+        ["one text"],
+        np.array(["one text"]),
+        pd.DataFrame({"text": ["one text"], "id": [7]}),
+        pd.DataFrame({"body": ["one text"]}),  # no text column: the first
+        {"text": ["one text"]},
+    ],
+)
+def test_every_request_shape_gives_its_texts(request_):
+    assert texts_of(request_) == ["one text"]
+
+
+@pytest.mark.parametrize(
+    ("request_", "named"),
+    [
+        (np.array([1, 2]), "text 0 is int64"),
+        ([1.5], "text 0 is float"),
+        (np.array([["x"]]), "of shape (1, 1)"),
+        ([["x"]], "text 0 is list"),
+        (np.array(["a", None], dtype=object), "text 1 is NoneType"),
+        (pd.DataFrame({"text": [3]}), "text 0 is int"),
+        (None, "the request is NoneType"),
+        ([], "holds no text"),
+        ("x" * 20_001, "text 0 has 20,001 characters, more than the limit of 20,000 (BERTFLOW_SERVE_MAX_CHARS)"),
+        (["x"] * 65, "holds 65 texts, more than the limit of 64 a request (BERTFLOW_SERVE_MAX_BATCH)"),
+    ],
+)
+def test_what_is_not_text_or_beyond_the_limits_is_refused(request_, named):
+    with pytest.raises(RequestRefused) as refused:
+        texts_of(request_)
+    assert named in str(refused.value)
+
+
+def test_the_limits_are_read_from_the_environment(monkeypatch):
+    monkeypatch.setenv(ENV_MAX_CHARS, "100")
+    assert limit_from_env(ENV_MAX_CHARS, 20_000) == 100
+    monkeypatch.setenv(ENV_MAX_BATCH, "0")
+    with pytest.raises(ValueError, match="BERTFLOW_SERVE_MAX_BATCH='0': expected a positive whole number"):
+        limit_from_env(ENV_MAX_BATCH, 64)
+    monkeypatch.delenv(ENV_MAX_BATCH)
+    assert limit_from_env(ENV_MAX_BATCH, 64) == 64
+
+
+# -- served for real ---------------------------------------------------------------------------------
+def _tiny_pyfunc(tmp_path) -> str:
+    """A tiny random BERT with a WordPiece vocabulary, saved as the registered model is logged."""
+    import mlflow
+    import torch
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
+
+    from flows.mlflow_model import SERVED_MODEL, _package_dir
+    from model.bert import BertForPreTraining
+    from model.config import BertConfig
+    from model.export import save_pretrained
+
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *"abcdefghijklmnopqrstuvwxyz", "the", "river"]
+    vocab += [f"##{c}" for c in "abcdefghijklmnopqrstuvwxyz"]
+    tok = Tokenizer(models.WordPiece({t: i for i, t in enumerate(vocab)}, unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    (tmp_path / "vocab").mkdir()
+    (tmp_path / "vocab" / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    tok.save(str(tmp_path / "vocab" / "tokenizer.json"))
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                        intermediate_size=37, max_position_embeddings=64)  # fmt: skip
+    save_pretrained(BertForPreTraining(config), str(tmp_path / "hf"), vocab_url=str(tmp_path / "vocab"))
+    path = str(tmp_path / "pyfunc")
+    mlflow.pyfunc.save_model(path, python_model=SERVED_MODEL, artifacts={"hf_model": str(tmp_path / "hf")},
+                             code_paths=[_package_dir("model"), _package_dir("pipeline")])  # fmt: skip
+    return path
+
+
+def _tree_peak_rss(pid: int) -> int:
+    """The largest peak RSS (VmHWM, bytes) among ``pid`` and its descendants."""
+    peak, todo = 0, [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            with open(f"/proc/{p}/status") as f:
+                for line in f:
+                    if line.startswith("VmHWM:"):
+                        peak = max(peak, int(line.split()[1]) * 1024)
+            with open(f"/proc/{p}/task/{p}/children") as f:
+                todo += [int(c) for c in f.read().split()]
+        except OSError:
+            continue
+    return peak
+
+
+def _post(port: int, body: bytes) -> tuple[int, dict]:
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/invocations", data=body, headers={"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=300) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+@pytest.mark.slow
+def test_mlflow_models_serve_refuses_oversize_and_non_text_requests_with_flat_memory(tmp_path):
+    path = _tiny_pyfunc(tmp_path)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"}
+    cmd = [sys.executable, "-m", "mlflow", "models", "serve", "-m", path, "--env-manager", "local",
+           "-h", "127.0.0.1", "-p", str(port), "-w", "1"]  # fmt: skip
+    server = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/ping", timeout=2):
+                    break
+            except OSError:
+                assert server.poll() is None and time.monotonic() < deadline, server.stdout.read().decode()[-3000:]
+                time.sleep(1)
+        status, answer = _post(port, json.dumps({"inputs": "the river"}).encode())  # a lone string answers
+        assert status == 200 and answer["predictions"][0]["text"] == "the river"
+        status, answer = _post(port, json.dumps({"inputs": ["the [MASK]", "river"]}).encode())
+        assert status == 200 and len(answer["predictions"]) == 2
+        before = _tree_peak_rss(server.pid)
+
+        huge = json.dumps({"inputs": "the river " * 2_000_000}).encode()  # 20 MB of text, one string
+        for _ in range(3):
+            status, answer = _post(port, huge)
+            assert status == 400, answer
+            assert (
+                "has 20,000,000 characters, more than the limit of 20,000 (BERTFLOW_SERVE_MAX_CHARS)"
+                in (answer["stack_trace"])
+            )
+        peak = _tree_peak_rss(server.pid)
+        # unbounded, one such request took the worker from 676 to 2,115 MiB (52,910 windows)
+        assert peak - before < 400 << 20, f"peak RSS {before >> 20} -> {peak >> 20} MiB"
+
+        for body, named in (
+            ({"inputs": ["x"] * 65}, "holds 65 texts, more than the limit of 64"),
+            ({"inputs": [1, 2]}, "text 0 is int64"),
+            ({"inputs": [["x"]]}, "of shape (1, 1)"),
+            ({"inputs": None}, "text 0 is NoneType"),
+            ({"dataframe_split": {"columns": ["text"], "data": [[None]]}}, "text 0 is NoneType"),
+        ):
+            status, answer = _post(port, json.dumps(body).encode())
+            assert status == 400 and named in answer["stack_trace"], (body, answer)
+    finally:
+        os.killpg(server.pid, 15)
+        server.wait(timeout=60)

@@ -1,0 +1,58 @@
+"""Two runs on two roots sharing one new SQLite tracking store, started together (slow tier:
+``python -m pytest -m slow tests/flows/test_shared_store_slow.py``).
+
+Both finish and register their own version; the store's artifacts live beside it, so moving one
+root away breaks no model; lineage tags name absolute paths though the roots were given relative.
+"""
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+SHORT = [
+    "pretrain.phases.0.steps=60",
+    "pretrain.phases.1.steps=10",
+    "pretrain.warmup_steps=10",
+    "pretrain.checkpoint_every=50",
+    "finetune.epochs=1",
+    'finetune_tasks=["sst2"]',
+]
+
+
+def test_two_runs_on_one_new_store_both_register_and_keep_their_artifacts(tmp_path):
+    store = tmp_path / "team" / "mlflow.db"
+    uri = f"sqlite:///{store}"
+    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect-home"), "MLFLOW_DISABLE_TELEMETRY": "true"}
+    runs = []
+    for name in ("concA", "concB"):
+        cmd = [sys.executable, "-m", "flows.cli", "run", "--preset", "tiny", "--root", f"runs/{name}",
+               "--mlflow-uri", uri]  # fmt: skip
+        for o in SHORT:
+            cmd += ["--set", o]
+        runs.append(subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     text=True))  # fmt: skip
+    outs = [p.communicate(timeout=3600) for p in runs]
+    assert [p.returncode for p in runs] == [0, 0], [o[1][-3000:] for o in outs]
+
+    import mlflow
+    import pandas as pd
+
+    client = mlflow.MlflowClient(uri, uri)
+    versions = client.search_model_versions("name = 'bert-tiny'")
+    by_root = {v.tags["bertflow.model_url"].rsplit("/", 1)[0]: v for v in versions}
+    assert sorted(by_root) == [str(tmp_path / "runs" / "concA"), str(tmp_path / "runs" / "concB")]
+    for v in versions:
+        assert all(os.path.isabs(v.tags[k]) for k in v.tags if k.startswith("lineage.") and k.endswith(".url"))
+        logged = client.get_logged_model(v.source.removeprefix("models:/"))  # the version's source: its logged model
+        assert logged.artifact_location.startswith(f"file://{tmp_path}/team/mlartifacts/")
+    shutil.move(tmp_path / "runs" / "concA", tmp_path / "elsewhere")  # the first root goes away
+    mlflow.set_tracking_uri(uri)
+    mlflow.set_registry_uri(uri)
+    for v in versions:
+        model = mlflow.pyfunc.load_model(f"models:/bert-tiny/{v.version}")
+        assert len(model.predict(pd.DataFrame({"text": ["the [MASK] of the river"]}))["filled"][0]) == 1

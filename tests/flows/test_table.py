@@ -230,7 +230,8 @@ def test_pretraining_on_changed_examples_says_it_restarts_before_and_after_a_fai
     old_fp = fingerprint_input(examples)
     pretrain = stage_url(root, "pretrain")
     inputs = stage_inputs("pretrain", cfg, root)
-    m = write_manifest("pretrain", pretrain, STAGES["pretrain"].config(cfg, inputs), {"examples": old_fp}, {}, files=[])
+    recorded = {"examples": old_fp, "vocab": fingerprint_input(inputs["vocab"])}  # every input the table declares
+    m = write_manifest("pretrain", pretrain, STAGES["pretrain"].config(cfg, inputs), recorded, {}, files=[])
     m.code_version = stage_code_version("pretrain")
     save_manifest(m)
     write_attempt(pretrain, {"examples": old_fp})

@@ -1,6 +1,7 @@
 import apache_beam as beam
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from pipeline.beam.io import WriteShards, fill_empty_shards, parquet_rows, shard_name, stable_shard
@@ -32,3 +33,52 @@ def test_shards_are_deterministic_and_complete(tmp_path):
 def test_empty_shards_are_filled(tmp_path):
     urls = _write(tmp_path / "c", [{"id": "only", "value": 1}], 3)
     assert sorted(parquet_rows(u) for u in urls) == [0, 0, 1]
+
+
+def test_direct_runner_runs_on_beams_local_runner_never_prism():
+    """Beam's DirectRunner tries Prism first, a binary it downloads with no timeout; ours is the
+    FnApiRunner it would fall back to, with the same worker options."""
+    from apache_beam.runners.portability.fn_api_runner import FnApiRunner
+
+    from pipeline.beam.config import BeamConfig
+    from pipeline.beam.io import beam_args, make_pipeline
+
+    one = make_pipeline(BeamConfig(runner="DirectRunner"))
+    assert isinstance(one.runner, FnApiRunner)
+    assert beam_args(BeamConfig(runner="DirectRunner", num_workers=2, fork_workers=False))[:3] == [
+        "--runner=FnApiRunner",
+        "--direct_num_workers=2",
+        "--direct_running_mode=multi_processing",
+    ]
+
+
+def test_non_local_runners_watch_their_job_for_a_week_unless_told_otherwise():
+    from apache_beam.options.pipeline_options import PortableOptions
+
+    from pipeline.beam.config import BeamConfig
+    from pipeline.beam.io import JOB_SERVER_TIMEOUT_S, pipeline_options
+
+    def timeout(**kw):
+        return pipeline_options(BeamConfig(**kw)).view_as(PortableOptions).job_server_timeout
+
+    assert JOB_SERVER_TIMEOUT_S >= 24 * 3600
+    for runner in ("PortableRunner", "FlinkRunner", "SparkRunner"):
+        assert timeout(runner=runner) == JOB_SERVER_TIMEOUT_S, runner
+    assert timeout(runner="PortableRunner", options={"job_server_timeout": 600}) == 600
+    assert timeout(runner="FnApiRunner") == 300  # Beam's default: the local runner has no job server
+
+
+@pytest.mark.parametrize("runner", ["PortableRunner", "FlinkRunner", "SparkRunner"])
+def test_every_non_local_runner_refuses_local_paths_unless_the_filesystem_is_shared(runner, tmp_path):
+    from pipeline.beam.config import BeamConfig
+    from pipeline.beam.io import check_runner_urls
+
+    urls = {"books": ["gs://b/books/a.txt"], "output": [str(tmp_path / "corpus")]}
+    with pytest.raises(ValueError, match=r"output .* is a local path.*shared_filesystem=true"):
+        check_runner_urls(BeamConfig(runner=runner), urls)
+    with pytest.raises(ValueError, match="books file:///x/a.txt is a local path"):
+        check_runner_urls(BeamConfig(runner=runner), {"books": ["file:///x/a.txt"]})
+    check_runner_urls(BeamConfig(runner=runner), {"books": ["gs://b/a.txt"], "output": ["gs://b/run/corpus"]})
+    check_runner_urls(BeamConfig(runner=runner, shared_filesystem=True), urls)
+    for local in ("FnApiRunner", "DirectRunner"):
+        check_runner_urls(BeamConfig(runner=local), urls)

@@ -46,6 +46,10 @@ the deadline of the state and message streams the driver watches the job through
 on the driver, in ``DEADLINE_EXCEEDED`` while it went on running on the job server. A week covers
 any batch job; ``beam.options.job_server_timeout`` overrides it. Dataflow does not read it: its
 driver polls the job's state with no deadline."""
+JOB_ENDPOINT_CONNECT_S = 120.0
+"""How long :func:`run_job` waits for a given ``job_endpoint`` to accept a connection: Beam
+waits ``job_server_timeout`` for it (``job_server.ExternalJobServer``), a week now, so a wrong
+address is told here instead."""
 STATE_POLL_S = 30.0
 """How often :func:`wait_for_job` asks for the state of a job whose watch ended before it did."""
 
@@ -115,6 +119,24 @@ def check_runner_urls(cfg: BeamConfig, urls: dict[str, list[str]]) -> None:
                     "worker sees this machine's files, say so: --set corpus.beam.shared_filesystem=true "
                     "(examples.beam for the examples job)"
                 )
+
+
+def run_job(pipeline: beam.Pipeline, cfg: BeamConfig, job: str, connect_s: float = JOB_ENDPOINT_CONNECT_S):
+    """Submit a built job and wait for it (:func:`wait_for_job`); a ``job_endpoint`` that does
+    not answer within ``connect_s`` fails first, with nothing submitted."""
+    endpoint = cfg.options.get("job_endpoint")
+    if cfg.runner not in LOCAL_RUNNERS and endpoint:
+        import grpc
+
+        with grpc.insecure_channel(str(endpoint)) as channel:
+            try:
+                grpc.channel_ready_future(channel).result(timeout=connect_s)
+            except grpc.FutureTimeoutError:
+                raise ConnectionError(
+                    f"{job}: the job service at {endpoint} (beam.options.job_endpoint) did not answer in "
+                    f"{connect_s:.0f} s"
+                ) from None
+    return wait_for_job(pipeline.run(), job)
 
 
 class JobStillRunningError(RuntimeError):

@@ -39,7 +39,7 @@ import apache_beam as beam
 import fsspec
 
 from pipeline.beam.config import BeamConfig, output_config
-from pipeline.beam.io import check_runner_urls, counters, fill_empty_shards, make_pipeline, parquet_rows, wait_for_job
+from pipeline.beam.io import check_runner_urls, counters, fill_empty_shards, make_pipeline, parquet_rows, run_job
 from pipeline.corpus.clean import CleanToFragments
 from pipeline.corpus.config import CorpusConfig
 from pipeline.corpus.dedup import NAMESPACE, REJECTS_FOLDER, RUNS, DedupAndWrite
@@ -135,8 +135,7 @@ def run_corpus(config: CorpusConfig, inputs: dict[str, str], output_url: str) ->
 
     p = build_corpus_pipeline(config, files, output_url, input_bytes(files))
     work = join_url(output_url, WORK_DIR)
-    result = p.run()
-    wait_for_job(result, "the corpus job")
+    result = run_job(p, config.beam, "the corpus job")
 
     fs, work_path = fsspec.core.url_to_fs(work)
     if fs.exists(work_path):

@@ -47,8 +47,8 @@ from pipeline.beam.io import (
     fill_empty_shards,
     make_pipeline,
     parquet_rows,
+    run_job,
     shard_name,
-    wait_for_job,
 )
 from pipeline.beam.shards import KEY, RunWriter, merge_runs_in_levels, use_lean_memory_pool
 from pipeline.examples.buckets import bucket_documents
@@ -328,8 +328,7 @@ def run_examples(config: ExamplesConfig, corpus_url: str, vocab_url: str, output
     pipeline = build_examples_pipeline(
         config, doc_urls, vocab, lowercase, num_buckets, output_url, word_tokenizer, subword
     )
-    result = pipeline.run()
-    wait_for_job(result, "the examples job")
+    result = run_job(pipeline, config.beam, "the examples job")
     beam_counts = counters(result, NAMESPACE)
     fs, work_path = fsspec.core.url_to_fs(join_url(output_url, WORK_DIR))
     if fs.exists(work_path):

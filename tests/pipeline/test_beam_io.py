@@ -82,3 +82,20 @@ def test_every_non_local_runner_refuses_local_paths_unless_the_filesystem_is_sha
     check_runner_urls(BeamConfig(runner=runner, shared_filesystem=True), urls)
     for local in ("FnApiRunner", "DirectRunner"):
         check_runner_urls(BeamConfig(runner=local), urls)
+
+
+def test_a_job_endpoint_that_does_not_answer_fails_before_anything_is_submitted():
+    """Beam would wait job_server_timeout (a week now) for the channel: told in connect_s."""
+    import socket
+
+    from pipeline.beam.config import BeamConfig
+    from pipeline.beam.io import make_pipeline, run_job
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cfg = BeamConfig(runner="PortableRunner", options={"job_endpoint": f"localhost:{port}"})
+    p = make_pipeline(cfg)
+    _ = p | beam.Create([1])
+    with pytest.raises(ConnectionError, match=f"job service at localhost:{port} .* did not answer in 1 s"):
+        run_job(p, cfg, "the test job", connect_s=1)

@@ -45,7 +45,8 @@ the deadline of the state and message streams the driver watches the job through
 (``portable_runner.py``, ``JobServiceHandle.run``), so a job running longer than 5 minutes ended,
 on the driver, in ``DEADLINE_EXCEEDED`` while it went on running on the job server. A week covers
 any batch job; ``beam.options.job_server_timeout`` overrides it. Dataflow does not read it: its
-driver polls the job's state with no deadline."""
+driver polls the job's state with no deadline, but gives up (an ``AssertionError``) when the
+service does not answer through its retries; :func:`wait_for_job` covers that end too."""
 JOB_ENDPOINT_CONNECT_S = 120.0
 """How long :func:`run_job` waits for a given ``job_endpoint`` to accept a connection: Beam
 waits ``job_server_timeout`` for it (``job_server.ExternalJobServer``), a week now, so a wrong

@@ -99,3 +99,18 @@ def test_a_job_endpoint_that_does_not_answer_fails_before_anything_is_submitted(
     _ = p | beam.Create([1])
     with pytest.raises(ConnectionError, match=f"job service at localhost:{port} .* did not answer in 1 s"):
         run_job(p, cfg, "the test job", connect_s=1)
+
+
+def test_a_job_the_driver_lost_sight_of_is_not_retried_by_the_flow():
+    """A stage task retries what a retry can fix; a job that may still be running is not that:
+    a retry would submit it a second time beside it."""
+    from flows.proc.protocol import worth_retrying
+    from pipeline.beam.io import JobStillRunningError
+
+    lost = JobStillRunningError("the corpus job: its state cannot be read")
+    assert not worth_retrying(lost)
+    try:
+        raise RuntimeError("stage corpus failed") from lost
+    except RuntimeError as wrapped:
+        assert not worth_retrying(wrapped)
+    assert worth_retrying(ConnectionError("the job service did not answer"))  # nothing was submitted

@@ -42,8 +42,7 @@ def run_chain(root: str, mlflow_uri: str | None, command: str = "run", *extra: s
         cmd += ["--mlflow-uri", mlflow_uri]
     for o in OVERRIDES:
         cmd += ["--set", o]
-    env = {**os.environ, "MLFLOW_TRACKING_URI": os.environ.get("MLFLOW_TRACKING_URI", "")}
-    out = subprocess.run(cmd, env={k: v for k, v in env.items() if v}, capture_output=True, text=True, timeout=1500)
+    out = subprocess.run(cmd, env=dict(os.environ), capture_output=True, text=True, timeout=1500)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-6000:]
     return out
 
@@ -64,12 +63,10 @@ def runs(gcs_emulator, mlflow_server, tmp_path_factory):
     fs.mkdir("chain")
     local = run_chain(str(tmp / "local"), f"sqlite:///{tmp / 'local.db'}")
     remote = run_chain("gs://chain/run", mlflow_server)
-    os.environ["MLFLOW_TRACKING_URI"] = mlflow_server  # the rerun and status: no --mlflow-uri
-    try:
+    with pytest.MonkeyPatch.context() as env:  # the rerun and status: the server without --mlflow-uri
+        env.setenv("MLFLOW_TRACKING_URI", mlflow_server)
         again = run_chain("gs://chain/run", None)
         status = run_chain("gs://chain/run", None, "status", "--json", "--verify")
-    finally:
-        del os.environ["MLFLOW_TRACKING_URI"]
     return str(tmp / "local"), "gs://chain/run", local, remote, again, status
 
 

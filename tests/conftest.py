@@ -210,12 +210,12 @@ def mlflow_server(tmp_path_factory):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     url = f"http://127.0.0.1:{port}"
-    cmd = [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port)]
+    cmd = [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
     cmd += ["--backend-store-uri", f"sqlite:///{tmp}/server.db", "--artifacts-destination", str(tmp / "artifacts")]
     with open(tmp / "server.log", "wb") as log:
         proc = subprocess.Popen(cmd, env={**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"}, stdout=log, stderr=log)
-    try:
-        deadline = time.monotonic() + 180
+    try:  # one worker, and time to start on a loaded machine (4 took over 180 s at a load of 30 on 2 cores)
+        deadline = time.monotonic() + 600
         while True:
             try:
                 with urllib.request.urlopen(f"{url}/health", timeout=2):

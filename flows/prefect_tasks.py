@@ -28,7 +28,7 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.states import Completed
 
-from flows.checks import RootLock, absolute_root, preflight
+from flows.checks import RootLock, absolute_root, is_local, preflight
 from flows.figures import format_figure, key_figures
 from flows.presets import RunConfig, as_dict, load_config
 from flows.proc.protocol import STOP, DiskFullError, StageProcessError, describe_disk_full, disk_full, worth_retrying
@@ -150,8 +150,8 @@ def _follow_moved_root(root: str, tracking_uri: str) -> None:
     and ``status`` finds the runs, and new artifacts land under this root."""
     from flows.tracking import recorded_root, relocate_store
 
-    if tracking_uri != default_tracking_uri(root):
-        return  # a shared store (a server, another database): its locations are its own
+    if not is_local(root) or tracking_uri != default_tracking_uri(root):
+        return  # a shared store (a server, another database; a gs:// root always has one): its locations are its own
     db = tracking_uri.removeprefix("sqlite:///")
     old = recorded_root(db, EXPERIMENT)
     here = os.path.abspath(root.removeprefix("file://"))

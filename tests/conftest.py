@@ -104,6 +104,24 @@ def _clear_gcsfs_instances():
     gcsfs.GCSFileSystem.clear_instance_cache()
 
 
+@pytest.fixture(scope="session")
+def gcs_objects_written(gcs_emulator):
+    """``gcs_objects_written(bucket, prefix)``: the names of the objects uploaded so far under
+    ``gs://bucket/prefix``, read from the emulator's request log (objects since deleted too)."""
+    import re
+    import urllib.parse
+
+    log_path = os.path.join(_HOME, f"gcs-emulator-{gcs_emulator.rsplit(':', 1)[1]}.log")
+
+    def written(bucket: str, prefix: str) -> set[str]:
+        pattern = re.compile(rf'"POST /upload/storage/v1/b/{re.escape(bucket)}/o\?name=([^& ]+)')
+        with open(log_path, errors="replace") as f:
+            names = {urllib.parse.unquote(m.group(1)) for m in pattern.finditer(f.read())}
+        return {n for n in names if n.startswith(prefix)}
+
+    return written
+
+
 @pytest.fixture
 def gcs_bucket(gcs_emulator, request):
     """``gs://<a new bucket>`` on the emulator, one per test."""
@@ -174,3 +192,39 @@ def prefect_server_at():
                 proc.wait(timeout=30)
 
     return start
+
+
+# -- a tracking server: `mlflow server` on 127.0.0.1 ---------------------------------------------
+@pytest.fixture(scope="module")
+def mlflow_server(tmp_path_factory):
+    """The URL of a fresh ``mlflow server`` on a free loopback port, its SQLite store and
+    artifacts in a temporary folder, healthy before the tests run and stopped after the module."""
+    import socket
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    tmp = tmp_path_factory.mktemp("mlflow-server")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    cmd = [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
+    cmd += ["--backend-store-uri", f"sqlite:///{tmp}/server.db", "--artifacts-destination", str(tmp / "artifacts")]
+    with open(tmp / "server.log", "wb") as log:
+        proc = subprocess.Popen(cmd, env={**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"}, stdout=log, stderr=log)
+    try:  # one worker, and time to start on a loaded machine (4 took over 180 s at a load of 30 on 2 cores)
+        deadline = time.monotonic() + 600
+        while True:
+            try:
+                with urllib.request.urlopen(f"{url}/health", timeout=2):
+                    break
+            except OSError:
+                assert proc.poll() is None, (tmp / "server.log").read_text()[-3000:]
+                assert time.monotonic() < deadline, "mlflow server did not become healthy"
+                time.sleep(0.5)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

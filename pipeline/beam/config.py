@@ -42,6 +42,11 @@ class BeamConfig:
     """FnApiRunner at num_workers > 1: fork the worker processes from the driver (they share its
     imports and start in milliseconds, see pipeline.beam.local_workers) instead of starting each as a
     fresh Python (~1.5 s of imports each). False: Beam's own subprocess workers. Linux only."""
+    shared_filesystem: bool = False
+    """A runner whose workers run elsewhere (every runner but FnApiRunner and DirectRunner) sees
+    this machine's local paths too (a Flink or Spark cluster on this host, a job service with its
+    workers here, a mount shared by every worker): local inputs and outputs allowed. False: they
+    are refused before any work (workers would write their shards to their own disks)."""
     options: dict[str, Any] = field(default_factory=dict)
     """Further pipeline options by name: {"flink_master": "host:8081"} -> --flink_master=host:8081;
     true -> a bare flag, false/null -> left out, a list -> the option repeated."""

@@ -4,6 +4,14 @@
 inside the shard, so the files are byte-identical whatever the runner's parallelism or the order
 in which workers meet the data (Beam's own ``WriteToParquet`` may put every row in one shard).
 Files are written with pyarrow through fsspec, so a local folder and ``gs://`` work alike.
+
+Runners: ``FnApiRunner`` and ``DirectRunner`` run here (:data:`LOCAL_RUNNERS`); ``DirectRunner``
+is run as Beam's local FnApiRunner, which is what Beam's own DirectRunner picks for a batch job
+once it has tried Prism, a Go binary it downloads at run time with no timeout (offline: a stall,
+online: the job runs on Prism unannounced). Every other runner runs its workers elsewhere: local
+paths are refused unless ``beam.shared_filesystem`` says the workers see them
+(:func:`check_runner_urls`), and the driver watches the job for up to
+:data:`JOB_SERVER_TIMEOUT_S` (:func:`wait_for_job`).
 """
 
 from __future__ import annotations
@@ -28,12 +36,34 @@ from pipeline.schema.storage import join_url
 log = logging.getLogger(__name__)
 
 
+LOCAL_RUNNERS = ("FnApiRunner", "DirectRunner")
+"""Runners whose workers run on this machine (processes of the driver's)."""
+JOB_SERVER_TIMEOUT_S = 7 * 24 * 3600
+"""``--job_server_timeout`` given to every non-local runner (PortableRunner, Flink, Spark; Prism).
+Beam's default, 300 s, is not only the deadline of each request to the job service: it is also
+the deadline of the state and message streams the driver watches the job through
+(``portable_runner.py``, ``JobServiceHandle.run``), so a job running longer than 5 minutes ended,
+on the driver, in ``DEADLINE_EXCEEDED`` while it went on running on the job server. A week covers
+any batch job; ``beam.options.job_server_timeout`` overrides it. Dataflow does not read it: its
+driver polls the job's state with no deadline, but gives up (an ``AssertionError``) when the
+service does not answer through its retries; :func:`wait_for_job` covers that end too."""
+JOB_ENDPOINT_CONNECT_S = 120.0
+"""How long :func:`run_job` waits for a given ``job_endpoint`` to accept a connection: Beam
+waits ``job_server_timeout`` for it (``job_server.ExternalJobServer``), a week now, so a wrong
+address is told here instead."""
+STATE_POLL_S = 30.0
+"""How often :func:`wait_for_job` asks for the state of a job whose watch ended before it did."""
+
+
 def beam_args(cfg: BeamConfig, job_name: str | None = None) -> list[str]:
     """The pipeline options of a BeamConfig as command-line words, in the order Beam reads them
-    (a later word wins): the runner, the typed fields, ``options``, then ``extra_args``."""
-    args = [f"--runner={cfg.runner}"]
-    if cfg.runner in ("FnApiRunner", "DirectRunner") and cfg.num_workers > 1:
+    (a later word wins): the runner, the typed fields, ``options``, then ``extra_args``.
+    ``DirectRunner`` is given as ``FnApiRunner`` (module docstring)."""
+    args = [f"--runner={'FnApiRunner' if cfg.runner == 'DirectRunner' else cfg.runner}"]
+    if cfg.runner in LOCAL_RUNNERS and cfg.num_workers > 1:
         args += [f"--direct_num_workers={cfg.num_workers}", "--direct_running_mode=multi_processing"]
+    if cfg.runner not in LOCAL_RUNNERS:
+        args.append(f"--job_server_timeout={JOB_SERVER_TIMEOUT_S}")
     if cfg.runner == "DataflowRunner":
         if job_name:  # unique per submission: Dataflow refuses a second running job of one name
             args.append(f"--job_name={job_name}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}")
@@ -65,7 +95,7 @@ def pipeline_options(cfg: BeamConfig, job_name: str | None = None) -> PipelineOp
 def local_runner(cfg: BeamConfig):
     """The runner instance for a BeamConfig, or None to let Beam pick it from ``--runner``: the
     local FnApiRunner at 2+ workers forks its workers from the driver (``cfg.fork_workers``)."""
-    if cfg.runner == "FnApiRunner" and cfg.num_workers > 1 and cfg.fork_workers:
+    if cfg.runner in LOCAL_RUNNERS and cfg.num_workers > 1 and cfg.fork_workers:
         from pipeline.beam.local_workers import ForkingFnApiRunner, can_fork
 
         if can_fork():
@@ -79,17 +109,85 @@ def make_pipeline(cfg: BeamConfig, job_name: str | None = None) -> beam.Pipeline
 
 
 def check_runner_urls(cfg: BeamConfig, urls: dict[str, list[str]]) -> None:
-    """Refuse, before any work, local paths for a job whose workers run elsewhere (Dataflow's
-    workers cannot see this machine's disk); ``urls`` maps a name (an input, "output") to URLs."""
-    if cfg.runner != "DataflowRunner":
-        return  # Flink and Spark clusters may share a filesystem with this machine
+    """Refuse, before any work, local paths for a job whose workers run elsewhere (Dataflow's,
+    a Flink or Spark cluster's, a job service's: each worker would write its shards to its own
+    disk, and the driver then fill the folder with empty shards: a stage "done" with nothing),
+    unless ``cfg.shared_filesystem`` says they see this machine's paths; ``urls`` maps a name
+    (an input, "output") to URLs."""
+    if cfg.runner in LOCAL_RUNNERS or cfg.shared_filesystem:
+        return
     for name, group in urls.items():
         for url in group:  # by the protocol alone: making a gcsfs filesystem probes for credentials
             if fsspec.core.split_protocol(url)[0] in (None, "file", "local"):
                 raise ValueError(
                     f"{name} {url} is a local path, which {cfg.runner} workers cannot read or write: "
-                    "put it in gs:// (--root gs://bucket/run, --set data.wiki=gs://...)"
+                    "put it in gs:// (--root gs://bucket/run, --set data.wiki=gs://...), or, when every "
+                    "worker sees this machine's files, say so: --set corpus.beam.shared_filesystem=true "
+                    "(examples.beam for the examples job)"
                 )
+
+
+def run_job(pipeline: beam.Pipeline, cfg: BeamConfig, job: str, connect_s: float = JOB_ENDPOINT_CONNECT_S):
+    """Submit a built job and wait for it (:func:`wait_for_job`); a ``job_endpoint`` that does
+    not answer within ``connect_s`` fails first, with nothing submitted."""
+    endpoint = cfg.options.get("job_endpoint")
+    if cfg.runner not in LOCAL_RUNNERS and endpoint:
+        import grpc
+
+        with grpc.insecure_channel(str(endpoint)) as channel:
+            try:
+                grpc.channel_ready_future(channel).result(timeout=connect_s)
+            except grpc.FutureTimeoutError:
+                raise ConnectionError(
+                    f"{job}: the job service at {endpoint} (beam.options.job_endpoint) did not answer in "
+                    f"{connect_s:.0f} s"
+                ) from None
+    return wait_for_job(pipeline.run(), job)
+
+
+class JobStillRunningError(RuntimeError):
+    """The driver lost sight of a job that may still be running: not retried (a retry would
+    submit the same job a second time next to it)."""
+
+    deterministic = True  # flows.proc.protocol.is_deterministic: never retried
+
+
+def wait_for_job(result, job: str = "the job", poll_s: float = STATE_POLL_S):
+    """Wait until a submitted job ends; raise if it did not end DONE.
+
+    When the runner's own wait ends while the job has not (a watch stream cut or past its
+    deadline, a job server restarting), the job's state is polled every ``poll_s`` seconds until
+    it ends, so the stage's retry never resubmits a job that is still running; if the state
+    cannot be read either, :class:`JobStillRunningError` says so instead of a retry."""
+    from apache_beam.runners.runner import PipelineState
+
+    try:
+        result.wait_until_finish()
+    except Exception as exc:
+        try:
+            state = result.state
+        except Exception:
+            raise JobStillRunningError(
+                f"{job}: the runner stopped watching it ({exc}) and its state cannot be read: it may still be "
+                "running; not resubmitted (check the job service or the console, then rerun)"
+            ) from exc
+        if PipelineState.is_terminal(state):
+            if state == PipelineState.DONE:
+                return result
+            raise
+        log.warning("%s is %s after the runner stopped watching it (%s): waiting for it to end", job, state, exc)
+        while not PipelineState.is_terminal(state):
+            time.sleep(poll_s)
+            try:
+                state = result.state
+            except Exception as lost:
+                raise JobStillRunningError(
+                    f"{job}: its state cannot be read ({lost}); it may still be running: not resubmitted"
+                ) from lost
+        if state != PipelineState.DONE:
+            raise RuntimeError(f"{job} ended {state}") from exc
+        log.info("%s ended DONE", job)
+    return result
 
 
 def stable_shard(key: str, num_shards: int) -> int:

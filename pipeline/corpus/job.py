@@ -38,8 +38,8 @@ import time
 import apache_beam as beam
 import fsspec
 
-from pipeline.beam.config import output_config
-from pipeline.beam.io import check_runner_urls, counters, fill_empty_shards, make_pipeline, parquet_rows
+from pipeline.beam.config import BeamConfig, output_config
+from pipeline.beam.io import check_runner_urls, counters, fill_empty_shards, make_pipeline, parquet_rows, run_job
 from pipeline.corpus.clean import CleanToFragments
 from pipeline.corpus.config import CorpusConfig
 from pipeline.corpus.dedup import NAMESPACE, REJECTS_FOLDER, RUNS, DedupAndWrite
@@ -62,25 +62,56 @@ log = logging.getLogger("bertflow.corpus")
 WORK_DIR = "_work"
 
 
-def dedup_partitions(config: CorpusConfig, workers: int) -> int:
-    """Key ranges each dedup pass is split into: one per worker (near-duplicate detection
-    needs every signature in one place: one)."""
-    return 1 if config.near_dup_threshold > 0 else max(1, workers)
+PARTITION_BYTES = 256 << 20
+"""Input (as given: a compressed dump counts compressed) one dedup partition is sized for."""
 
 
-def build_corpus_pipeline(config: CorpusConfig, files: dict[str, list[str]], output_url: str) -> beam.Pipeline:
-    """The corpus job over ``files`` (source -> input file URLs), built, not run, with the
-    options of ``config.beam`` (any runner: a test validates it for Dataflow without submitting)."""
+def job_workers(beam_config: BeamConfig) -> int:
+    """The workers a corpus job plans for: the local runner's processes; elsewhere the most
+    workers the job may get (``max_num_workers`` when set, else ``num_workers``)."""
+    return max(1, beam_config.num_workers, beam_config.max_num_workers)
+
+
+def dedup_partitions(config: CorpusConfig, workers: int, input_bytes: int | None) -> int:
+    """Key ranges each dedup pass is split into: one per worker, but no more than one per
+    :data:`PARTITION_BYTES` of input (near-duplicate detection needs every signature in one
+    place: one). Every producer of a pass writes a run file per partition it has rows for, so
+    the pass writes up to producers x partitions objects: 64 partitions for the 400-document
+    sample made thousands of small objects on gs://; sized from the input, the sample has one.
+    ``input_bytes`` None (not known): one per worker. The output does not depend on it (design
+    choice 4)."""
+    if config.near_dup_threshold > 0:
+        return 1
+    if input_bytes is None:
+        return max(1, workers)
+    return max(1, min(workers, -(-input_bytes // PARTITION_BYTES)))
+
+
+def input_bytes(files: dict[str, list[str]]) -> int:
+    """Total size of the input files (one listing call per source on object stores)."""
+    total = 0
+    for urls in files.values():
+        fs, _ = fsspec.core.url_to_fs(urls[0])
+        total += sum(fs.sizes([fsspec.core.url_to_fs(u)[1] for u in urls]))
+    return total
+
+
+def build_corpus_pipeline(
+    config: CorpusConfig, files: dict[str, list[str]], output_url: str, size: int | None = None
+) -> beam.Pipeline:
+    """The corpus job over ``files`` (source -> input file URLs, ``size`` bytes in all when
+    known), built, not run, with the options of ``config.beam`` (any runner: a test validates
+    it for Dataflow without submitting)."""
     check_runner_urls(config.beam, {**files, "output": [output_url]})
     # Page text never crosses a shuffle: each worker cleans what it reads.
-    workers = config.beam.num_workers if config.beam.runner in ("FnApiRunner", "DirectRunner") else 64
+    workers = job_workers(config.beam)
     units = spread_units([u for name, urls in files.items() for u in plan_units(name, urls, config)], workers)
-    log.info("corpus: %d read units for %d workers", len(units), workers)
+    partitions = dedup_partitions(config, workers, size)
+    log.info("corpus: %d read units for %d workers, %d dedup partitions", len(units), workers, partitions)
 
     work = join_url(output_url, WORK_DIR)
     p = make_pipeline(config.beam, job_name="bertflow-corpus")
     read = p | "Units" >> beam.Create(units) | "SpreadUnits" >> beam.Reshuffle() | "Read" >> ReadUnits(config, work)
-    partitions = dedup_partitions(config, workers)
     cleaned = read["records"] | "Clean" >> CleanToFragments(config, work, partitions)
     handed = read["handed"] | "CleanHanded" >> CleanToFragments(config, work, partitions)
     keys = (cleaned.keys, handed.keys) | "AllKeys" >> beam.Flatten()
@@ -102,10 +133,9 @@ def run_corpus(config: CorpusConfig, inputs: dict[str, str], output_url: str) ->
     clear_stage(output_url)
     log.info("corpus: %s -> %s", {n: len(f) for n, f in files.items()}, output_url)
 
-    p = build_corpus_pipeline(config, files, output_url)
+    p = build_corpus_pipeline(config, files, output_url, input_bytes(files))
     work = join_url(output_url, WORK_DIR)
-    result = p.run()
-    result.wait_until_finish()
+    result = run_job(p, config.beam, "the corpus job")
 
     fs, work_path = fsspec.core.url_to_fs(work)
     if fs.exists(work_path):

@@ -41,7 +41,15 @@ import pyarrow.parquet as pq
 from apache_beam.metrics import Metrics
 
 from pipeline.beam.config import output_config
-from pipeline.beam.io import check_runner_urls, counters, fill_empty_shards, make_pipeline, parquet_rows, shard_name
+from pipeline.beam.io import (
+    check_runner_urls,
+    counters,
+    fill_empty_shards,
+    make_pipeline,
+    parquet_rows,
+    run_job,
+    shard_name,
+)
 from pipeline.beam.shards import KEY, RunWriter, merge_runs_in_levels, use_lean_memory_pool
 from pipeline.examples.buckets import bucket_documents
 from pipeline.examples.config import ExamplesConfig
@@ -320,8 +328,7 @@ def run_examples(config: ExamplesConfig, corpus_url: str, vocab_url: str, output
     pipeline = build_examples_pipeline(
         config, doc_urls, vocab, lowercase, num_buckets, output_url, word_tokenizer, subword
     )
-    result = pipeline.run()
-    result.wait_until_finish()
+    result = run_job(pipeline, config.beam, "the examples job")
     beam_counts = counters(result, NAMESPACE)
     fs, work_path = fsspec.core.url_to_fs(join_url(output_url, WORK_DIR))
     if fs.exists(work_path):

@@ -20,7 +20,7 @@ SHORT = {
     "finetune.epochs": 1,
 }
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.production]
 
 
 @pytest.fixture(scope="module")

@@ -1,12 +1,14 @@
-"""Slow tier (`pytest -m slow`): the tiny chain with its root on gs://, against a GCS emulator
-started by the test on 127.0.0.1, gives what a local run gives.
+"""Production tier (`python3 -m pytest -m production`, run by `.ci/run`): the tiny chain with its
+root on gs://, against a GCS emulator and an `mlflow server` both started by the test on
+127.0.0.1 (the production layout: a bucket and a tracking server), gives what a local run gives.
 
-Through the real command line (corpus to export; the downstream tasks read the export the same
-way and are left out for time): every stage reads and writes gs:// (pyarrow through gcsfs,
-WordPiece files, checkpoints, the export, manifests committed as one object write), a second
-run skips every stage, and nothing of gcsfs's retry noise reaches the log. Beam's own GCS IO
-(google-cloud-storage, what Dataflow stages and temp files go through) is checked inside a Beam
-job on the same emulator.
+Through the real command line (corpus to export, then the model registered; the downstream tasks
+read the export the same way and are left out for time): every stage reads and writes gs://
+(pyarrow through gcsfs, WordPiece files, checkpoints, the export, manifests committed as one
+object write), the model is registered on the server once, a second run given the server only
+through ``MLFLOW_TRACKING_URI`` skips every stage and registers nothing new, and nothing of
+gcsfs's retry noise reaches the log. Beam's own GCS IO (google-cloud-storage, what Dataflow
+stages and temp files go through) is checked inside a Beam job on the same emulator.
 """
 
 import os
@@ -18,7 +20,7 @@ import pytest
 
 from pipeline.schema.manifest import read_manifest
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.production]
 
 OVERRIDES = [
     "pretrain.phases.0.steps=60",
@@ -32,20 +34,12 @@ STAGES = ("corpus", "vocab", "examples", "pretrain", "export")
 FOLDERS = {"corpus": "corpus", "vocab": "vocab", "examples": "examples", "pretrain": "checkpoints", "export": "model"}
 
 
-def run_chain(root: str, mlflow_db: str, command: str = "run", *extra: str):
-    cmd = [
-        sys.executable,
-        "-m",
-        "flows.cli",
-        command,
-        *extra,
-        "--preset",
-        "tiny",
-        "--root",
-        root,
-        "--mlflow-uri",
-        f"sqlite:///{mlflow_db}",
-    ]
+def run_chain(root: str, mlflow_uri: str | None, command: str = "run", *extra: str):
+    """The CLI on ``root``; ``mlflow_uri`` given with --mlflow-uri, or None: through the
+    environment only (``MLFLOW_TRACKING_URI``, set by the caller)."""
+    cmd = [sys.executable, "-m", "flows.cli", command, *extra, "--preset", "tiny", "--root", root]
+    if mlflow_uri:
+        cmd += ["--mlflow-uri", mlflow_uri]
     for o in OVERRIDES:
         cmd += ["--set", o]
     out = subprocess.run(cmd, env=dict(os.environ), capture_output=True, text=True, timeout=1500)
@@ -63,14 +57,16 @@ def read_bytes(url: str) -> bytes:
 
 
 @pytest.fixture(scope="module")
-def runs(gcs_emulator, tmp_path_factory):
+def runs(gcs_emulator, mlflow_server, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("gcs")
     fs = fsspec.filesystem("gs", token="anon")
     fs.mkdir("chain")
-    local = run_chain(str(tmp / "local"), str(tmp / "local.db"))
-    remote = run_chain("gs://chain/run", str(tmp / "remote.db"))
-    again = run_chain("gs://chain/run", str(tmp / "remote.db"))
-    status = run_chain("gs://chain/run", str(tmp / "remote.db"), "status", "--json", "--verify")
+    local = run_chain(str(tmp / "local"), f"sqlite:///{tmp / 'local.db'}")
+    remote = run_chain("gs://chain/run", mlflow_server)
+    with pytest.MonkeyPatch.context() as env:  # the rerun and status: the server without --mlflow-uri
+        env.setenv("MLFLOW_TRACKING_URI", mlflow_server)
+        again = run_chain("gs://chain/run", None)
+        status = run_chain("gs://chain/run", None, "status", "--json", "--verify")
     return str(tmp / "local"), "gs://chain/run", local, remote, again, status
 
 
@@ -104,6 +100,30 @@ def test_a_second_run_on_gs_skips_every_stage_and_status_verifies_it(runs):
         assert f"stage {stage}: up to date, skipped" in again.stderr, stage
     rows = {r["stage"]: r["state"] for r in json.loads(status.stdout)}
     assert rows == {stage: "done" for stage in STAGES}  # --verify: every file's sha256 read back from gs://
+
+
+def test_the_gs_runs_model_is_registered_once_on_the_server(runs, mlflow_server):
+    """The first run registered the export (artifacts under the gs:// root's mlartifacts/); the
+    rerun found that version by its fingerprint and registered none; the model loads back."""
+    import mlflow
+    import pandas as pd
+
+    remote = runs[1]
+    client = mlflow.MlflowClient(mlflow_server, registry_uri=mlflow_server)
+    versions = client.search_model_versions("name='bert-tiny'")
+    assert len(versions) == 1, [(v.version, v.source) for v in versions]
+    assert versions[0].tags["bertflow.model_url"] == f"{remote}/model"
+    experiment = client.get_experiment_by_name("bertflow")
+    assert experiment.artifact_location == f"{remote}/mlartifacts"
+    runs_here = client.search_runs([experiment.experiment_id], "tags.`bertflow.root` = 'gs://chain/run'")
+    parents = [r for r in runs_here if "mlflow.parentRunId" not in r.data.tags]
+    assert len(parents) == 2 and {r.info.status for r in runs_here} == {"FINISHED"}  # the run and the rerun
+    fs, path = fsspec.core.url_to_fs(f"{remote}/mlartifacts")
+    assert any(n.endswith("model.safetensors") for n in fs.find(path))
+    mlflow.set_tracking_uri(mlflow_server)
+    mlflow.set_registry_uri(mlflow_server)
+    model = mlflow.pyfunc.load_model(f"models:/bert-tiny/{versions[0].version}")
+    assert len(model.predict(pd.DataFrame({"text": ["a [MASK] b"]}))["filled"][0]) == 1
 
 
 def test_beams_own_gcs_io_works_inside_a_beam_job(gcs_emulator, tmp_path):

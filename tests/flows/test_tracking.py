@@ -2,6 +2,8 @@
 
 Registration (one version per export, aliases by score) is tested in test_model_registry.py."""
 
+import pytest
+
 from flows.tracking import Tracker, default_tracking_uri
 
 
@@ -101,3 +103,16 @@ def test_two_processes_creating_one_new_store_both_work(tmp_path):
     location = tracker.client.get_experiment(tracker.experiment_id).artifact_location
     assert location == f"file://{tmp_path}/shared/mlartifacts"
     assert (tmp_path / "shared" / "mlflow.db.lock").exists()
+
+
+def test_a_remote_root_with_a_tracking_server_is_not_relocated():
+    """A gs:// root has no store of its own to follow (its store is the server or database the
+    run was given): the moved-root check leaves it alone instead of asking for the default store,
+    which a remote root has none of (every gs:// flow failed there)."""
+    from flows.prefect_tasks import _follow_moved_root
+    from flows.tracking import default_tracking_uri
+
+    with pytest.raises(ValueError, match="is remote: give --mlflow-uri"):
+        default_tracking_uri("gs://bucket/run")
+    for uri in ("http://127.0.0.1:5000", "sqlite:////tmp/elsewhere.db"):
+        assert _follow_moved_root("gs://bucket/run", uri) is None

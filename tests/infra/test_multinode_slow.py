@@ -15,7 +15,7 @@ from pretrain_shards import write_example_stage
 
 from flows.proc.launch import launch_pretrain
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.production]
 
 
 def free_port() -> int:

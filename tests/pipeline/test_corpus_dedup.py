@@ -3,6 +3,7 @@
 import collections
 import dataclasses
 import random
+from pathlib import Path
 
 import pyarrow.parquet as pq
 
@@ -232,3 +233,35 @@ def test_single_file_handed_off_gives_the_same_corpus(tmp_path, monkeypatch):
     urls = [u for r in records for u in writer.add(r)] + writer.close()
     assert len(urls) == 2  # written once 20,000 characters are held: 3 records, then the last 2
     assert [r for u in urls for r in corpus_read._ReadBatch().process(u)] == records
+
+
+def test_dedup_partitions_follow_the_input_size_and_the_workers():
+    """Each dedup pass writes up to producers x partitions run files: the sample (424 KB as given) gets
+    one partition whatever the workers (it got 64 on every non-local runner, thousands of small
+    objects on gs://); a big input one per worker, up to one per PARTITION_BYTES."""
+    from pipeline.corpus.inputs import check_corpus_inputs
+    from pipeline.corpus.job import PARTITION_BYTES, dedup_partitions, input_bytes, job_workers
+
+    sample_dir = Path(__file__).resolve().parents[2] / "data" / "sample"
+    files = check_corpus_inputs(CFG, {name: str(sample_dir / name) for name in ("wiki", "books")})
+    sample = input_bytes(files)
+    assert 100_000 < sample < PARTITION_BYTES
+    assert dedup_partitions(CFG, 64, sample) == 1
+    assert dedup_partitions(CFG, 64, 20 << 30) == 64  # a 20 GB dump: one per worker
+    assert dedup_partitions(CFG, 64, 3 * PARTITION_BYTES) == 3
+    assert dedup_partitions(CFG, 2, None) == 2  # size not known: one per worker
+    assert dedup_partitions(dataclasses.replace(CFG, near_dup_threshold=0.8), 64, 20 << 30) == 1
+    assert job_workers(BeamConfig(runner="PortableRunner")) == 1
+    assert job_workers(BeamConfig(runner="FnApiRunner", num_workers=3)) == 3
+    assert job_workers(BeamConfig(**DATAFLOW_SCALE)) == 100
+
+
+DATAFLOW_SCALE = {
+    "runner": "DataflowRunner",
+    "project": "p",
+    "region": "r",
+    "temp_location": "gs://b/tmp",
+    "sdk_container_image": "img",
+    "num_workers": 10,
+    "max_num_workers": 100,
+}

@@ -6,10 +6,13 @@ one artifact (``hf_model``: the weights, stored once, which also load in ``trans
 requirements are what that code imports, pinned to the versions that logged it.
 
 Its signature (what MLflow's UI lists as Inputs and Outputs, and what ``mlflow models serve``
-checks a request against) is one *unnamed* string column, not a column named ``text``: MLflow
+checks a request against) is one *unnamed* column, not a column named ``text``: MLflow
 enforces a named column on every input, and a list of strings or a single string (both of which
 the served model documents) have none, so they would be refused; an unnamed column takes a
-DataFrame's first column, a list and a string alike. The outputs: ``text``, ``filled`` (the top
+DataFrame's first column, a list and a string alike. Its type is ``Any``, not ``string``: with a
+string column, ``mlflow models serve`` casts the request to strings before the model sees it, so
+``{"inputs": [1, 2]}`` was answered as the texts "1" and "2"; the served model checks each value
+itself and refuses what is not text (``flows/served_model.py``). The outputs: ``text``, ``filled`` (the top
 token of each ``[MASK]``), ``cls_embedding`` and ``mean_embedding`` (floats), ``windows``. The
 input example is one masked sentence, stored with the model (MLflow runs it once at logging, so
 a model that cannot load or answer fails there, not in serving).
@@ -40,9 +43,9 @@ INPUT_EXAMPLE = ["the [MASK] of the river"]
 
 
 def signature():
-    """The served model's signature: one unnamed string column in, a row per text out."""
+    """The served model's signature: one unnamed column of any type in, a row per text out."""
     from mlflow.models import ModelSignature
-    from mlflow.types.schema import Array, ColSpec, Schema
+    from mlflow.types.schema import AnyType, Array, ColSpec, Schema
 
     outputs = [
         ColSpec("string", "text"),
@@ -51,7 +54,7 @@ def signature():
         ColSpec(Array("double"), "mean_embedding"),
         ColSpec("long", "windows"),
     ]
-    return ModelSignature(inputs=Schema([ColSpec("string")]), outputs=Schema(outputs))
+    return ModelSignature(inputs=Schema([ColSpec(AnyType())]), outputs=Schema(outputs))
 
 
 def _package_dir(name: str) -> str:

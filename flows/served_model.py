@@ -64,8 +64,13 @@ def _values(model_input) -> list:
     if hasattr(model_input, "columns"):  # a DataFrame: its text column
         if len(model_input.columns) == 0:
             raise RequestRefused("the request has no column: send a 'text' column")
-        column = "text" if "text" in model_input.columns else model_input.columns[0]
-        return model_input[column]
+        if "text" in model_input.columns:
+            return model_input["text"]
+        if len(model_input.columns) > 1:  # rows of several values ({"inputs": [["a", "b"]]}): which is the text?
+            raise RequestRefused(
+                f"the request has {len(model_input.columns)} columns and none is 'text': send one text a row"
+            )
+        return model_input[model_input.columns[0]]
     if isinstance(model_input, dict):
         if "text" not in model_input:
             raise RequestRefused(f"the request's keys are {sorted(map(str, model_input))[:5]}: send 'text'")

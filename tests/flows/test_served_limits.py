@@ -75,7 +75,7 @@ def _tiny_pyfunc(tmp_path) -> str:
     import torch
     from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
 
-    from flows.mlflow_model import SERVED_MODEL, _package_dir
+    from flows.mlflow_model import INPUT_EXAMPLE, SERVED_MODEL, _package_dir, signature
     from model.bert import BertForPreTraining
     from model.config import BertConfig
     from model.export import save_pretrained
@@ -94,7 +94,8 @@ def _tiny_pyfunc(tmp_path) -> str:
     save_pretrained(BertForPreTraining(config), str(tmp_path / "hf"), vocab_url=str(tmp_path / "vocab"))
     path = str(tmp_path / "pyfunc")
     mlflow.pyfunc.save_model(path, python_model=SERVED_MODEL, artifacts={"hf_model": str(tmp_path / "hf")},
-                             code_paths=[_package_dir("model"), _package_dir("pipeline")])  # fmt: skip
+                             code_paths=[_package_dir("model"), _package_dir("pipeline")],
+                             signature=signature(), input_example=INPUT_EXAMPLE)  # fmt: skip
     return path
 
 
@@ -165,13 +166,17 @@ def test_mlflow_models_serve_refuses_oversize_and_non_text_requests_with_flat_me
 
         for body, named in (
             ({"inputs": ["x"] * 65}, "holds 65 texts, more than the limit of 64"),
-            ({"inputs": [1, 2]}, "text 0 is int64"),
-            ({"inputs": [["x"]]}, "of shape (1, 1)"),
-            ({"inputs": None}, "text 0 is NoneType"),
+            ({"inputs": [1, 2]}, "text 0 is int"),  # the registered signature casts nothing
+            ({"inputs": [[["x"]]]}, "text 0 is list"),
+            ({"dataframe_split": {"columns": ["text"], "data": [[1.5]]}}, "text 0 is float"),
             ({"dataframe_split": {"columns": ["text"], "data": [[None]]}}, "text 0 is NoneType"),
         ):
             status, answer = _post(port, json.dumps(body).encode())
             assert status == 400 and named in answer["stack_trace"], (body, answer)
+        status, answer = _post(port, json.dumps({"inputs": None}).encode())  # refused by MLflow's own parser
+        assert status == 400 and "NoneType" in answer["message"], answer
+        status, answer = _post(port, json.dumps({"inputs": [["the river"]]}).encode())  # one text a row
+        assert status == 200 and answer["predictions"][0]["text"] == "the river"
     finally:
         os.killpg(server.pid, 15)
         server.wait(timeout=60)

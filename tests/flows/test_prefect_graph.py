@@ -16,7 +16,7 @@ from flows.prefect_tasks import Tracking
 from flows.presets import load_config
 from flows.table import Stage
 from flows.tracking import Tracker
-from pipeline.schema.manifest import write_manifest
+from pipeline.schema.manifest import fingerprint_input, write_manifest
 
 
 def _write(name: str):
@@ -24,7 +24,9 @@ def _write(name: str):
         from pipeline.schema.storage import join_url, write_atomically
 
         write_atomically(join_url(c.url, "out.txt"), f"{name} from {sorted(c.inputs)}\n")
-        return write_manifest(name, c.url, {"n": 1}, {}, {"lines": 1.0})
+        # the fingerprints of every input the row declares, as a real stage records them
+        fingerprints = {k: fingerprint_input(u) for k, u in c.inputs.items()}
+        return write_manifest(name, c.url, {"n": 1}, fingerprints, {"lines": 1.0})
 
     return run
 

@@ -72,7 +72,8 @@ def test_local_runner_choice():
     assert isinstance(local_runner(BeamConfig(num_workers=2)), ForkingFnApiRunner)
     assert local_runner(BeamConfig(num_workers=1)) is None  # in-process, no workers to start
     assert local_runner(BeamConfig(num_workers=2, fork_workers=False)) is None  # Beam's own
-    assert local_runner(BeamConfig(runner="DirectRunner", num_workers=2)) is None
+    # DirectRunner is run as Beam's local FnApiRunner (never Prism's download): the same forked workers
+    assert isinstance(local_runner(BeamConfig(runner="DirectRunner", num_workers=2)), ForkingFnApiRunner)
 
 
 def test_forked_workers_match_and_are_forked(tmp_path):

@@ -38,6 +38,7 @@ def logged(tmp_path, monkeypatch):
         mlflow.set_tracking_uri(None)
 
 
+@pytest.mark.production
 @pytest.mark.slow  # ~15 s of CPU, but a new SQLite store's migrations take a minute on a loaded box
 def test_the_logged_model_has_a_signature_and_an_input_example_and_takes_every_documented_input(logged):
     import mlflow

@@ -14,7 +14,7 @@ import os
 import pytest
 from test_deployments_slow import REPO, SHORT, prefect, run_deployment
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.production]
 SAMPLE = REPO / "data" / "sample" / "wiki" / "synthwiki-0-pages-articles.xml.bz2"
 
 

@@ -127,6 +127,7 @@ def _post(port: int, body: bytes) -> tuple[int, dict]:
         return exc.code, json.loads(exc.read())
 
 
+@pytest.mark.production
 @pytest.mark.slow
 def test_mlflow_models_serve_refuses_oversize_and_non_text_requests_with_flat_memory(tmp_path):
     path = _tiny_pyfunc(tmp_path)

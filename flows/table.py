@@ -184,6 +184,7 @@ def _run_pretrain(c: StageCall) -> Manifest:
     from flows.proc.launch import launch_training
     from flows.proc.protocol import (
         EXIT_RESUME_REFUSED,
+        EXIT_TRACKING_GONE,
         STOPPED_BY_SIGNAL,
         StageProcessError,
     )
@@ -192,12 +193,18 @@ def _run_pretrain(c: StageCall) -> Manifest:
     code = launch_training(train_spec(c), c.cfg.pretrain.total_steps, c.env, c.on_progress, errors)
     if code == 0:
         return read_manifest(c.url)
+    if code == EXIT_TRACKING_GONE:  # the trainer waited for the server: this process tries it once from now on
+        from flows.tracking import ENV_TRACKING_URI, give_up
+
+        give_up(c.env.get(ENV_TRACKING_URI))
     hints = {
         EXIT_RESUME_REFUSED: f"the checkpoints under {c.url} cannot continue under this config (a changed "
         "setting; changed examples start over by themselves): set it back to resume, or start over with "
         "`bertflow run --force pretrain` (a deployment run: --param force='[\"pretrain\"]')",
     }
     hint = hints.get(code, "its checkpoint is kept and a rerun resumes" if code in STOPPED_BY_SIGNAL else "")
+    if code == EXIT_TRACKING_GONE:
+        hint = "its checkpoints are kept: restart the tracking server and rerun to resume"
     if code == -9:
         hint = "a rerun resumes from its last checkpoint; if memory ran out, lower the batch or the model size"
     if errors and code not in STOPPED_BY_SIGNAL:  # what the trainer said last: the file, the step, the checkpoint

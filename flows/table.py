@@ -203,8 +203,8 @@ def _run_pretrain(c: StageCall) -> Manifest:
         "`bertflow run --force pretrain` (a deployment run: --param force='[\"pretrain\"]')",
     }
     hint = hints.get(code, "its checkpoint is kept and a rerun resumes" if code in STOPPED_BY_SIGNAL else "")
-    if code == EXIT_TRACKING_GONE:
-        hint = "its checkpoints are kept: restart the tracking server and rerun to resume"
+    if code == EXIT_TRACKING_GONE and not errors:  # the trainer's own line names the server
+        hint = "the MLflow tracking server went away: restart it and rerun to resume from the checkpoints"
     if code == -9:
         hint = "a rerun resumes from its last checkpoint; if memory ran out, lower the batch or the model size"
     if errors and code not in STOPPED_BY_SIGNAL:  # what the trainer said last: the file, the step, the checkpoint

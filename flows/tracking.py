@@ -157,11 +157,15 @@ class _Retrying:
                 except Exception as exc:  # MLflow wraps the driver's error in its own
                     if is_unreachable(exc) and self._uri:
                         if time.monotonic() + wait > gone_by:
+                            waited = (
+                                f"for {time.monotonic() - start:.0f} s"
+                                if self._uri not in _GAVE_UP
+                                else "again (this run already waited for it)"
+                            )
                             _GAVE_UP.add(self._uri)
                             raise TrackingServerGone(
-                                f"MLflow tracking server {self._uri} refused connections for "
-                                f"{time.monotonic() - start:.0f} s ({name}): the run fails here, its "
-                                "checkpoints kept; restart the server and run again to resume"
+                                f"MLflow tracking server {self._uri} refused connections {waited} ({name}): the "
+                                "run fails here, its checkpoints kept; restart the server and run again to resume"
                             ) from None
                         log.warning("MLflow server %s unreachable: %s retried in %.1f s", self._uri, name, wait)
                     elif not is_busy(exc) or time.monotonic() + wait > deadline:

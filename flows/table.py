@@ -193,10 +193,11 @@ def _run_pretrain(c: StageCall) -> Manifest:
     code = launch_training(train_spec(c), c.cfg.pretrain.total_steps, c.env, c.on_progress, errors)
     if code == 0:
         return read_manifest(c.url)
-    if code == EXIT_TRACKING_GONE:  # the trainer waited for the server: this process tries it once from now on
-        from flows.tracking import ENV_TRACKING_URI, give_up
+    from flows.tracking import ENV_TRACKING_URI, give_up
 
-        give_up(c.env.get(ENV_TRACKING_URI))
+    uri = c.env.get(ENV_TRACKING_URI)
+    if code == EXIT_TRACKING_GONE or any(f"MLflow tracking server {uri} refused connections" in e for e in errors):
+        give_up(uri)  # the trainer waited for the server (torchrun exits 1 for it): here it is tried once from now on
     hints = {
         EXIT_RESUME_REFUSED: f"the checkpoints under {c.url} cannot continue under this config (a changed "
         "setting; changed examples start over by themselves): set it back to resume, or start over with "

@@ -184,6 +184,7 @@ def _run_pretrain(c: StageCall) -> Manifest:
     from flows.proc.launch import launch_training
     from flows.proc.protocol import (
         EXIT_RESUME_REFUSED,
+        EXIT_TRACKING_GONE,
         STOPPED_BY_SIGNAL,
         StageProcessError,
     )
@@ -192,12 +193,19 @@ def _run_pretrain(c: StageCall) -> Manifest:
     code = launch_training(train_spec(c), c.cfg.pretrain.total_steps, c.env, c.on_progress, errors)
     if code == 0:
         return read_manifest(c.url)
+    from flows.tracking import ENV_TRACKING_URI, give_up
+
+    uri = c.env.get(ENV_TRACKING_URI)
+    if code == EXIT_TRACKING_GONE or any(f"MLflow tracking server {uri} refused connections" in e for e in errors):
+        give_up(uri)  # the trainer waited for the server (torchrun exits 1 for it): here it is tried once from now on
     hints = {
         EXIT_RESUME_REFUSED: f"the checkpoints under {c.url} cannot continue under this config (a changed "
         "setting; changed examples start over by themselves): set it back to resume, or start over with "
         "`bertflow run --force pretrain` (a deployment run: --param force='[\"pretrain\"]')",
     }
     hint = hints.get(code, "its checkpoint is kept and a rerun resumes" if code in STOPPED_BY_SIGNAL else "")
+    if code == EXIT_TRACKING_GONE and not errors:  # the trainer's own line names the server
+        hint = "the MLflow tracking server went away: restart it and rerun to resume from the checkpoints"
     if code == -9:
         hint = "a rerun resumes from its last checkpoint; if memory ran out, lower the batch or the model size"
     if errors and code not in STOPPED_BY_SIGNAL:  # what the trainer said last: the file, the step, the checkpoint

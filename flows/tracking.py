@@ -27,7 +27,12 @@ Design choices:
    cut mid-request is not resent (the server may have applied it). After a restart the rerun
    resumes from the checkpoints and registers; its start marks the runs the failure left
    ``RUNNING`` as ``KILLED``. MLflow's own retries are cut to 2 (``MLFLOW_HTTP_REQUEST_MAX_RETRIES``,
-   an operator's setting wins).
+   an operator's setting wins). The wait is ``BERTFLOW_TRACKING_WAIT_S`` seconds when that is set
+   (:func:`unreachable_seconds`; 0: fail at the first refusal). A stage or unit that failed so
+   is not retried (the retry would wait for the same server again): its process exits
+   :data:`flows.proc.protocol.EXIT_TRACKING_GONE`, and the flow's own process then tries the
+   server once per call too (:func:`give_up`), so the whole run ends about one wait after the
+   server went.
 6. **A new SQLite store is created under a lock**: MLflow creates and migrates a database's tables
    the first time a client opens it, and two runs opening one new file at once both failed
    mid-migration and left it broken (``_alembic_tmp_tags already exists``). :func:`prepare_store`
@@ -83,7 +88,8 @@ def is_busy(exc: BaseException) -> bool:
 
 UNREACHABLE_SECONDS = 120.0
 """How long a call waits for a tracking server that refuses connections (killed, restarting)
-before the run fails naming it (design choice 5)."""
+before the run fails naming it (design choice 5), unless ``BERTFLOW_TRACKING_WAIT_S`` says."""
+ENV_WAIT = "BERTFLOW_TRACKING_WAIT_S"
 _UNREACHABLE = ("connection refused", "failed to establish a new connection", "name or service not known")
 """Errors of a request that never reached the server: safe to send again. A connection cut
 mid-request (aborted, reset, timed out) may have been applied, so it is not resent."""
@@ -97,8 +103,34 @@ def is_unreachable(exc: BaseException) -> bool:
     return any(u in text for u in _UNREACHABLE)
 
 
+def unreachable_seconds() -> float:
+    """How long a call waits for a server that refuses connections: ``BERTFLOW_TRACKING_WAIT_S``
+    when it holds a number of seconds >= 0 (read at each call: a stage's process inherits it),
+    else :data:`UNREACHABLE_SECONDS`."""
+    raw = os.environ.get(ENV_WAIT, "").strip()
+    if raw:
+        try:
+            value = float(raw)
+        except ValueError:
+            value = -1.0
+        if 0.0 <= value < float("inf"):
+            return value
+        log.warning("%s=%r is not a number of seconds >= 0: waiting %.0f s", ENV_WAIT, raw, UNREACHABLE_SECONDS)
+    return UNREACHABLE_SECONDS
+
+
+def give_up(uri: str | None) -> None:
+    """Treat ``uri`` as a server this process already waited for (a stage's process did, and
+    failed): its later calls here try once, so the run's ending bookkeeping fails in seconds."""
+    if uri:
+        _GAVE_UP.add(uri)
+
+
 class TrackingServerGone(ConnectionError):
-    """The MLflow tracking server refused connections for the whole wait: the message names it."""
+    """The MLflow tracking server refused connections for the whole wait: the message names it.
+    Not retried (``deterministic``): a retry would wait for the same server again."""
+
+    deterministic = True
 
 
 class _Retrying:
@@ -116,7 +148,7 @@ class _Retrying:
         def call(*args, **kwargs):
             start = time.monotonic()
             deadline, wait = start + self._seconds, 0.1
-            gone_by = start + (0.0 if self._uri in _GAVE_UP else UNREACHABLE_SECONDS)
+            gone_by = start + (0.0 if self._uri in _GAVE_UP else unreachable_seconds())
             while True:
                 try:
                     result = attr(*args, **kwargs)
@@ -125,11 +157,15 @@ class _Retrying:
                 except Exception as exc:  # MLflow wraps the driver's error in its own
                     if is_unreachable(exc) and self._uri:
                         if time.monotonic() + wait > gone_by:
+                            waited = (
+                                f"for {time.monotonic() - start:.0f} s"
+                                if self._uri not in _GAVE_UP
+                                else "again (this run already waited for it)"
+                            )
                             _GAVE_UP.add(self._uri)
                             raise TrackingServerGone(
-                                f"MLflow tracking server {self._uri} refused connections for "
-                                f"{time.monotonic() - start:.0f} s ({name}): the run fails here, its "
-                                "checkpoints kept; restart the server and run again to resume"
+                                f"MLflow tracking server {self._uri} refused connections {waited} ({name}): the "
+                                "run fails here, its checkpoints kept; restart the server and run again to resume"
                             ) from None
                         log.warning("MLflow server %s unreachable: %s retried in %.1f s", self._uri, name, wait)
                     elif not is_busy(exc) or time.monotonic() + wait > deadline:

@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from flows.proc.protocol import (
     ENV_PROGRESS_TOTAL,
     EXIT_TERMINATED,
+    EXIT_TRACKING_GONE,
     GRACE_SECONDS,
     STOP,
     StageProcessError,
@@ -123,6 +124,10 @@ def run_entry(
         cmd = [sys.executable, "-m", "flows.proc.stage_entry", "--spec", spec_path]
         errors: list[str] = []
         code = _run_streaming(cmd, proc_env, logging.getLogger(logger_name), on_progress, timeout_s, what, errors)
+    if code == EXIT_TRACKING_GONE:  # it waited for the server: this process tries it once from now on
+        from flows.tracking import ENV_TRACKING_URI, give_up
+
+        give_up(proc_env.get(ENV_TRACKING_URI))
     if code != 0:
         raise StageProcessError(what, code, errors[-1] if errors else "see its log lines above")
 

@@ -9,7 +9,9 @@
   database), 2 bad input or config (deterministic: never retried), 3 a checkpoint that cannot
   continue under this config (pretraining: rerun with ``--force pretrain``), 4 the training loss
   diverged (NaN/inf; the message names the step and the checkpoint), 5 the disk is full (the
-  message names the file and the filesystem; never retried), 130 / 143 stopped by SIGINT /
+  message names the file and the filesystem; never retried), 6 the MLflow tracking server
+  refused connections for the whole wait (``flows.tracking``, design choice 5: the message names
+  it; never retried, a retry would wait for it again; a rerun after its restart resumes), 130 / 143 stopped by SIGINT /
   SIGTERM (the trainer wrote its checkpoint first; a rerun resumes); a negative code is the
   signal that killed it (-9: most often the kernel's out-of-memory killer). The parent turns a
   non-zero code into a :class:`StageProcessError` that says which of these it was and whether a
@@ -43,15 +45,16 @@ EXIT_BAD_INPUT = 2
 EXIT_RESUME_REFUSED = 3
 EXIT_DIVERGED = 4
 EXIT_DISK_FULL = 5
+EXIT_TRACKING_GONE = 6
 EXIT_INTERRUPTED = 128 + signal.SIGINT  # 130
 EXIT_TERMINATED = 128 + signal.SIGTERM  # 143
 STOPPED_BY_SIGNAL = (EXIT_INTERRUPTED, EXIT_TERMINATED, -signal.SIGINT, -signal.SIGTERM)
-NOT_RETRIED = (EXIT_BAD_INPUT, EXIT_RESUME_REFUSED, EXIT_DIVERGED, EXIT_DISK_FULL, -signal.SIGKILL,
-               *STOPPED_BY_SIGNAL)  # fmt: skip
+NOT_RETRIED = (EXIT_BAD_INPUT, EXIT_RESUME_REFUSED, EXIT_DIVERGED, EXIT_DISK_FULL, EXIT_TRACKING_GONE,
+               -signal.SIGKILL, *STOPPED_BY_SIGNAL)  # fmt: skip
 """Exit codes a retry cannot change: bad input, a refused resume, a divergence, a full disk (the
 retry fills it again, and its MLflow calls then fail on the full disk instead, hiding the cause),
-an interruption, and SIGKILL (on one machine the kernel's OOM killer, which kills the retry the
-same way)."""
+a tracking server gone for the whole wait (the retry waits for it again), an interruption, and
+SIGKILL (on one machine the kernel's OOM killer, which kills the retry the same way)."""
 DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 _DISK_FULL_TEXT = ("No space left on device", "Disk quota exceeded", "os error 28", "database or disk is full")
 
@@ -170,6 +173,7 @@ def describe_exit(code: int) -> str:
         EXIT_RESUME_REFUSED: "its checkpoints cannot continue under this config",
         EXIT_DIVERGED: "the training loss diverged",
         EXIT_DISK_FULL: "the disk is full",
+        EXIT_TRACKING_GONE: "the MLflow tracking server went away",
         EXIT_INTERRUPTED: "stopped by SIGINT",
         EXIT_TERMINATED: "stopped by SIGTERM",
     }
@@ -262,6 +266,20 @@ def is_deterministic(exc: BaseException) -> bool:
     return False
 
 
+def tracking_gone(exc: BaseException | None) -> BaseException | None:
+    """The ``flows.tracking.TrackingServerGone`` behind ``exc`` (itself, its cause or its
+    context), or None."""
+    from flows.tracking import TrackingServerGone
+
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, TrackingServerGone):
+            return exc
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
 def worth_retrying(exc: BaseException | None) -> bool:
     """A failed stage or unit is retried only for what a retry can fix (a lost worker, a busy
     database, a network error): never after the stop request, never for a deterministic error."""
@@ -282,6 +300,8 @@ def exit_code_for(exc: BaseException) -> int:
         return EXIT_DIVERGED
     if disk_full(exc) is not None:
         return EXIT_DISK_FULL
+    if tracking_gone(exc) is not None:
+        return EXIT_TRACKING_GONE
     return EXIT_BAD_INPUT if is_deterministic(exc) else EXIT_FAILED
 
 

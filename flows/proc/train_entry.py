@@ -34,11 +34,13 @@ from flows.proc.protocol import (
     EXIT_DIVERGED,
     EXIT_OK,
     EXIT_RESUME_REFUSED,
+    EXIT_TRACKING_GONE,
     describe_disk_full,
     disk_full,
     is_deterministic,
     progress_reporter,
     set_parent_death_signal,
+    tracking_gone,
 )
 from flows.tracking import log_fn_from_env
 
@@ -154,6 +156,10 @@ def main(argv: list[str] | None = None) -> int:
         if full is not None:  # named as the disk, and never retried
             log.error("%s", describe_disk_full(full, spec["output_url"]))
             return EXIT_DISK_FULL
+        gone = tracking_gone(exc)
+        if gone is not None:  # the server named, never retried; the checkpoints are kept
+            log.error("%s", gone)
+            return EXIT_TRACKING_GONE
         if not is_deterministic(exc):
             raise
         log.exception("bad input: %s", exc)

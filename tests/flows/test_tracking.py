@@ -116,3 +116,47 @@ def test_a_remote_root_with_a_tracking_server_is_not_relocated():
         default_tracking_uri("gs://bucket/run")
     for uri in ("http://127.0.0.1:5000", "sqlite:////tmp/elsewhere.db"):
         assert _follow_moved_root("gs://bucket/run", uri) is None
+
+
+def test_the_wait_for_a_gone_server_is_set_by_the_environment_and_its_failure_is_not_retried(monkeypatch):
+    """``BERTFLOW_TRACKING_WAIT_S`` sets the wait (a bad value: the default, with a warning); a
+    server that refused connections for the whole wait fails the call naming it, in the wait,
+    and that failure is a stage process's exit 6, never retried. A port nobody listens on is a
+    real refused connection."""
+    import socket
+    import time
+
+    from flows import tracking
+    from flows.proc.protocol import EXIT_TRACKING_GONE, NOT_RETRIED, describe_exit, exit_code_for, worth_retrying
+
+    monkeypatch.setattr(tracking, "_GAVE_UP", set())
+    for raw, seconds in (("7", 7.0), ("0", 0.0), ("2.5", 2.5), ("soon", 120.0), ("-1", 120.0), ("nan", 120.0)):
+        monkeypatch.setenv(tracking.ENV_WAIT, raw)
+        assert tracking.unreachable_seconds() == seconds, raw
+    monkeypatch.delenv(tracking.ENV_WAIT)
+    assert tracking.unreachable_seconds() == tracking.UNREACHABLE_SECONDS
+
+    with socket.socket() as s:  # a free port, closed again: connecting to it is refused
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    uri = f"http://127.0.0.1:{port}"
+    monkeypatch.setenv(tracking.ENV_WAIT, "2")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    client = tracking._client(uri)
+    start = time.monotonic()
+    with pytest.raises(tracking.TrackingServerGone, match=f"MLflow tracking server {uri} refused connections") as err:
+        client.search_experiments()
+    assert 1.0 <= time.monotonic() - start < 60  # retried within the wait, never past it
+    assert exit_code_for(err.value) == EXIT_TRACKING_GONE and EXIT_TRACKING_GONE in NOT_RETRIED
+    assert not worth_retrying(err.value)
+    wrapped = RuntimeError("the trainer's log call failed")
+    wrapped.__cause__ = err.value
+    assert exit_code_for(wrapped) == EXIT_TRACKING_GONE and not worth_retrying(wrapped)
+    assert describe_exit(6) == "exited with code 6 (the MLflow tracking server went away)"
+
+    monkeypatch.setattr(tracking, "_GAVE_UP", set())
+    tracking.give_up(uri)  # a stage's process waited already: this one tries once
+    start = time.monotonic()
+    with pytest.raises(tracking.TrackingServerGone, match=uri):
+        client.search_experiments()
+    assert time.monotonic() - start < 2.0

@@ -34,7 +34,12 @@ EXIT_CODES = {
     "pretraining's checkpoints cannot continue under this config (rerun with --force pretrain)",
     4: "run, stage: the pretraining loss diverged (NaN/inf; the last line names the step and the "
     "checkpoint; never retried: lower the learning rate)",
+    5: "run, stage: a disk is full (the last line names the file, its filesystem and the space left; never "
+    "retried: free space and rerun, which resumes)",
+    6: "run, stage: the MLflow tracking server went away and did not come back within the wait "
+    "(BERTFLOW_TRACKING_WAIT_S, 120 s; the last line names the server; never retried: restart it and rerun)",
     130: "interrupted by Ctrl-C (SIGINT); finished stages are kept",
+    141: "the reader of the output went away (`bertflow config | head`): ended quietly",
     143: "stopped by SIGTERM; finished stages are kept",
 }
 """What ``bertflow`` exits with; ``--help`` and the README list the same. A failed ``run`` or
@@ -47,10 +52,11 @@ def _exit_codes_help() -> str:
 
 def failure_code(exc: BaseException) -> int:
     """What a failed ``run`` or ``stage`` exits with: the code of the stage process that failed
-    when it is one of :data:`EXIT_CODES` (2 bad input, 3 a refused resume, 4 a divergence), else
+    when it is one of :data:`EXIT_CODES` (2 bad input, 3 a refused resume, 4 a divergence, 5 a full
+    disk, 6 the tracking server gone), 6 when the flow's own process met the server gone, else
     the code a stage process would have exited with for ``exc`` (``exit_code_for``: an inline
     stage's bad input 2, a divergence 4, anything a retry might fix 1)."""
-    from flows.proc.protocol import EXIT_FAILED, StageProcessError, exit_code_for
+    from flows.proc.protocol import EXIT_FAILED, EXIT_TRACKING_GONE, StageProcessError, exit_code_for
 
     seen: set[int] = set()
     cause: BaseException | None = exc
@@ -59,6 +65,13 @@ def failure_code(exc: BaseException) -> int:
         if isinstance(cause, StageProcessError):
             return cause.code if cause.code in EXIT_CODES and 0 < cause.code < 128 else EXIT_FAILED
         cause = cause.__cause__
+    cause = exc
+    seen.clear()
+    while cause is not None and id(cause) not in seen:  # met in the flow's own process (not imported:
+        seen.add(id(cause))  # flows.tracking's class is named, so a refusal imports no MLflow)
+        if type(cause).__name__ == "TrackingServerGone":
+            return EXIT_TRACKING_GONE
+        cause = cause.__cause__ or cause.__context__
     code = exit_code_for(exc)
     return code if code in EXIT_CODES else EXIT_FAILED
 

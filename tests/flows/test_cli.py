@@ -188,7 +188,14 @@ def test_a_failed_run_exits_with_its_stage_process_code():
     assert failure_code(ConfigError("corpus.sources: no documents")) == 2  # an inline stage's bad input
     assert failure_code(FloatingPointError("loss is nan at step 3")) == 4
     assert failure_code(RuntimeError("connection reset")) == 1
-    assert {4, 3, 2, 1} <= set(EXIT_CODES)
+    assert failure_code(StageProcessError("pretrain: the training process", 6)) == 6  # the server gone
+    assert failure_code(StageProcessError("pretrain: the training process", 5)) == 5  # a full disk
+    from flows.tracking import TrackingServerGone
+
+    gone = RuntimeError("finetune/sst2 failed")
+    gone.__cause__ = TrackingServerGone("MLflow tracking server http://127.0.0.1:1 refused connections")
+    assert failure_code(gone) == 6  # met in the flow's own process
+    assert {6, 5, 4, 3, 2, 1} <= set(EXIT_CODES)
 
 
 WORKER = """

@@ -191,7 +191,7 @@ def sqlite_path(uri: str) -> str | None:
 
 def prepare_store(uri: str, seconds: float = BUSY_SECONDS) -> None:
     """Create or migrate a SQLite store under an exclusive lock on ``<database>.lock`` beside it
-    (design choice 5), once per process and URI; other stores are left to their server."""
+    (design choice 6), once per process and URI; other stores are left to their server."""
     path = sqlite_path(uri)
     if path is None or uri in _PREPARED:
         return
@@ -235,7 +235,7 @@ def _client(uri: str):
 
 
 def store_artifact_root(uri: str, root: str) -> str | None:
-    """Where a new experiment of store ``uri`` keeps its artifacts (design choice 6): beside a
+    """Where a new experiment of store ``uri`` keeps its artifacts (design choice 7): beside a
     SQLite store's file (a root's own store: ``<root>/mlartifacts``); a tracking server's own
     artifact root (None: the server decides, ``--artifacts-destination`` or
     ``--default-artifact-root``); under the root for any other database URL."""

@@ -42,6 +42,20 @@ def _bertflow_logger_restored():
     logger.setLevel(level)
 
 
+@pytest.fixture
+def one_torch_thread():
+    """One intra-op torch thread for the test, the old count after it: tiny models run faster on
+    one, and on a small shared CPU box two spinning OpenMP threads make them 10-30x slower
+    (measured). ``tests/model`` and ``tests/tasks`` use it for every test (their conftest);
+    elsewhere ``pytestmark = pytest.mark.usefixtures("one_torch_thread")``."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 # -- a local GCS: gcp-storage-emulator on 127.0.0.1 ---------------------------------------------
 @pytest.fixture(scope="session")
 def gcs_emulator():

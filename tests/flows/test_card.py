@@ -7,13 +7,13 @@ import json
 import pytest
 import torch
 from huggingface_hub import ModelCard
+from tiny_bert import tiny_bert_config
 
 from flows.calls import StageCall, StageResult
 from flows.card import write_model_card
 from flows.presets import load_config
 from flows.table import card_sources, get_stage, stage_inputs, stage_url
 from model.bert import BertForPreTraining
-from model.config import BertConfig
 from model.export import save_pretrained
 from pipeline.schema.manifest import read_manifest, write_manifest
 
@@ -31,8 +31,9 @@ def exported(tmp_path):
     (vocab / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *"abcdefghij"]) + "\n")
     write_manifest("vocab", str(vocab), {}, {}, {"vocab_size": 15.0})
     torch.manual_seed(0)
-    net = BertConfig(vocab_size=15, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-                     intermediate_size=24, max_position_embeddings=64)  # fmt: skip
+    net = tiny_bert_config(
+        vocab_size=15, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=24
+    )
     pretrain = stage_url(root, "pretrain")
     save_pretrained(BertForPreTraining(net), f"{pretrain}/final")
     write_manifest("pretrain", pretrain, {}, {}, {"steps": 900.0, "last_mlm_loss": 5.0, "last_nsp_loss": 0.6})

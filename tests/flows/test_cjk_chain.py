@@ -9,6 +9,7 @@ import unicodedata
 
 import pyarrow.parquet as pq
 import pytest
+from tiny_bert import tiny_bert_config
 
 from flows.presets import load_config, resolve_data
 
@@ -53,12 +54,12 @@ def _export(tmp_path, vocab_size: int):
     import torch
 
     from model.bert import BertForPreTraining
-    from model.config import BertConfig
     from model.export import save_pretrained
 
     torch.manual_seed(0)
-    config = BertConfig(vocab_size=vocab_size, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                        intermediate_size=37, max_position_embeddings=128)  # fmt: skip
+    config = tiny_bert_config(
+        vocab_size=vocab_size, num_hidden_layers=1, num_attention_heads=2, max_position_embeddings=128
+    )
     save_pretrained(BertForPreTraining(config), str(tmp_path / "model"), vocab_url=str(tmp_path / "vocab"))
     return str(tmp_path / "model")
 

@@ -4,9 +4,9 @@ store, then read back as MLflow's UI and ``mlflow models serve`` read it."""
 
 import pandas as pd
 import pytest
+from tiny_bert import tiny_bert_config
 
 from model.bert import BertForPreTraining
-from model.config import BertConfig
 from model.export import save_pretrained
 from tests.tasks.conftest import build_tokenizer
 
@@ -18,14 +18,7 @@ def logged(tmp_path, monkeypatch):
 
     monkeypatch.setenv("MLFLOW_DISABLE_TELEMETRY", "true")
     tok = build_tokenizer(tmp_path / "vocab")
-    config = BertConfig(
-        vocab_size=tok.get_vocab_size(),
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=37,
-        max_position_embeddings=64,
-    )
+    config = tiny_bert_config(vocab_size=tok.get_vocab_size())
     torch.manual_seed(0)
     save_pretrained(BertForPreTraining(config), str(tmp_path / "model"), vocab_url=str(tmp_path / "vocab"))
     from flows.mlflow_model import log_bert_model

@@ -62,16 +62,20 @@ def test_the_score_is_in_percent_for_fraction_and_percent_metrics():
     assert registry.model_score([]) == (None, None)
 
 
-def test_a_busy_store_is_waited_for_not_failed(tracker, tmp_path, caplog):
+def test_a_busy_store_is_waited_for_not_failed(tmp_path, caplog):
     """Another process holds the SQLite file exclusively for longer than SQLite's own busy
     timeout (MLflow sets 20 s; the failure was a 60 s lock): the calls wait and retry instead of
-    failing (and leaving the run RUNNING)."""
+    failing (and leaving the run RUNNING). SQLite's wait is injected as 1 s and the lock held 3 s
+    (it was the real 20 s and 24 s)."""
+    busy, held = 1.0, 3.0
+    tracker = Tracker(f"sqlite:///{tmp_path}/mlflow.db", sqlite_busy_seconds=busy)
+    tracker.use_experiment("bertflow", artifact_root=str(tmp_path / "mlartifacts"))
     caplog.set_level("WARNING", logger="bertflow")
     run = tracker.start_run("export")
     db = str(tmp_path / "mlflow.db")
     holder = subprocess.Popen(
         [sys.executable, "-c", "import sqlite3, sys, time; c = sqlite3.connect(sys.argv[1], isolation_level=None); "
-         "c.execute('begin exclusive'); print('locked', flush=True); time.sleep(24); c.execute('commit')", db],
+         f"c.execute('begin exclusive'); print('locked', flush=True); time.sleep({held}); c.execute('commit')", db],
         stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
     assert holder.stdout.readline().strip() == "locked"
@@ -79,10 +83,26 @@ def test_a_busy_store_is_waited_for_not_failed(tracker, tmp_path, caplog):
     tracker.log_metrics(run, {"x": 1.0})
     tracker.end_run(run, True)
     holder.wait(timeout=30)
-    assert time.monotonic() - started > 20.0  # it did meet the lock, past SQLite's own wait
+    print(f"waited {time.monotonic() - started:.1f} s")
+    assert time.monotonic() - started > busy  # it did meet the lock, past SQLite's own wait
     assert tracker.client.get_run(run).info.status == "FINISHED"
     assert tracker.client.get_metric_history(run, "x")[0].value == 1.0
     assert any("busy" in r.getMessage() for r in caplog.records)
+
+
+def test_sqlite_waits_mlflows_20_seconds_unless_told(tmp_path):
+    """The injected wait is SQLite's own ``busy_timeout`` of every session: the default leaves
+    MLflow's 20 s, ``sqlite_busy_seconds`` replaces it."""
+    import sqlalchemy
+
+    from flows import tracking
+
+    seen = []
+    for busy in (None, 0.2):  # one store: a second client of it skips the migrations
+        store = Tracker(f"sqlite:///{tmp_path}/mlflow.db", sqlite_busy_seconds=busy).client._tracking_client.store
+        with store.ManagedSessionMaker() as session:
+            seen.append(session.execute(sqlalchemy.text("PRAGMA busy_timeout")).scalar())
+    assert seen == [int(tracking.SQLITE_BUSY_SECONDS * 1000), 200]
 
 
 @pytest.mark.parametrize("name", ["it's", 'say "hi"', "back\\slash", "both'\""])

@@ -17,6 +17,7 @@ import urllib.request
 import numpy as np
 import pandas as pd
 import pytest
+from tiny_bert import tiny_bert_config
 
 from flows.served_model import ENV_MAX_BATCH, ENV_MAX_CHARS, RequestRefused, limit_from_env, texts_of
 
@@ -77,7 +78,6 @@ def _tiny_pyfunc(tmp_path) -> str:
 
     from flows.mlflow_model import INPUT_EXAMPLE, SERVED_MODEL, _package_dir, signature
     from model.bert import BertForPreTraining
-    from model.config import BertConfig
     from model.export import save_pretrained
 
     vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *"abcdefghijklmnopqrstuvwxyz", "the", "river"]
@@ -89,8 +89,7 @@ def _tiny_pyfunc(tmp_path) -> str:
     (tmp_path / "vocab" / "vocab.txt").write_text("\n".join(vocab) + "\n")
     tok.save(str(tmp_path / "vocab" / "tokenizer.json"))
     torch.manual_seed(0)
-    config = BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                        intermediate_size=37, max_position_embeddings=64)  # fmt: skip
+    config = tiny_bert_config(vocab_size=len(vocab))
     save_pretrained(BertForPreTraining(config), str(tmp_path / "hf"), vocab_url=str(tmp_path / "vocab"))
     path = str(tmp_path / "pyfunc")
     mlflow.pyfunc.save_model(path, python_model=SERVED_MODEL, artifacts={"hf_model": str(tmp_path / "hf")},

@@ -17,15 +17,7 @@ from model.config import PhaseConfig, PretrainConfig
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "model"))
 from pretrain_shards import MODEL, VOCAB, write_example_stage
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    import torch
-
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny model; a loaded 2-core box makes OpenMP spin
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny model; a loaded 2-core box makes OpenMP spin
 
 
 @pytest.fixture(scope="module")

@@ -1,11 +1,6 @@
 import pytest
-import torch
 
 
 @pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models run faster on one thread, and a loaded 2-core box makes OpenMP spin badly."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+def _one_thread(one_torch_thread):
+    """Every model test on one torch thread (``one_torch_thread``, tests/conftest.py)."""

@@ -9,22 +9,15 @@ import random
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+from tiny_bert import tiny_bert_config
 
-from model.config import BertConfig
 from pipeline.examples.masking import VocabIds, create_masked_lm_predictions
 from pipeline.schema.manifest import write_manifest
 from pipeline.schema.parquet import WRITE_OPTIONS, example_schema
 
 V, PAD, CLS, SEP, MASK, FIRST = 99, 0, 2, 3, 4, 5
 VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(FIRST, V)]
-MODEL = BertConfig(
-    vocab_size=V,
-    hidden_size=32,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    intermediate_size=37,
-    max_position_embeddings=64,
-)
+MODEL = tiny_bert_config(vocab_size=V)
 
 
 class MaskRule:

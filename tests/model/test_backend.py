@@ -5,6 +5,7 @@ import importlib.util
 
 import pytest
 import torch
+from tiny_bert import tiny_bert_config
 
 from model.backend import XlaBackend, select_device, setup_backend, unwrap
 
@@ -137,12 +138,13 @@ def test_fsdp_under_bf16_shards_with_a_bf16_mixed_precision_policy(monkeypatch):
     import torch.distributed.fsdp as fsdp
 
     from model.bert import BertForPreTraining
-    from model.config import BertConfig
     from model.parallel import Sharded
 
     calls = []
     monkeypatch.setattr(fsdp, "fully_shard", lambda module, **kw: calls.append((module, kw)))
-    cfg = BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=20)
+    cfg = tiny_bert_config(
+        vocab_size=50, hidden_size=16, num_attention_heads=2, intermediate_size=20, max_position_embeddings=512
+    )
     model = BertForPreTraining(cfg)
     Sharded(torch.device("cpu"), 2, "bf16").wrap(model)
     assert [m for m, _ in calls] == [*model.bert.encoder.layer, model]

@@ -3,6 +3,7 @@
 import pytest
 import torch
 import torch.nn.functional as F
+from tiny_bert import tiny_bert_config
 
 from model.bert import IGNORE_INDEX, BertForPreTraining, BertModel, count_parameters, mlm_correct
 from model.config import BertConfig
@@ -12,15 +13,7 @@ B, T, V, H, NH, FFN, L = 3, 17, 99, 32, 4, 37, 2
 
 
 def tiny_config(**kw) -> BertConfig:
-    base = dict(
-        vocab_size=V,
-        hidden_size=H,
-        num_hidden_layers=L,
-        num_attention_heads=NH,
-        intermediate_size=FFN,
-        max_position_embeddings=40,
-    )
-    return BertConfig(**{**base, **kw})
+    return tiny_bert_config(**{"max_position_embeddings": 40, **kw})  # V, H, NH, FFN, L above are its sizes
 
 
 def batch(seed=0):

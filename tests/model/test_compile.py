@@ -6,12 +6,13 @@ import shutil
 
 import pytest
 import torch
-from pretrain_shards import MODEL, write_example_stage
+from pretrain_shards import write_example_stage
 from test_unpad import ragged_batch
+from tiny_bert import tiny_bert_config
 
 from model.bert import BertForPreTraining
 from model.compile import is_compiled
-from model.config import BertConfig, PhaseConfig, PretrainConfig
+from model.config import PhaseConfig, PretrainConfig
 from model.contract import ConfigError
 from model.packing import pack_padded
 from model.train import finish, fit, setup
@@ -19,9 +20,7 @@ from model.train import finish, fit, setup
 needs_compiler = pytest.mark.skipif(
     shutil.which("g++") is None and shutil.which("gcc") is None, reason="no C++ compiler"
 )
-ONE_LAYER = BertConfig(
-    **{**MODEL.__dict__, "num_hidden_layers": 1, "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
-)
+ONE_LAYER = tiny_bert_config(num_hidden_layers=1, dropout=0.0)
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +58,7 @@ def test_compiled_training_matches_eager_with_one_graph_per_region(examples, tmp
 def test_the_whole_packed_model_has_no_graph_break():
     """fullgraph=True over the whole model, forward and backward (AOTAutograd, no codegen)."""
     torch.manual_seed(0)
-    cfg = BertConfig(**{**ONE_LAYER.__dict__, "vocab_size": 97, "max_position_embeddings": 40})
+    cfg = tiny_bert_config(num_hidden_layers=1, dropout=0.0, vocab_size=97, max_position_embeddings=40)
     model = BertForPreTraining(cfg).train()
     batch = pack_padded(ragged_batch())
     whole = torch.compile(model, fullgraph=True, dynamic=True, backend="aot_eager")

@@ -10,14 +10,15 @@ import time
 
 import pytest
 import torch
-from pretrain_shards import MODEL, write_example_stage
+from pretrain_shards import write_example_stage
+from tiny_bert import tiny_bert_config
 
 from flows.proc.launch import build_command, launch_pretrain, training_env
 from flows.proc.protocol import EXIT_TERMINATED
 from model.checkpoint import find_latest_checkpoint
-from model.config import BertConfig, PhaseConfig, PretrainConfig
+from model.config import PhaseConfig, PretrainConfig
 
-NO_DROPOUT = BertConfig(**{**MODEL.__dict__, "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0})
+NO_DROPOUT = tiny_bert_config(dropout=0.0)
 
 
 @pytest.fixture(scope="module")

@@ -6,20 +6,13 @@ import logging
 import pytest
 import safetensors.torch
 import torch
+from tiny_bert import tiny_bert_config
 
 from model.bert import BertForPreTraining, BertModel
-from model.config import BertConfig
 from model.export import load_bert_config, load_pretrained, run_export, save_pretrained
 from pipeline.schema.manifest import read_manifest, write_manifest
 
-CFG = BertConfig(
-    vocab_size=99,
-    hidden_size=32,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    intermediate_size=37,
-    max_position_embeddings=40,
-)
+CFG = tiny_bert_config(max_position_embeddings=40)
 
 
 def inputs():

@@ -9,9 +9,10 @@ names the call. Written without a GPU to run it on: the first GPU run is its tes
 import pytest
 import torch
 from pretrain_shards import MODEL, write_example_stage
+from tiny_bert import tiny_bert_config
 
 from model import kernels
-from model.config import BertConfig, PhaseConfig, PretrainConfig
+from model.config import PhaseConfig, PretrainConfig
 from model.train import PhaseRun, StopSignals, _train_step, finish, fit, setup
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")]
@@ -44,7 +45,7 @@ def test_flash_varlen_matches_the_reference():
 
 @pytest.mark.parametrize("attention_dropout", [0.0, 0.1])  # flash, and the reference with dropout
 def test_a_packed_cuda_step_never_waits_for_the_device(examples, tmp_path, attention_dropout):
-    model = BertConfig(**{**MODEL.__dict__, "attention_probs_dropout_prob": attention_dropout})
+    model = tiny_bert_config(attention_probs_dropout_prob=attention_dropout)
     s = setup(_config(compile="off"), model, examples, str(tmp_path / "run"))
     assert s.unpad and s.backend.feed_ahead and s.backend.precision == "bf16"
     from model.feed import StepFeed

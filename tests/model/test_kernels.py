@@ -9,6 +9,7 @@ without the fast paths.
 import pytest
 import torch
 import torch.nn.functional as F
+from tiny_bert import tiny_bert_config
 
 from model import kernels
 from model.bert import IGNORE_INDEX, BertForPreTraining, head_rows
@@ -21,15 +22,13 @@ onednn = pytest.mark.skipif(
 
 
 def _config(dropout: float = 0.0) -> BertConfig:
-    return BertConfig(
+    return tiny_bert_config(
         vocab_size=97,
         hidden_size=48,
         num_hidden_layers=3,
-        num_attention_heads=4,
         intermediate_size=72,
         max_position_embeddings=40,
-        hidden_dropout_prob=dropout,
-        attention_probs_dropout_prob=dropout,
+        dropout=dropout,
     )
 
 

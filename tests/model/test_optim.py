@@ -2,23 +2,14 @@
 
 import pytest
 import torch
+from tiny_bert import tiny_bert_config
 
 from model.bert import BertForPreTraining
-from model.config import BertConfig
 from model.optim import build_optimizer, warmup_linear_schedule
 
 
 def tiny():
-    return BertForPreTraining(
-        BertConfig(
-            vocab_size=99,
-            hidden_size=32,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            intermediate_size=37,
-            max_position_embeddings=40,
-        )
-    )
+    return BertForPreTraining(tiny_bert_config(max_position_embeddings=40))
 
 
 def test_param_groups_exclude_biases_and_layernorm_from_decay():

@@ -15,12 +15,13 @@ from collections import Counter
 
 import pytest
 import torch
-from pretrain_shards import MODEL, write_example_stage
+from pretrain_shards import write_example_stage
+from tiny_bert import tiny_bert_config
 
 import model.xla as xla_mod
 from model.backend import Backend, XlaBackend, setup_backend
 from model.callbacks import DataTrace
-from model.config import BertConfig, PhaseConfig, PretrainConfig
+from model.config import PhaseConfig, PretrainConfig
 from model.train import run_pretrain
 
 N, BATCH, LENGTH = 240, 16, 16
@@ -93,7 +94,7 @@ def _trace(folder, name):
 
 @pytest.mark.parametrize("workers", [0, 2])
 def test_pod_hosts_read_disjoint_complete_parts_and_only_host0_writes(examples, tmp_path, monkeypatch, workers):
-    model = BertConfig(**{**MODEL.__dict__, "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0})
+    model = tiny_bert_config(dropout=0.0)
     cfg = _config(loader_workers=workers, backend="xla")
     hosts = {}
     for index in (0, 1):

@@ -12,11 +12,12 @@ import pytest
 import safetensors.torch
 import torch
 from pretrain_shards import MODEL, MaskRule, write_example_stage
+from tiny_bert import tiny_bert_config
 
 from model.bert import BertForPreTraining
 from model.callbacks import DataTrace
 from model.checkpoint import find_latest_checkpoint, list_checkpoints
-from model.config import BertConfig, PhaseConfig, PretrainConfig
+from model.config import PhaseConfig, PretrainConfig
 from model.export import load_pretrained, save_pretrained
 from model.train import Preempted, ResumeError, run_pretrain
 
@@ -92,7 +93,7 @@ def test_pretrain_loss_falls_and_writes_stage(examples, tmp_path, caplog):
     assert load_pretrained(str(tmp_path / "run" / "final"), BertForPreTraining).config == MODEL
 
 
-DROPOUT = BertConfig(**{**MODEL.__dict__, "hidden_dropout_prob": 0.2})  # RNG state matters
+DROPOUT = tiny_bert_config(hidden_dropout_prob=0.2)  # RNG state matters
 
 
 class Crash(Exception):
@@ -185,7 +186,7 @@ def test_changed_config_resumes_if_compatible_else_restarts_under_force(examples
 
 
 def test_accumulation_matches_the_whole_batch(examples, tmp_path):
-    no_dropout = BertConfig(**{**MODEL.__dict__, "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0})
+    no_dropout = tiny_bert_config(dropout=0.0)
     whole = config(phases=(PhaseConfig("p1", 16, 6, 8),), data_parts=2)
     accum = config(phases=(PhaseConfig("p1", 16, 6, 8, micro_batch_size=2),), data_parts=2)
     run_pretrain(whole, no_dropout, examples, str(tmp_path / "whole"))
@@ -222,7 +223,7 @@ def test_init_from_a_hugging_face_folder(examples, tmp_path):
     with pytest.raises(ValueError, match="init_from"):
         run_pretrain(
             cfg,
-            BertConfig(**{**MODEL.__dict__, "intermediate_size": 40}),
+            tiny_bert_config(intermediate_size=40),
             examples,
             str(tmp_path / "run2"),
             init_from=str(tmp_path / "hf"),
@@ -360,7 +361,7 @@ def test_init_from_a_model_of_another_vocabulary_carries_shared_tokens_over(tmp_
     both hold are carried over by their string; the rest of the network is copied."""
     from model.warmstart import init_weights
 
-    small = BertConfig(**{**MODEL.__dict__, "vocab_size": 6})
+    small = tiny_bert_config(vocab_size=6)
     old_vocab, new_vocab = ["[PAD]", "a", "b", "c", "d", "e"], ["[PAD]", "c", "x", "a", "y", "e", "b"]
     torch.manual_seed(3)
     source = BertForPreTraining(small)
@@ -368,7 +369,7 @@ def test_init_from_a_model_of_another_vocabulary_carries_shared_tokens_over(tmp_
     (tmp_path / "hf" / "vocab.txt").write_text("\n".join(old_vocab) + "\n")
     (tmp_path / "vocab").mkdir()
     (tmp_path / "vocab" / "vocab.txt").write_text("\n".join(new_vocab) + "\n")
-    model = BertForPreTraining(BertConfig(**{**MODEL.__dict__, "vocab_size": 7}))
+    model = BertForPreTraining(tiny_bert_config(vocab_size=7))
     fresh = {k: v.clone() for k, v in model.state_dict().items()}
     assert init_weights(model, str(tmp_path / "hf"), str(tmp_path / "vocab")) == {"shared_tokens": 5, "new_tokens": 2}
     got, src = model.state_dict(), source.state_dict()
@@ -381,4 +382,4 @@ def test_init_from_a_model_of_another_vocabulary_carries_shared_tokens_over(tmp_
     assert torch.equal(got["bert.encoder.layer.0.attention.self.query.weight"],
                        src["bert.encoder.layer.0.attention.self.query.weight"])  # fmt: skip
     with pytest.raises(ValueError, match="vocab.txt is missing"):  # no way to match rows
-        init_weights(BertForPreTraining(BertConfig(**{**MODEL.__dict__, "vocab_size": 7})), str(tmp_path / "hf"))
+        init_weights(BertForPreTraining(tiny_bert_config(vocab_size=7)), str(tmp_path / "hf"))

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from pretrain_shards import MODEL, write_example_stage
+from pretrain_shards import write_example_stage
+from tiny_bert import tiny_bert_config
 
 from model import kernels
 from model.bert import IGNORE_INDEX, BertForPreTraining
@@ -21,15 +22,13 @@ from model.train import run_pretrain
 
 
 def _config(dropout: float = 0.0, layers: int = 3) -> BertConfig:
-    return BertConfig(
+    return tiny_bert_config(
         vocab_size=97,
         hidden_size=48,
         num_hidden_layers=layers,
-        num_attention_heads=4,
         intermediate_size=72,
         max_position_embeddings=40,
-        hidden_dropout_prob=dropout,
-        attention_probs_dropout_prob=dropout,
+        dropout=dropout,
     )
 
 
@@ -152,7 +151,7 @@ def test_the_loader_packs_the_padded_batches(examples):
 def test_training_unpadded_matches_padded(examples, tmp_path):
     import safetensors.torch
 
-    model = BertConfig(**{**MODEL.__dict__, "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0})
+    model = tiny_bert_config(dropout=0.0)
     base = dict(phases=(PhaseConfig("p1", 16, 8, 8, micro_batch_size=4),), learning_rate=2e-3, warmup_steps=2)
     runs = {}
     for unpad in ("off", "on"):

@@ -21,8 +21,9 @@ from model.backend import setup_backend
 from model.config import BertConfig, PhaseConfig, PretrainConfig
 from model.train import run_pretrain
 from pretrain_shards import MODEL
+from tiny_bert import tiny_bert_config
 examples, out, backend, micro, crash_at = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
-model = BertConfig(**{**MODEL.__dict__, "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0})
+model = tiny_bert_config(dropout=0.0)
 cfg = PretrainConfig(phases=(PhaseConfig("p1", 16, 6, 8, micro),), learning_rate=2e-3, warmup_steps=2, log_every=1,
                      checkpoint_every=3, seed=5, backend=backend, precision="fp32")
 result = {}

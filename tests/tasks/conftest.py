@@ -6,10 +6,10 @@ from __future__ import annotations
 import random
 
 import pytest
+from tiny_bert import tiny_bert_config
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 from model.bert import BertModel
-from model.config import BertConfig
 from model.export import save_pretrained
 
 WORDS = (
@@ -58,14 +58,7 @@ def tiny_model_url(tmp_path_factory) -> str:
     """A tiny random BERT (hidden 32, 2 layers, 4 heads, FFN 37) exported with its tokenizer."""
     root = tmp_path_factory.mktemp("tiny")
     tok = build_tokenizer(root / "vocab")
-    config = BertConfig(
-        vocab_size=tok.get_vocab_size(),
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=37,
-        max_position_embeddings=128,
-    )
+    config = tiny_bert_config(vocab_size=tok.get_vocab_size(), max_position_embeddings=128)
     import torch
 
     torch.manual_seed(0)
@@ -81,12 +74,5 @@ def tiny_tokenizer(tiny_model_url):
 
 
 @pytest.fixture(autouse=True)
-def one_torch_thread():
-    """One intra-op thread: on a small, shared CPU box two spinning threads make these tiny
-    models 10-30x slower (measured), and the tests don't need the parallelism."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+def _one_thread(one_torch_thread):
+    """Every downstream test on one torch thread (``one_torch_thread``, tests/conftest.py)."""

@@ -6,23 +6,16 @@ import shutil
 
 import pytest
 import torch
+from tiny_bert import tiny_bert_config
 
 from model.bert import BertModel
-from model.config import BertConfig
 from tasks.config import FeatureConfig, FinetuneConfig, GridConfig
 from tasks.features import FeatureBasedTagger, hidden_states, mix_states, mix_width
 from tasks.finetune import load_encoder, load_tokenizer
 from tasks.results import summarize
 from tasks.units import run_downstream
 
-CONFIG = BertConfig(
-    vocab_size=99,
-    hidden_size=32,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    intermediate_size=37,
-    max_position_embeddings=64,
-)
+CONFIG = tiny_bert_config()
 
 
 def test_mixes_and_frozen_encoder():

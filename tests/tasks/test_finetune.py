@@ -2,21 +2,14 @@
 
 import pytest
 import torch
+from tiny_bert import tiny_bert_config
 
 from model.bert import BertModel
-from model.config import BertConfig
 from tasks.config import FinetuneConfig
 from tasks.finetune import collate, epoch_order, prepare_output, train
 from tasks.heads import BertForQuestionAnswering, BertForSequenceClassification
 
-CONFIG = BertConfig(
-    vocab_size=99,
-    hidden_size=32,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    intermediate_size=37,
-    max_position_embeddings=64,
-)
+CONFIG = tiny_bert_config()
 
 
 def test_collate_pads_to_the_longest_row():

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+from tiny_bert import tiny_bert_config
 
 from tasks.clue import cmrc2018_evaluate, mixed_segmentation, read_clue, wsc_text
 from tasks.jglue import jsquad_evaluate, jsquad_f1, read_jglue
@@ -104,7 +105,6 @@ def cjk_models(tmp_path_factory):
     import torch
 
     from model.bert import BertModel
-    from model.config import BertConfig
     from model.export import save_pretrained
     from pipeline.vocab.config import VocabConfig
     from pipeline.vocab.job import SegmentedSentences, write_segmented_tokenizer
@@ -129,8 +129,11 @@ def cjk_models(tmp_path_factory):
         else:
             write_segmented_tokenizer(vocab, config, str(vdir))
         torch.manual_seed(0)
-        bert = BertModel(BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                                    intermediate_size=37, max_position_embeddings=128))  # fmt: skip
+        bert = BertModel(
+            tiny_bert_config(
+                vocab_size=len(vocab), num_hidden_layers=1, num_attention_heads=2, max_position_embeddings=128
+            )
+        )
         save_pretrained(bert, str(root / f"model-{lang}"), vocab_url=str(vdir))
         urls[lang] = str(root / f"model-{lang}")
     return urls

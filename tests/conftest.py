@@ -56,6 +56,79 @@ def one_torch_thread():
     torch.set_num_threads(before)
 
 
+# -- servers the tests start: a free port, a wait until healthy, an `mlflow server` -----------------
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1 (free when asked: the server started on it binds it next)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_until_healthy(url: str, proc, seconds: float, log=None, what: str = "server", step: float = 1.0) -> None:
+    """Poll ``url`` until it answers (any 2xx), while ``proc`` (the server's ``Popen``) lives, for
+    at most ``seconds``: a server that exits fails with its log's tail (``log``: a path), one that
+    never answers with "``what`` did not become healthy"."""
+    import time
+    import urllib.request
+
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                r.read()
+                return
+        except OSError:
+            tail = ""
+            if log is not None and os.path.exists(log):
+                with open(log, errors="replace") as f:
+                    tail = f.read()[-3000:]
+            assert proc.poll() is None, f"{what} exited ({proc.returncode}) before answering {url}:\n{tail}"
+            assert time.monotonic() < deadline, f"{what} did not become healthy at {url} in {seconds:.0f} s:\n{tail}"
+            time.sleep(step)
+
+
+def start_mlflow_server(store, port: int | None = None, seconds: float = 400, new_session: bool = False):
+    """``(proc, url)``: ``mlflow server`` with one worker on ``port`` (a free one by default), its
+    SQLite file ``store/server.db``, artifacts in ``store/artifacts`` and log in ``store/server.log``,
+    healthy. One worker: uvicorn's supervisor of several kills workers that answer its pings late
+    (4 took over 180 s to start at a load of 30 on 2 cores). ``new_session``: its own process group,
+    so ``os.killpg(proc.pid, SIGKILL)`` takes its workers too (a crashed host)."""
+    import subprocess
+    import sys
+
+    port = port or free_port()
+    url = f"http://127.0.0.1:{port}"
+    os.makedirs(store, exist_ok=True)
+    log_path = os.path.join(store, "server.log")
+    cmd = [sys.executable, "-m", "mlflow", "server", "--workers", "1", "--host", "127.0.0.1", "--port", str(port),
+           "--backend-store-uri", f"sqlite:///{store}/server.db",
+           "--artifacts-destination", os.path.join(store, "artifacts")]  # fmt: skip
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(cmd, env={**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"}, stdout=log, stderr=log,
+                                start_new_session=new_session)  # fmt: skip
+    try:
+        wait_until_healthy(f"{url}/health", proc, seconds, log=log_path, what="mlflow server")
+    except BaseException:
+        proc.kill()
+        proc.wait(timeout=30)
+        raise
+    return proc, url
+
+
+@pytest.fixture(scope="session")
+def servers():
+    """The helpers above for tests that start their own servers: ``servers.free_port()``,
+    ``servers.wait_until_healthy(url, proc, seconds, log=...)``,
+    ``servers.start_mlflow_server(store, port=None, new_session=False)``."""
+    import types
+
+    return types.SimpleNamespace(
+        free_port=free_port, wait_until_healthy=wait_until_healthy, start_mlflow_server=start_mlflow_server
+    )
+
+
 # -- a local GCS: gcp-storage-emulator on 127.0.0.1 ---------------------------------------------
 @pytest.fixture(scope="session")
 def gcs_emulator():
@@ -65,18 +138,13 @@ def gcs_emulator():
     own GCS IO) and subprocesses all talk to it; skipped when the emulator is not installed
     (``pip install -e '.[test]'``)."""
     import shutil
-    import socket
     import subprocess
     import sys
-    import time
-    import urllib.request
 
     exe = shutil.which("gcp-storage-emulator") or os.path.join(os.path.dirname(sys.executable), "gcp-storage-emulator")
     if not os.path.exists(exe):
         pytest.skip("gcp-storage-emulator is not installed (the test extra has it)")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     # its request log goes to a file: an unread pipe fills up and then blocks the emulator
     log_path = os.path.join(_HOME, f"gcs-emulator-{port}.log")
@@ -86,18 +154,11 @@ def gcs_emulator():
             stdout=log,
             stderr=subprocess.STDOUT,
         )
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            with urllib.request.urlopen(f"{url}/storage/v1/b", timeout=1) as r:
-                r.read()
-            break
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                proc.kill()
-                with open(log_path, errors="replace") as f:
-                    pytest.fail(f"gcp-storage-emulator did not start on {url}: {f.read()[-2000:]}")
-            time.sleep(0.05)
+    try:
+        wait_until_healthy(f"{url}/storage/v1/b", proc, 30, log=log_path, what="gcp-storage-emulator", step=0.05)
+    except AssertionError as exc:
+        proc.kill()
+        pytest.fail(f"gcp-storage-emulator did not start on {url}: {exc}")
     old = os.environ.get("STORAGE_EMULATOR_HOST")
     os.environ["STORAGE_EMULATOR_HOST"] = url
     _clear_gcsfs_instances()
@@ -156,17 +217,12 @@ def prefect_server_at():
     after it; ``env`` is the environment that talks to it (the slow tiers' deployment and pool
     tests)."""
     import contextlib
-    import socket
     import subprocess
     import sys
-    import time
-    import urllib.request
 
     @contextlib.contextmanager
     def start(home, **extra_env):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+        port = free_port()
         env = {
             **os.environ,
             "PREFECT_HOME": str(home),
@@ -186,20 +242,13 @@ def prefect_server_at():
             str(port),
             "--no-ui",
         ]
-        with open(os.path.join(home, "server.log"), "w") as log:
+        log_path = os.path.join(home, "server.log")
+        with open(log_path, "w") as log:
             proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=log)
             try:
-                deadline = time.monotonic() + 180
-                while True:
-                    try:
-                        with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/health", timeout=2) as r:
-                            if r.status == 200:
-                                break
-                    except OSError:
-                        pass
-                    assert proc.poll() is None, open(os.path.join(home, "server.log")).read()[-3000:]
-                    assert time.monotonic() < deadline, "prefect server did not become healthy"
-                    time.sleep(1)
+                wait_until_healthy(
+                    f"http://127.0.0.1:{port}/api/health", proc, 180, log=log_path, what="prefect server"
+                )
                 yield env
             finally:
                 proc.terminate()
@@ -213,31 +262,8 @@ def prefect_server_at():
 def mlflow_server(tmp_path_factory):
     """The URL of a fresh ``mlflow server`` on a free loopback port, its SQLite store and
     artifacts in a temporary folder, healthy before the tests run and stopped after the module."""
-    import socket
-    import subprocess
-    import sys
-    import time
-    import urllib.request
-
-    tmp = tmp_path_factory.mktemp("mlflow-server")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    url = f"http://127.0.0.1:{port}"
-    cmd = [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
-    cmd += ["--backend-store-uri", f"sqlite:///{tmp}/server.db", "--artifacts-destination", str(tmp / "artifacts")]
-    with open(tmp / "server.log", "wb") as log:
-        proc = subprocess.Popen(cmd, env={**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"}, stdout=log, stderr=log)
-    try:  # one worker, and time to start on a loaded machine (4 took over 180 s at a load of 30 on 2 cores)
-        deadline = time.monotonic() + 600
-        while True:
-            try:
-                with urllib.request.urlopen(f"{url}/health", timeout=2):
-                    break
-            except OSError:
-                assert proc.poll() is None, (tmp / "server.log").read_text()[-3000:]
-                assert time.monotonic() < deadline, "mlflow server did not become healthy"
-                time.sleep(0.5)
+    proc, url = start_mlflow_server(tmp_path_factory.mktemp("mlflow-server"), seconds=600)
+    try:
         yield url
     finally:
         proc.terminate()

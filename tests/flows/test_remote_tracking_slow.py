@@ -3,11 +3,8 @@ the SQLite file: runs, datasets, the registered pyfunc model and its alias all g
 Slow tier: `python3 -m pytest -m slow tests/flows/test_remote_tracking_slow.py`."""
 
 import os
-import socket
 import subprocess
 import sys
-import time
-import urllib.request
 
 import pytest
 
@@ -23,40 +20,10 @@ SHORT = [
 ]
 
 
-def test_the_chain_tracks_to_a_remote_server_and_the_champion_loads_from_it(tmp_path):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    uri = f"http://127.0.0.1:{port}"
+def test_the_chain_tracks_to_a_remote_server_and_the_champion_loads_from_it(servers, tmp_path):
     env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true", "PREFECT_HOME": str(tmp_path / "prefect")}
-    server = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "mlflow",
-            "server",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--backend-store-uri",
-            f"sqlite:///{tmp_path}/server.db",
-            "--artifacts-destination",
-            str(tmp_path / "server-artifacts"),
-        ],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    server, uri = servers.start_mlflow_server(tmp_path / "server", seconds=180)
     try:
-        deadline = time.monotonic() + 180
-        while True:
-            try:
-                with urllib.request.urlopen(f"{uri}/health", timeout=2):
-                    break
-            except OSError:
-                assert server.poll() is None and time.monotonic() < deadline, "mlflow server did not start"
-                time.sleep(1)
         cmd = [sys.executable, "-m", "flows.cli", "run", "--root", str(tmp_path / "root"), "--mlflow-uri", uri]
         for o in SHORT:
             cmd += ["--set", o]

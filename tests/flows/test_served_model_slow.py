@@ -7,10 +7,8 @@ Slow tier (``python3 -m pytest -m slow tests/flows/test_served_model_slow.py``):
 
 import json
 import os
-import socket
 import subprocess
 import sys
-import time
 import urllib.request
 
 import pytest
@@ -63,25 +61,20 @@ def test_the_champion_loads_and_predicts_without_bertflow(bare_venv, tmp_path):
     assert a == b == c and len(a) == 1 and hidden == 128
 
 
-def test_mlflow_models_serve_answers_without_bertflow(bare_venv, tmp_path):
+def test_mlflow_models_serve_answers_without_bertflow(bare_venv, servers, tmp_path):
     venv, uri = bare_venv
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = servers.free_port()
     env = {"PATH": f"{venv}/bin:/usr/bin:/bin", "MLFLOW_TRACKING_URI": uri, "MLFLOW_DISABLE_TELEMETRY": "true",
            "HOME": str(tmp_path)}  # fmt: skip
     cmd = [str(venv / "bin" / "mlflow"), "models", "serve", "-m", "models:/bert-tiny@champion", "--env-manager",
            "local", "-h", "127.0.0.1", "-p", str(port)]  # fmt: skip
-    server = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    log_path = tmp_path / "serve.log"
+    with open(log_path, "wb") as log:
+        server = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
-        deadline = time.monotonic() + 240
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/ping", timeout=2):
-                    break
-            except OSError:
-                assert server.poll() is None and time.monotonic() < deadline, server.stdout.read().decode()[-3000:]
-                time.sleep(1)
+        servers.wait_until_healthy(
+            f"http://127.0.0.1:{port}/ping", server, 240, log=log_path, what="mlflow models serve"
+        )
         answers = []
         for body in ({"inputs": ["the [MASK] of the river"]},
                      {"dataframe_split": {"columns": ["text"], "data": [["the [MASK] of the river"]]}}):  # fmt: skip

@@ -5,12 +5,8 @@ same store takes the run's calls again. Slow tier (two server starts)."""
 
 import os
 import signal
-import socket
 import subprocess
-import sys
 import threading
-import time
-import urllib.request
 
 import pytest
 
@@ -20,41 +16,16 @@ from flows.tracking import Tracker, TrackingServerGone
 pytestmark = pytest.mark.slow
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_server(tmp_path, port: int) -> subprocess.Popen:
-    # one worker: uvicorn's supervisor of several kills workers that answer its pings late (met on
-    # a loaded 2-core box, where the server then never came up)
-    cmd = [sys.executable, "-m", "mlflow", "server", "--workers", "1", "--host", "127.0.0.1", "--port", str(port),
-           "--backend-store-uri", f"sqlite:///{tmp_path}/server.db",
-           "--artifacts-destination", str(tmp_path / "artifacts")]  # fmt: skip
-    env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"}
-    quiet = subprocess.DEVNULL
-    server = subprocess.Popen(cmd, env=env, stdout=quiet, stderr=quiet, start_new_session=True)
-    deadline = time.monotonic() + 400
-    while True:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
-                return server
-        except OSError:
-            assert server.poll() is None and time.monotonic() < deadline, "mlflow server did not start"
-            time.sleep(1)
-
-
 def kill(server: subprocess.Popen) -> None:
     os.killpg(server.pid, signal.SIGKILL)  # the server and its workers: as a crashed host would
     server.wait(timeout=30)
 
 
-def test_a_killed_server_is_waited_for_then_named_and_a_restarted_one_resumes(tmp_path, monkeypatch):
+def test_a_killed_server_is_waited_for_then_named_and_a_restarted_one_resumes(servers, tmp_path, monkeypatch):
     monkeypatch.setattr(tracking, "_GAVE_UP", set())
-    port = free_port()
+    port = servers.free_port()
     uri = f"http://127.0.0.1:{port}"
-    server = start_server(tmp_path, port)
+    server = servers.start_mlflow_server(tmp_path, port, new_session=True)[0]
     try:
         tracker = Tracker(uri)
         tracker.use_experiment("bertflow")
@@ -68,7 +39,7 @@ def test_a_killed_server_is_waited_for_then_named_and_a_restarted_one_resumes(tm
         done: dict = {}
         thread = threading.Thread(target=lambda: done.update(ok=tracker.log_metrics(run, {"loss": 2.0}, step=2)))
         thread.start()
-        server = start_server(tmp_path, port)
+        server = servers.start_mlflow_server(tmp_path, port, new_session=True)[0]
         thread.join(timeout=300)
         assert "ok" in done
         history = tracker.client.get_metric_history(run, "loss")
@@ -84,7 +55,7 @@ def test_a_killed_server_is_waited_for_then_named_and_a_restarted_one_resumes(tm
             tracker.end_run(run, ok=False)
 
         # restarted on the same store: the run's calls land again
-        server = start_server(tmp_path, port)
+        server = servers.start_mlflow_server(tmp_path, port, new_session=True)[0]
         tracker.log_metrics(run, {"loss": 1.0}, step=3)
         tracker.end_run(run, ok=True)
         assert tracker.client.get_run(run).info.status == "FINISHED"

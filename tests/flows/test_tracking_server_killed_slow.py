@@ -17,11 +17,8 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
-import sys
 import time
-import urllib.request
 
 import pytest
 
@@ -39,32 +36,6 @@ CASES = {
     "pretrain": (("corpus", "vocab", "examples"), "pretrain | phase phase1 step 60/"),
     "finetune": (("corpus", "vocab", "examples", "checkpoints", "model"), "bertflow.finetune | step "),
 }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_server(store, port: int) -> subprocess.Popen:
-    """``mlflow server`` (one worker, as ``tests/conftest.py``'s fixture) on ``store``'s SQLite
-    file and artifacts folder, healthy; its own session, so that :func:`kill` takes its workers."""
-    cmd = [sys.executable, "-m", "mlflow", "server", "--workers", "1", "--host", "127.0.0.1", "--port", str(port),
-           "--backend-store-uri", f"sqlite:///{store}/server.db",
-           "--artifacts-destination", str(store / "artifacts")]  # fmt: skip
-    with open(store / "server.log", "ab") as log:
-        server = subprocess.Popen(cmd, env={**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"}, stdout=log,
-                                  stderr=log, start_new_session=True)  # fmt: skip
-    deadline = time.monotonic() + 400
-    while True:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
-                return server
-        except OSError:
-            assert server.poll() is None, (store / "server.log").read_text(errors="replace")[-3000:]
-            assert time.monotonic() < deadline, "mlflow server did not start"
-            time.sleep(1)
 
 
 def kill(server: subprocess.Popen) -> None:
@@ -97,7 +68,7 @@ def versions(uri: str) -> list:
 
 @pytest.mark.parametrize("stage", ["pretrain", "finetune"])
 def test_a_server_killed_in_a_stage_fails_the_run_naming_it_and_a_rerun_after_its_restart_registers_once(
-    stage, chain, cli, cli_env, tmp_path
+    servers, stage, chain, cli, cli_env, tmp_path
 ):
     upstream, started = CASES[stage]
     root = tmp_path / "root"
@@ -106,14 +77,14 @@ def test_a_server_killed_in_a_stage_fails_the_run_naming_it_and_a_rerun_after_it
         shutil.copytree(chain[0] / folder, root / folder)
     store = tmp_path / "store"
     store.mkdir()
-    port = free_port()
+    port = servers.free_port()
     uri = f"http://127.0.0.1:{port}"
     env = {**cli_env, "BERTFLOW_TRACKING_WAIT_S": str(WAIT_S), "MLFLOW_DISABLE_TELEMETRY": "true"}
     cmd = cli(["run", "--preset", "tiny"], root) + ["--mlflow-uri", uri]
     for o in ONLY_SST2:
         cmd += ["--set", o]
 
-    server = start_server(store, port)
+    server = servers.start_mlflow_server(store, port, new_session=True)[0]
     try:
         log_path = tmp_path / "killed.log"
         with open(log_path, "w") as log:
@@ -150,7 +121,7 @@ def test_a_server_killed_in_a_stage_fails_the_run_naming_it_and_a_rerun_after_it
             assert not (root / "model").exists()  # nothing after pretraining ran
 
         # restarted on the same store and port: nothing was registered, the rerun finishes and registers once
-        server = start_server(store, port)
+        server = servers.start_mlflow_server(store, port, new_session=True)[0]
         assert versions(uri) == []
         start = time.monotonic()
         again = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1500)

@@ -17,6 +17,18 @@ import logging  # noqa: E402 - after the environment above, which imports read
 
 import pytest  # noqa: E402 - after the environment above, which imports read
 
+E2E_FIXTURES = ("chain", "cli_env", "prefect_server")
+"""Fixtures that make a test end-to-end: the tiny chain run through the CLI (``chain``, and the
+reruns, kills and signals that start from it), or a Prefect server harness. A test that uses one
+is marked ``e2e`` here; kill and signal tests that start their own processes carry the mark in
+their file."""
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if set(E2E_FIXTURES) & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.e2e)
+
 
 @pytest.fixture(autouse=True)
 def _stop_request_cleared():

@@ -70,3 +70,26 @@ def prefect_server():
 
     with prefect_test_harness(server_startup_timeout=90):
         yield
+
+
+# -- the quick tier: the chain in-process on a small config (tests/flows/in_process.py) ------------------
+@pytest.fixture(scope="session")
+def quick_chain(tmp_path_factory):
+    """``(cfg, root, results)``: the tiny preset with ``in_process.QUICK_OVERRIDES``, run in-process
+    (``in_process.run_chain_in_process``) once per session: corpus -> vocab -> examples -> pretrain ->
+    export -> one SST-2 unit. The quick tier's tests share it (``-m quick``)."""
+    from in_process import QUICK_OVERRIDES, run_chain_in_process
+
+    from flows.presets import load_config
+
+    cfg = load_config("tiny", QUICK_OVERRIDES)
+    root = tmp_path_factory.mktemp("quick")
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the chain's processes run (one thread each): OpenMP spins on a loaded box
+    try:
+        results = run_chain_in_process(cfg, str(root))
+    finally:
+        torch.set_num_threads(threads)
+    return cfg, root, results

@@ -20,6 +20,7 @@ HOLD = (
 )
 
 
+@pytest.mark.e2e
 def test_a_second_run_on_a_root_is_refused_and_a_killed_holder_frees_it(tmp_path):
     holder = subprocess.Popen([sys.executable, "-c", HOLD, str(tmp_path)], stdout=subprocess.PIPE, text=True)
     try:

@@ -124,6 +124,7 @@ def test_a_kill_in_each_stage_reruns_to_the_same_outputs(stage, chain, cli, cli_
 
 
 @pytest.mark.slow
+@pytest.mark.ci  # one pretrain stage on the chain's data: a minute or two
 def test_a_divergence_exits_4_with_its_error_as_the_last_line(chain, cli, cli_env, tmp_path):
     """``--set pretrain.learning_rate=1e4``: the loss goes to NaN, the trainer exits 4, and so
     does ``bertflow`` (it exited 1), with the error as the last line on stderr (it was followed by

@@ -83,6 +83,7 @@ def test_an_examples_stage_too_large_for_the_disk_is_refused_with_the_estimate(t
     preflight(cfg, str(root), ["examples"], None)
 
 
+@pytest.mark.e2e
 def test_a_stage_process_killed_by_sigkill_is_reported_as_out_of_memory():
     """The kernel's OOM killer sends SIGKILL: the stage's error says so (and keeps the code that
     tests/flows/test_fanout.py reads), and no retry is spent on it."""

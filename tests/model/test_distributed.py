@@ -95,6 +95,7 @@ def test_two_processes_match_one(examples, single, tmp_path):
     assert "step 6/6" in log2 and "[rank 1]" not in log2
 
 
+@pytest.mark.e2e
 def test_sigterm_stops_the_whole_tree_after_a_checkpoint(examples, tmp_path):
     trace = tmp_path / "trace"
     trace.mkdir()
@@ -136,6 +137,7 @@ def test_fsdp_matches_one_process_and_resumes(examples, single, tmp_path):
     assert "resuming from" in log and "step 8/8" in log
 
 
+@pytest.mark.e2e
 def test_a_killed_launcher_leaves_no_orphan_trainer(examples, tmp_path):
     import json
     import subprocess

@@ -127,6 +127,7 @@ def test_exact_resume_after_crashes_matches_straight_run(examples, tmp_path):
     assert [s for s, _ in list_checkpoints(run)] == [12, 15, 20]
 
 
+@pytest.mark.e2e
 def test_sigterm_checkpoints_then_resume_is_exact(examples, tmp_path):
     cfg = config(phases=(PhaseConfig("p1", 16, 10, 8),), checkpoint_every=100)
     run_pretrain(cfg, DROPOUT, examples, str(tmp_path / "straight"))

@@ -410,7 +410,7 @@ def _not_a_book(dofn, url: str, rid: str) -> None:
     other = reader_for(url)
     if other is not None and other.name != "books":  # e.g. a JSONL or Parquet corpus given as books
         suffix = next(s for s in other.suffixes if url.lower().endswith(s))
-        hint += f"; a {suffix} file is read by the {other.name} source: data.{other.name}, "
+        hint += f"; a {suffix.lstrip('.')} file is read by the {other.name} source: data.{other.name}, "
         hint += f"corpus.sources with '{other.name}'"
     log.error("corpus: %s among the books rejected (%s): %s", url, reason, hint)
     dofn.reject("books", reason, record_id=rid, url=url, detail=hint)

@@ -179,7 +179,7 @@ def main() -> None:
                 if has_manifest(out):
                     m = read_manifest(out)
                 else:
-                    m = run_downstream(name, finetune, cfg.data.downstream, model_url, out)
+                    m = run_downstream(task, finetune, cfg.data.downstream, model_url, out)
                     print(f"  ({name} {label} seed {seed}: {time.time() - t:.0f} s)", flush=True)
                 key = task.metric if task.metric in m.counts else f"eval_{task.metric}"
                 scores[label].append(task.percent(float(m.counts[key])))  # both as percentages

@@ -155,7 +155,7 @@ def card_facts(cfg: RunConfig, model_url: str, sources: CardSources,
         },
         pretraining=pretraining,
         scores=scores,
-        sample_data=not (cfg.data.wiki or cfg.data.books or cfg.data.text),
+        sample_data=not any(cfg.data.source_urls().values()),
         sample_downstream=not cfg.data.downstream and not cfg.data.downstream_urls,
         fingerprint=export.fingerprint if export else "",
     )

@@ -32,20 +32,16 @@ def check_data(cfg: RunConfig) -> None:
     ``CHANGE-ME`` placeholders."""
     if not cfg.data.required:
         return
-    hints = {
-        "wiki": "a Wikipedia dump by date, e.g. gs://BUCKET/dumps/enwiki-20261101-pages-articles-multistream*.xml.bz2 "
-        "(`bertflow fetch-wiki --lang en --date 20261101 --out gs://BUCKET/dumps`)",
-        "books": "a folder of one UTF-8 .txt per book, e.g. gs://BUCKET/books",
-        "text": "JSON Lines, Parquet or a datasets folder of records with a text field, e.g. gs://BUCKET/c4/en",
-    }
+    from pipeline.corpus.sources import SOURCES
+
+    urls = cfg.data.source_urls()
     for name in cfg.corpus.sources:  # the sources the run reads: those must be the user's
-        hint = hints[name]
-        url = getattr(cfg.data, name)
+        url, where = urls[name], cfg.data.source_field(name)
         if not url or "CHANGE-ME" in url:
             what = "is not set" if not url else f"is still the placeholder {url}"
             raise ValueError(
-                f"data.{name}: the {cfg.preset} preset runs on the paper's data and data.{name} {what}; "
-                f"--set data.{name}=URL with {hint}"
+                f"{where}: the {cfg.preset} preset runs on the paper's data and {where} {what}; "
+                f"--set {where}=URL with {SOURCES[name].hint}"
             )
 
 
@@ -146,9 +142,9 @@ def examples_preflight(cfg: RunConfig, inputs: dict[str, str]) -> set[str]:
 def corpus_preview(folder: str, url: str, n: int) -> str:
     """Documents with their sentences (``corpus/wiki``, ``corpus/books``), or the rejects."""
     from pipeline.corpus.preview import format_preview, preview_corpus
+    from pipeline.corpus.sources import CORPUS_SOURCES
 
     source = url.rstrip("/").rsplit("/", 1)[-1] if url.rstrip("/") != folder else None
-    from pipeline.corpus.config import CORPUS_SOURCES
 
     return format_preview(
         preview_corpus(folder, n, source=source if source in CORPUS_SOURCES else None, rejects=source == "rejects")

@@ -385,8 +385,8 @@ def register_model_task(cfg: RunConfig, model: StageResult, downstream: list[Sta
     if not cfg.data.finetune_model:  # the downstream scores are this model's: its card shows them
         root = model.url.rsplit("/", 1)[0]
         scored = _results_of(cfg, root, fingerprint, downstream)
-        write_model_card(cfg, model.url, card_sources(cfg, root), [(get_stage(r.stage).task, r) for r in scored])
-    scores = registry.task_scores([(get_stage(r.stage).task, r) for r in downstream])
+        write_model_card(cfg, model.url, card_sources(cfg, root), [(get_stage(r.stage).task.name, r) for r in scored])
+    scores = registry.task_scores([(get_stage(r.stage).task.name, r) for r in downstream])
     score, glue = registry.model_score(scores)
     version = registry.find_version(tracker, name, fingerprint)
     created = version is None
@@ -466,7 +466,7 @@ def _version_tags(cfg: RunConfig, model: StageResult, downstream: list[StageResu
     tags.update(version_tags(cfg, model.url.rsplit("/", 1)[0]))  # by URL and by content (flows/lineage.py)
     for r in downstream:
         for k, v in key_figures(get_stage(r.stage).figures, r.counts).items():
-            tags[f"{get_stage(r.stage).task}.{k}"] = format_figure(v)
+            tags[f"{get_stage(r.stage).task.name}.{k}"] = format_figure(v)
     return tags
 
 

@@ -21,6 +21,7 @@ from model.card import CardConfig
 from model.config import BertConfig, PhaseConfig, PretrainConfig
 from pipeline.beam.config import BeamConfig
 from pipeline.corpus.config import CorpusConfig
+from pipeline.corpus.sources import SOURCES
 from pipeline.examples.config import ExamplesConfig
 from pipeline.schema.config import ConfigError
 from pipeline.vocab.config import VocabConfig
@@ -44,6 +45,9 @@ class DataConfig:
     datasets folder (save_to_disk's Arrow files, or its Parquet export); a file, folder or glob,
     local or gs://. Read when corpus.sources includes "text" (fields: corpus.text_field,
     text_id_field, text_title_field). Empty: none."""
+    sources: dict[str, str] = field(default_factory=dict)
+    """URLs of the corpus sources (``pipeline.corpus.sources.SOURCES``) that have no field of their
+    own here, by source name: ``--set data.sources.<name>=URL``. Empty: none."""
     downstream: str = ""
     """A folder with the official layouts: glue/<Task>/*.tsv, squad/*.json, conll2003/eng.*, swag/*.csv
     (see docs/downstream.md). Empty: bundled sample."""
@@ -62,8 +66,18 @@ class DataConfig:
     Default "" (tiny-ja and tiny-zh set it)."""
 
     def __post_init__(self):
-        if not isinstance(self.text, str):
-            raise ConfigError(f"data.text: expected a URL string, got {self.text!r}")
+        for name in SOURCES:
+            if hasattr(self, name) and not isinstance(getattr(self, name), str):
+                raise ConfigError(f"data.{name}: expected a URL string, got {getattr(self, name)!r}")
+        for name, url in self.sources.items():
+            if name not in SOURCES:
+                raise ConfigError(
+                    f"data.sources.{name}: unknown corpus source{suggest(name, SOURCES)}; known: {sorted(SOURCES)}"
+                )
+            if hasattr(self, name):
+                raise ConfigError(f"data.sources.{name}: the {name} source's URL is data.{name}; set that instead")
+            if not isinstance(url, str):
+                raise ConfigError(f"data.sources.{name}: expected a URL string, got {url!r}")
         for name, url in self.downstream_urls.items():
             if name not in TASKS:
                 raise ConfigError(
@@ -71,6 +85,15 @@ class DataConfig:
                 )
             if not isinstance(url, str) or not url:
                 raise ConfigError(f"data.downstream_urls.{name}: expected a URL string, got {url!r}")
+
+    def source_field(self, name: str) -> str:
+        """Where a corpus source's URL is set: ``data.<name>`` or ``data.sources.<name>``."""
+        return f"data.{name}" if hasattr(self, name) else f"data.sources.{name}"
+
+    def source_urls(self) -> dict[str, str]:
+        """The URL of every corpus source, by name (empty: not given): the one mapping the corpus
+        stage, the preflight checks and the model card read."""
+        return {name: getattr(self, name) if hasattr(self, name) else self.sources.get(name, "") for name in SOURCES}
 
 
 @dataclass(frozen=True)
@@ -130,11 +153,13 @@ class RunConfig:
                 f"examples.segmenter: {self.examples.segmenter!r} with vocab.word_tokenizer="
                 f"{self.vocab.word_tokenizer!r}: the vocabulary's words already are the whole words; set it to none"
             )
-        if self.data.text and "text" not in self.corpus.sources:
-            raise ConfigError(
-                f"data.text: set to {self.data.text}, but corpus.sources {list(self.corpus.sources)} leaves the "
-                f"text source out: add it (--set corpus.sources={','.join([*self.corpus.sources, 'text'])})"
-            )
+        for name, url in self.data.source_urls().items():  # a bundled source is always passed
+            if url and not SOURCES[name].bundled and name not in self.corpus.sources:
+                raise ConfigError(
+                    f"{self.data.source_field(name)}: set to {url}, but corpus.sources {list(self.corpus.sources)} "
+                    f"leaves the {name} source out: add it "
+                    f"(--set corpus.sources={','.join([*self.corpus.sources, name])})"
+                )
         if any(TASKS[t].family == "squad" or TASKS[t].options.get("kind") == "qa" for t in self.finetune_tasks):
             self.finetune.squad.check_window(self.finetune.max_seq_length)
 
@@ -374,20 +399,16 @@ def as_dict(cfg: Any) -> dict[str, Any]:
 
 
 def resolve_data(cfg: DataConfig) -> DataConfig:
-    """Fill empty data URLs with the bundled sample (or $BERTFLOW_SAMPLE_DATA)."""
+    """Fill empty data URLs with the bundled sample (or $BERTFLOW_SAMPLE_DATA): each source whose
+    row is ``bundled`` (a text corpus is the user's) and the downstream sets. Every other field is
+    kept as it is (a copy with the filled ones replaced, never a field list written out here)."""
     sample = Path(os.environ.get("BERTFLOW_SAMPLE_DATA", SAMPLE_DATA))
     if cfg.sample:
         sample = sample.parent / f"{sample.name}-{cfg.sample}"
-    return DataConfig(
-        wiki=cfg.wiki or str(sample / "wiki"),
-        books=cfg.books or str(sample / "books"),
-        text=cfg.text,  # no bundled sample: a text corpus is the user's
-        downstream=cfg.downstream or str(sample),
-        downstream_urls=dict(cfg.downstream_urls),
-        finetune_model=cfg.finetune_model,
-        required=cfg.required,
-        sample=cfg.sample,
-    )
+    filled = {name: str(sample / name) for name, url in cfg.source_urls().items() if SOURCES[name].bundled and not url}
+    own = {name: url for name, url in filled.items() if hasattr(cfg, name)}
+    others = {name: url for name, url in filled.items() if name not in own}
+    return dataclasses.replace(cfg, **own, sources={**cfg.sources, **others}, downstream=cfg.downstream or str(sample))
 
 
 def config_from_dict(data: dict[str, Any]) -> RunConfig:

@@ -60,22 +60,28 @@ def stage_code_version(stage: str) -> str:
 
 
 def stage_state(
-    stage: str, cfg: RunConfig, root: str, given: dict[str, str] | None = None, checksums: bool = False
+    stage: str,
+    cfg: RunConfig,
+    root: str,
+    given: dict[str, str] | None = None,
+    checksums: bool = False,
+    inputs: dict[str, str] | None = None,
 ) -> StageState:
-    """Whether a stage's output is up to date, and if not, why."""
+    """Whether a stage's output is up to date, and if not, why. ``inputs``: the stage's
+    :func:`stage_inputs` when the caller has them already."""
     url = stage_url(root, stage)
     row = get_stage(stage)
     if not has_manifest(url):
         attempt = read_attempt(url) if row.resumable else None
         if attempt is None:
             return StageState(stage, url, "missing", ["no manifest: never run or unfinished"])
-        return _unfinished(stage, url, attempt, cfg, root, given)
+        return _unfinished(stage, url, attempt, cfg, root, given, inputs)
     try:
         manifest = read_manifest(url)
     except ManifestError as exc:
         return StageState(stage, url, "stale", [str(exc)])
     try:
-        inputs = stage_inputs(stage, cfg, root, given)
+        inputs = stage_inputs(stage, cfg, root, given) if inputs is None else inputs
         # every input the stage table declares, never only those the manifest lists: a manifest
         # that records fewer (or other) inputs than the table says the stage reads is stale
         fingerprints = {k: fingerprint_input(u) for k, u in inputs.items()}
@@ -91,13 +97,20 @@ def stage_state(
     return StageState(stage, url, "stale" if reasons else "done", reasons, manifest)
 
 
-def _continues(stage: str, cfg: RunConfig, root: str, given: dict[str, str] | None, force: bool) -> bool:
+def _continues(
+    stage: str,
+    cfg: RunConfig,
+    root: str,
+    given: dict[str, str] | None,
+    force: bool,
+    inputs: dict[str, str] | None = None,
+) -> bool:
     """Whether a rerun continues the stage's state (a resumable stage on the inputs its
     checkpoints came from) instead of replacing its output."""
     if force or not get_stage(stage).resumable or not has_manifest(stage_url(root, stage)):
         return False
     manifest = read_manifest(stage_url(root, stage))
-    inputs = stage_inputs(stage, cfg, root, given)
+    inputs = stage_inputs(stage, cfg, root, given) if inputs is None else inputs
     return all(fingerprint_input(inputs[k]) == fp for k, fp in manifest.inputs.items() if k in inputs)
 
 
@@ -106,12 +119,18 @@ def _restarts(name: str) -> str:
 
 
 def _unfinished(
-    stage: str, url: str, attempt: dict[str, str], cfg: RunConfig, root: str, given: dict[str, str] | None
+    stage: str,
+    url: str,
+    attempt: dict[str, str],
+    cfg: RunConfig,
+    root: str,
+    given: dict[str, str] | None,
+    inputs: dict[str, str] | None = None,
 ) -> StageState:
     """A resumable stage with no manifest but an attempt's record (``_attempt.json``): whether a
     rerun resumes its checkpoints or, its inputs changed since they were made, starts over."""
     try:
-        inputs = stage_inputs(stage, cfg, root, given)
+        inputs = stage_inputs(stage, cfg, root, given) if inputs is None else inputs
         changed = sorted(k for k, fp in attempt.items() if k in inputs and fingerprint_input(inputs[k]) != fp)
     except (ManifestError, FileNotFoundError, KeyError) as exc:
         return StageState(stage, url, "stale", [f"unfinished; inputs not ready: {exc}"])
@@ -120,10 +139,12 @@ def _unfinished(
     return StageState(stage, url, "stale", ["unfinished: a rerun resumes from its last checkpoint"])
 
 
-def check_inputs_ready(stage: str, cfg: RunConfig, root: str, given: dict[str, str] | None = None) -> None:
+def check_inputs_ready(
+    stage: str, cfg: RunConfig, root: str, given: dict[str, str] | None = None, inputs: dict[str, str] | None = None
+) -> None:
     """Fail before any work when an input is missing (an upstream stage unfinished, a raw file
     absent) or when two inputs do not belong together (the row's ``agree`` pairs)."""
-    inputs = stage_inputs(stage, cfg, root, given)
+    inputs = stage_inputs(stage, cfg, root, given) if inputs is None else inputs
     for name, url in inputs.items():
         if written_by_this_run(name, url, root):
             if not has_manifest(url):
@@ -169,21 +190,20 @@ def run_stage(
     start = time.time()
     if aggregate_only and row.units is None:
         raise ValueError(f"stage {stage} has no units to aggregate")
+    inputs = stage_inputs(stage, cfg, root, given)  # once per trip: the checks below take them
     if not force and not aggregate_only:
-        current = stage_state(stage, cfg, root, given)
+        current = stage_state(stage, cfg, root, given, inputs=inputs)
         if current.state == "done":
             log.info("stage %s: up to date, skipped (%s)", stage, url)
             m = current.manifest
-            inputs = stage_inputs(stage, cfg, root, given)
             return StageResult(stage, "skipped", time.time() - start, url, m.counts, m, inputs)
         if current.manifest is not None:
             log.info("stage %s: stale (%s)", stage, "; ".join(current.reasons))
-    check_inputs_ready(stage, cfg, root, given)
-    inputs = stage_inputs(stage, cfg, root, given)
+    check_inputs_ready(stage, cfg, root, given, inputs)
     if row.preflight is not None and not aggregate_only:  # again, now that the earlier stages' outputs exist
         row.preflight(cfg, inputs)
     kept = None
-    if row.units is None and not aggregate_only and not _continues(stage, cfg, root, given, force):
+    if row.units is None and not aggregate_only and not _continues(stage, cfg, root, given, force, inputs):
         kept = keep_previous(stage, root, cfg.keep_outputs)  # a registered version may name it (flows/lineage.py)
     call = StageCall(stage, cfg, root, url, inputs, log_fn, restart=force and row.resumable,
                      aggregate_only=aggregate_only, env=dict(env or {}), on_progress=on_progress)  # fmt: skip
@@ -227,8 +247,8 @@ def run_stage_unit(
     unit = next((u for u in units if u["unit_id"] == unit_id), None)
     if unit is None:
         raise KeyError(f"stage {stage}: no unit {unit_id!r}; planned: {[u['unit_id'] for u in units]}")
-    check_inputs_ready(stage, cfg, root, given)
     inputs = stage_inputs(stage, cfg, root, given)
+    check_inputs_ready(stage, cfg, root, given, inputs)
     call = StageCall(stage, cfg, root, stage_url(root, stage), inputs, log_fn, restart=force, unit=unit)
     start = time.time()
     if not force and row.units.done(call):

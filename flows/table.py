@@ -28,6 +28,7 @@ from pipeline.beam.config import output_config
 from pipeline.schema.config import ConfigError, suggest
 from pipeline.schema.manifest import Manifest, read_manifest
 from pipeline.schema.storage import join_url
+from tasks.registry import Task
 
 WHERE = ("inline", "process", "training")
 
@@ -90,8 +91,8 @@ class Stage:
     """(stage folder, URL asked for, n) -> a few rows decoded for a person (``bertflow inspect``)."""
     artifacts: Callable[[Any, str, StageResult], None] | None = None
     """(tracker, run id, result) -> extra MLflow artifacts that show the output best."""
-    task: str = ""
-    """A downstream row: its task in ``tasks.registry.TASKS``."""
+    task: Task | None = None
+    """A downstream row: its task's row in ``tasks.registry.TASKS`` (passed on, never its name)."""
     agree: tuple[tuple[str, str], ...] = ()
     """Pairs ``(a, b)`` of its inputs that must belong together: input ``a``'s manifest records the
     fingerprint of the ``b`` it was made from, which must be the ``b`` this stage reads (checked
@@ -252,7 +253,7 @@ def _downstream_unit_failed(c: StageCall, why: str) -> None:
     record_unit_error(unit_url(c.url, c.unit), why)
 
 
-def _downstream_units(task: str) -> Units:
+def _downstream_units(task: Task) -> Units:
     from tasks.units import plan_units, prepare_units
 
     return Units(
@@ -282,11 +283,9 @@ def _at(root: str, folder: str) -> str:
 
 
 def corpus_inputs(data) -> dict[str, str]:
-    """The corpus stage's raw inputs: one per source of ``pipeline.corpus.config.CORPUS_SOURCES``,
-    each ``data.<source>`` (empty: not given)."""
-    from pipeline.corpus.config import CORPUS_SOURCES
-
-    return {source: getattr(data, source) for source in CORPUS_SOURCES}
+    """The corpus stage's raw inputs: one per source of ``pipeline.corpus.sources.SOURCES``, its
+    URL in ``data`` (:meth:`flows.presets.DataConfig.source_urls`; empty: not given)."""
+    return data.source_urls()
 
 
 # -- the rows ---------------------------------------------------------------------------------------
@@ -357,14 +356,14 @@ def downstream_stage(task: str) -> Stage:
     t = get_task(task)
 
     def inputs(cfg: RunConfig, root: str) -> dict[str, str]:
-        data = task_data_url(task, resolve_data(cfg.data).downstream, cfg.data.downstream_urls)
+        data = task_data_url(t, resolve_data(cfg.data).downstream, cfg.data.downstream_urls)
         return {"model": cfg.data.finetune_model or _at(root, "model"), "data": data}
 
     return Stage(
-        f"finetune/{task}",
-        f"finetune/{task}",
+        f"finetune/{t.name}",
+        f"finetune/{t.name}",
         inputs=inputs,
-        config=lambda cfg, inputs: manifest_config(task, cfg.finetune),
+        config=lambda cfg, inputs: manifest_config(t, cfg.finetune),
         run=_run_downstream,
         code=_FINETUNE_CODE,
         where="process",
@@ -373,9 +372,9 @@ def downstream_stage(task: str) -> Stage:
         timeout_s=24 * 3600,
         preview=hooks.counts_preview,
         artifacts=hooks.results_artifact,
-        task=task,
-        units=_downstream_units(task),
-        doc=f"fine-tune and evaluate on {task} ({t.family})",
+        task=t,
+        units=_downstream_units(t),
+        doc=f"fine-tune and evaluate on {t.name} ({t.family})",
     )
 
 

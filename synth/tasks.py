@@ -14,7 +14,7 @@ pretrained on the corpus has seen the names and facts.
   Labels alternate, so they are balanced.
 - SQuAD v1.1: contexts are plain-text paragraphs about one entity (its facts in varied phrasings,
   filler, and a distractor fact about a neighbour); questions ask for a fact's object and the
-  answer span is located by construction (:func:`~synth.world.phrase` returns the
+  answer span is located by construction (:func:`~synth.phrases.phrase` returns the
   offset), never by searching the context. Dev questions carry three answers like the official
   dev set: the span, a wider or narrower variant where one exists, and the span again. Train and
   dev split by entity, so dev contexts are unseen paragraphs.

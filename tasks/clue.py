@@ -23,17 +23,12 @@ from __future__ import annotations
 
 import re
 
-from model.contract import Manifest
-from tasks.config import FinetuneConfig
-from tasks.finetune import LogFn
 from tasks.jsonl import (
     JsonlDataError,
     Split,
     classification_example,
     field,
     read_jsonl,
-    run_classification,
-    run_span_qa,
 )
 from tasks.registry import Task
 
@@ -173,21 +168,3 @@ def cmrc2018_evaluate(gold: dict[str, list[str]], predictions: dict[str, str]) -
         em += cmrc_em(answers, str(predictions[qid]))
     f1, em = 100.0 * f1 / len(gold), 100.0 * em / len(gold)
     return {"exact_match": em, "f1": f1, "average": (em + f1) / 2, "skipped": float(skipped)}
-
-
-def run_task(
-    task: Task,
-    config: FinetuneConfig,
-    data_url: str,
-    model_url: str,
-    output_url: str,
-    log_fn: LogFn | None = None,
-    save_model: bool = True,
-    unit: dict | None = None,
-) -> Manifest:
-    """The registry's entry point (``Task.run``)."""
-    if task.options.get("kind") == "qa":
-        return run_span_qa(
-            task, config, data_url, model_url, output_url, CMRC_FILES, cmrc2018_evaluate, log_fn, save_model
-        )
-    return run_classification(task, config, data_url, model_url, output_url, read_clue, FILES, log_fn, save_model)

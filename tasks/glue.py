@@ -1,4 +1,4 @@
-"""GLUE: the nine tasks' TSV layouts and metrics, a strict reader, and ``run_glue``.
+"""GLUE: the nine tasks' TSV layouts and metrics, a strict reader, and the family's steps (``Unit``).
 
 A task folder is laid out as the GLUE download script leaves it (``train.tsv``, ``dev.tsv`` or
 MNLI's ``dev_matched.tsv``/``dev_mismatched.tsv``, optional ``test*.tsv``). Columns are found by
@@ -27,29 +27,17 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import time
 from collections.abc import Callable
 
 import fsspec
 
-from model.contract import Manifest, join_url, write_manifest
+from model.contract import join_url
 from tasks import metrics as M
 from tasks.config import FinetuneConfig
-from tasks.finetune import (
-    Feature,
-    LogFn,
-    begin_run,
-    check_eval_split,
-    load_encoder,
-    pick_device,
-    predict,
-    save_finetuned,
-    train,
-    write_json,
-    write_text,
-)
+from tasks.driver import Family
+from tasks.finetune import Feature, check_eval_split, predict, write_text
 from tasks.heads import BertForSequenceClassification
-from tasks.registry import GlueLayout, Task, family_tasks
+from tasks.registry import GlueLayout
 
 logger = logging.getLogger("bertflow.finetune")
 
@@ -58,19 +46,8 @@ class GlueDataError(ValueError):
     """A malformed GLUE file; the message names the file, the line and the column."""
 
 
-TASKS: dict[str, GlueLayout] = {name: t.layout for name, t in family_tasks("glue").items()}
-"""The GLUE tasks' layouts, from the registry (``tasks.registry``)."""
-
 # Prefixes of the dev sets' metric names: the first dev file selects the best epoch.
 DEV_PREFIXES = ("eval_", "eval_mm_")
-
-
-def get_task(task: str) -> GlueLayout:
-    """A task by its canonical or GLUE name, case and '-'/'_' ignored: "SST-2", "sst2", "sts_b"."""
-    key = task.lower().replace("-", "").replace("_", "")
-    if key not in TASKS:
-        raise ValueError(f"unknown GLUE task {task!r}; known: {', '.join(t.folder for t in TASKS.values())}")
-    return TASKS[key]
 
 
 # -- reading --------------------------------------------------------------------------------------
@@ -102,9 +79,9 @@ def _lines(url: str):
                 yield lineno, text.split("\t")
 
 
-def read_split(url: str, task: GlueLayout | str, split: str = "train") -> GlueSplit:
-    """Read one GLUE TSV file. ``split`` is "train", "dev" or "test" (test: no labels)."""
-    task = get_task(task) if isinstance(task, str) else task
+def read_split(url: str, task: GlueLayout, split: str = "train") -> GlueSplit:
+    """Read one GLUE TSV file of the task's layout (``Task.layout``). ``split`` is "train", "dev"
+    or "test" (test: no labels)."""
     if split not in ("train", "dev", "test"):
         raise ValueError(f"split must be train, dev or test, got {split!r}")
     lines = _lines(url)
@@ -219,124 +196,100 @@ def format_prediction(task: GlueLayout, pred, clip: bool = False) -> str:
     return task.labels[pred]
 
 
-# -- the stage ------------------------------------------------------------------------------------
-def run_glue(
-    config: FinetuneConfig,
-    task: str,
-    data_url: str,
-    model_url: str,
-    output_url: str,
-    log_fn: LogFn | None = None,
-    save_model: bool = True,
-) -> Manifest:
-    """Fine-tune the exported model at ``model_url`` on one GLUE task folder; write the outputs."""
-    started = time.time()
-    spec = get_task(task)
-    inputs, tokenizer = begin_run(config.seed, model_url, data_url, output_url)
+# -- the family's steps (tasks.driver.run_unit runs them) -----------------------------------------
+class Unit(Family):
+    """A GLUE task's unit: its TSV splits, sentence(-pair) encoding, the classification head, the
+    task's official metrics (the best epoch: the highest ``eval_score``, their mean)."""
 
-    fs, data_root = fsspec.core.url_to_fs(data_url)
-    train_split = read_split(join_url(data_url, "train.tsv"), spec, "train")
-    dev_splits = [read_split(join_url(data_url, name), spec, "dev") for name in spec.dev_files]
-    test_names = [n for n in spec.test_files if fs.exists(f"{data_root.rstrip('/')}/{n}")]
-    test_splits = [read_split(join_url(data_url, n), spec, "test") for n in test_names]
-    for kind, splits in (("dev", dev_splits), ("test", test_splits)):
-        for s in splits:
-            check_eval_split(task, kind, s.url, len(s.examples), config.min_eval_examples, {"malformed": s.skipped})
-    logger.info(
-        "%s: %d train, %s dev, %s test examples",
-        spec.folder,
-        len(train_split.examples),
-        [len(s.examples) for s in dev_splits],
-        [len(s.examples) for s in test_splits],
-    )
+    select = "eval_score"
 
-    def encode(split: GlueSplit) -> list[Feature]:
-        return encode_examples(tokenizer, split.examples, spec, config.max_seq_length)
+    def read(self) -> None:
+        spec, data_url, config = self.task.layout, self.data_url, self.config
+        fs, data_root = fsspec.core.url_to_fs(data_url)
+        self.train_split = read_split(join_url(data_url, "train.tsv"), spec, "train")
+        self.dev_splits = [read_split(join_url(data_url, name), spec, "dev") for name in spec.dev_files]
+        self.test_names = [n for n in spec.test_files if fs.exists(f"{data_root.rstrip('/')}/{n}")]
+        self.test_splits = [read_split(join_url(data_url, n), spec, "test") for n in self.test_names]
+        for kind, splits in (("dev", self.dev_splits), ("test", self.test_splits)):
+            for s in splits:
+                skipped = {"malformed": s.skipped}
+                check_eval_split(self.task.name, kind, s.url, len(s.examples), config.min_eval_examples, skipped)
+        logger.info(
+            "%s: %d train, %s dev, %s test examples",
+            spec.folder,
+            len(self.train_split.examples),
+            [len(s.examples) for s in self.dev_splits],
+            [len(s.examples) for s in self.test_splits],
+        )
 
-    train_features = encode(train_split)
-    dev_features = [encode(s) for s in dev_splits]
-    dev_labels = [[f["labels"] for f in feats] for feats in dev_features]
+    def _encode(self, split: GlueSplit) -> list[Feature]:
+        return encode_examples(self.tokenizer, split.examples, self.task.layout, self.config.max_seq_length)
 
-    bert = load_encoder(model_url)
-    model = BertForSequenceClassification(bert, spec.num_labels, config.classifier_dropout)
-    device = pick_device()
-    model.to(device)
-    eval_batch = max(config.batch_size, 64)
+    def encode(self) -> list[Feature]:
+        train_features = self._encode(self.train_split)
+        self.dev_features = [self._encode(s) for s in self.dev_splits]
+        self.dev_labels = [[f["labels"] for f in feats] for feats in self.dev_features]
+        return train_features
 
-    def dev_predictions(m) -> list[list]:
+    def head(self, encoder):
+        return BertForSequenceClassification(encoder, self.task.layout.num_labels, self.config.classifier_dropout)
+
+    def predict(self, model, device) -> list[list]:
+        spec = self.task.layout
         return [
-            predictions_from_logits(spec, predict(m, feats, eval_batch, ["logits"], device)["logits"])
-            for feats in dev_features
+            predictions_from_logits(spec, predict(model, feats, self.eval_batch, ["logits"], device)["logits"])
+            for feats in self.dev_features
         ]
 
-    def evaluate(m) -> dict[str, float]:
+    def score(self, predictions: list[list]) -> dict[str, float]:
         out = {}
-        for prefix, preds, labels in zip(DEV_PREFIXES, dev_predictions(m), dev_labels):
-            out.update({prefix + k: v for k, v in compute_metrics(spec, preds, labels).items()})
+        for prefix, preds, labels in zip(DEV_PREFIXES, predictions, self.dev_labels):
+            out.update({prefix + k: v for k, v in compute_metrics(self.task.layout, preds, labels).items()})
         return out
 
-    result = train(model, train_features, config, evaluate, "eval_score", log_fn, device)
+    def write(self, model, predictions, result, device) -> dict[str, float]:
+        spec, output_url = self.task.layout, self.output_url
+        for i, (split, preds) in enumerate(zip(self.dev_splits, predictions)):
+            rows = ["index\tprediction\tlabel"]
+            for ex, pred in zip(split.examples, preds):
+                label = repr(ex.label) if spec.is_regression else ex.label
+                rows.append(f"{ex.index}\t{format_prediction(spec, pred)}\t{label}")
+            name = "predictions.tsv" if i == 0 else "predictions_mm.tsv"
+            write_text(join_url(output_url, name), "\n".join(rows) + "\n")
+        for name, split in zip(self.test_names, self.test_splits):
+            logits = predict(model, self._encode(split), self.eval_batch, ["logits"], device)["logits"]
+            write_submission(spec, output_url, name, split.examples, predictions_from_logits(spec, logits))
+        counts = {k: float(v) for k, v in result.best_metrics.items() if k.startswith("eval_")}
+        counts.update(
+            train_examples=float(len(self.train_split.examples)),
+            train_skipped=float(self.train_split.skipped),
+            dev_skipped=float(sum(s.skipped for s in self.dev_splits)),
+            dev_examples=float(len(self.dev_splits[0].examples)),
+            test_examples=float(sum(len(s.examples) for s in self.test_splits)),
+        )
+        if len(self.dev_splits) > 1:
+            counts["dev_mm_examples"] = float(len(self.dev_splits[1].examples))
+        return counts
 
-    # Outputs of the best epoch (its weights are loaded).
-    best_preds = dev_predictions(model)
-    for i, (split, preds) in enumerate(zip(dev_splits, best_preds)):
-        rows = ["index\tprediction\tlabel"]
-        for ex, pred in zip(split.examples, preds):
-            label = repr(ex.label) if spec.is_regression else ex.label
-            rows.append(f"{ex.index}\t{format_prediction(spec, pred)}\t{label}")
-        name = "predictions.tsv" if i == 0 else "predictions_mm.tsv"
-        write_text(join_url(output_url, name), "\n".join(rows) + "\n")
-    for name, split in zip(test_names, test_splits):
-        logits = predict(model, encode(split), eval_batch, ["logits"], device)["logits"]
-        write_submission(spec, output_url, name, split.examples, predictions_from_logits(spec, logits))
+    def saved(self):
+        return "BertForSequenceClassification", classifier_config(self.task.layout, self.config, self.task.name)
 
-    extra = {
-        "num_labels": spec.num_labels,
-        "classifier_dropout": config.classifier_dropout,
-        "finetuning_task": spec.name,
-    }
+    def header(self):
+        return {"task": self.task.layout.folder}
+
+
+def classifier_config(spec: GlueLayout, config: FinetuneConfig, name: str) -> dict:
+    """The config.json extras of a fine-tuned sequence classifier (labels, problem type)."""
+    extra = {"num_labels": spec.num_labels, "classifier_dropout": config.classifier_dropout, "finetuning_task": name}
     if spec.is_regression:
         extra.update(problem_type="regression", id2label={"0": "LABEL_0"}, label2id={"LABEL_0": 0})
     else:
         extra.update(
             problem_type="single_label_classification",
-            id2label={str(i): name for i, name in enumerate(spec.labels)},
-            label2id={name: i for i, name in enumerate(spec.labels)},
+            id2label={str(i): label for i, label in enumerate(spec.labels)},
+            label2id={label: i for i, label in enumerate(spec.labels)},
         )
-    if save_model:
-        save_finetuned(model, model.config, output_url, "BertForSequenceClassification", extra, model_url)
-
-    seconds = time.time() - started
-    counts = {k: float(v) for k, v in result.best_metrics.items() if k.startswith("eval_")}
-    counts.update(
-        train_examples=float(len(train_split.examples)),
-        train_skipped=float(train_split.skipped),
-        dev_skipped=float(sum(s.skipped for s in dev_splits)),
-        dev_examples=float(len(dev_splits[0].examples)),
-        test_examples=float(sum(len(s.examples) for s in test_splits)),
-        best_epoch=float(result.best_epoch),
-        steps=float(result.steps),
-        seconds=seconds,
-    )
-    if len(dev_splits) > 1:
-        counts["dev_mm_examples"] = float(len(dev_splits[1].examples))
-    write_json(
-        join_url(output_url, "metrics.json"),
-        {
-            "task": spec.folder,
-            **counts,
-            "history": result.history,
-        },
-    )
-    logger.info(
-        "%s done in %.1f s: %s",
-        spec.folder,
-        seconds,
-        ", ".join(f"{k} {v:.4f}" for k, v in counts.items() if k.startswith("eval_")),
-    )
-    return write_manifest(
-        f"finetune-{task}", output_url, manifest_config(config, task), inputs, counts, seconds=seconds
-    )
+    return extra
 
 
 def write_submission(
@@ -351,22 +304,3 @@ def write_submission(
     url = join_url(output_url, "submission", f"{stem}.tsv")
     write_text(url, "\n".join(rows) + "\n")
     return url
-
-
-def manifest_config(config: FinetuneConfig, task: str) -> dict:
-    """The config run_glue records in its manifest (the flow compares it to skip a finished run)."""
-    return {**dataclasses.asdict(config), "task": get_task(task).name}
-
-
-def run_task(
-    task: Task,
-    config: FinetuneConfig,
-    data_url: str,
-    model_url: str,
-    output_url: str,
-    log_fn: LogFn | None = None,
-    save_model: bool = True,
-    unit: dict | None = None,
-) -> Manifest:
-    """The registry's entry point (``Task.run``): :func:`run_glue` for the task's layout."""
-    return run_glue(config, task.name, data_url, model_url, output_url, log_fn=log_fn, save_model=save_model)

@@ -17,9 +17,6 @@ from __future__ import annotations
 
 import collections
 
-from model.contract import Manifest
-from tasks.config import FinetuneConfig
-from tasks.finetune import LogFn
 from tasks.jsonl import (
     ChoiceExample,
     JsonlDataError,
@@ -27,9 +24,6 @@ from tasks.jsonl import (
     classification_example,
     field,
     read_jsonl,
-    run_choice,
-    run_classification,
-    run_span_qa,
 )
 from tasks.registry import Task
 
@@ -102,21 +96,3 @@ def jsquad_evaluate(gold: dict[str, list[str]], predictions: dict[str, str]) -> 
     if n == 0:
         raise ValueError("jsquad_evaluate: no gold question has a prediction")
     return {"exact_match": 100.0 * em / n, "f1": 100.0 * f1 / n}
-
-
-def run_task(
-    task: Task,
-    config: FinetuneConfig,
-    data_url: str,
-    model_url: str,
-    output_url: str,
-    log_fn: LogFn | None = None,
-    save_model: bool = True,
-    unit: dict | None = None,
-) -> Manifest:
-    """The registry's entry point (``Task.run``)."""
-    kind = task.options.get("kind", "classification")
-    if kind == "qa":
-        return run_span_qa(task, config, data_url, model_url, output_url, FILES, jsquad_evaluate, log_fn, save_model)
-    run = run_choice if kind == "choice" else run_classification
-    return run(task, config, data_url, model_url, output_url, read_jglue, FILES, log_fn, save_model)

@@ -1,10 +1,11 @@
-"""The runners of the JSON-lines benchmarks (JGLUE, CLUE): sentence(-pair) classification and
+"""The family steps of the JSON-lines benchmarks (JGLUE, CLUE): sentence(-pair) classification and
 regression, multiple choice, and SQuAD-style span extraction scored by the benchmark's metric.
 
 A family module (``tasks/jglue.py``, ``tasks/clue.py``) reads its official files into the
-shapes here and names its metric; these functions do the rest as the GLUE, SWAG and SQuAD
-families do (the same encoding, loop, best-epoch keeping, outputs and manifest), so a task is a
-registry row plus its reader. Design choices:
+shapes here and names its metric and files (the row's ``reader``, ``files``, ``scorer``); the
+classes here (:class:`Classification`, :class:`Choice`, :class:`SpanQa`, the row's ``unit``) give
+the steps and :func:`tasks.driver.run_unit` runs them as it runs GLUE's, SWAG's and SQuAD's, so a
+task is a registry row plus its reader. Design choices:
 
 1. Classification reuses GLUE's encoding and metrics through the row's ``layout``
    (:class:`tasks.registry.GlueLayout`): its ``text_a``/``text_b``/``label`` name JSON keys.
@@ -24,30 +25,25 @@ import dataclasses
 import json
 import logging
 import re
-import time
 from collections.abc import Callable
 
 import fsspec
 
-from model.contract import Manifest, join_url, write_manifest
-from tasks.config import FinetuneConfig
-from tasks.finetune import (
-    Feature,
-    LogFn,
-    begin_run,
-    check_eval_split,
-    load_encoder,
-    pick_device,
-    predict,
-    save_finetuned,
-    train,
-    write_json,
-    write_text,
+from model.contract import join_url
+from tasks import squad
+from tasks.driver import Family
+from tasks.finetune import Feature, check_eval_split, predict, write_json, write_text
+from tasks.glue import (
+    GlueExample,
+    classifier_config,
+    compute_metrics,
+    encode_examples,
+    format_prediction,
+    predictions_from_logits,
 )
-from tasks.glue import GlueExample, compute_metrics, encode_examples, format_prediction, predictions_from_logits
-from tasks.heads import BertForMultipleChoice, BertForQuestionAnswering, BertForSequenceClassification
+from tasks.heads import BertForMultipleChoice, BertForSequenceClassification
 from tasks.metrics import accuracy
-from tasks.registry import Task
+from tasks.registry import Task, resolve
 
 logger = logging.getLogger("bertflow.finetune")
 
@@ -112,66 +108,63 @@ class Split:
 Reader = Callable[[str, Task, str], Split]
 
 
-def run_classification(
-    task: Task, config: FinetuneConfig, data_url: str, model_url: str, output_url: str,
-    reader: Reader, files: tuple[tuple[str, ...], tuple[str, ...]], log_fn: LogFn | None = None,
-    save_model: bool = True,
-) -> Manifest:  # fmt: skip
-    """Fine-tune and score one JSON-lines classification or regression task (``task.layout``)."""
-    started = time.time()
-    spec = task.layout
-    inputs, tokenizer = begin_run(config.seed, model_url, data_url, output_url)
-    train_split = reader(find_split(data_url, files[0]), task, "train")
-    dev_split = reader(find_split(data_url, files[1]), task, "dev")
-    check_eval_split(task.name, "dev", dev_split.url, len(dev_split.examples), config.min_eval_examples,
-                     {"unlabelled": dev_split.skipped})  # fmt: skip
-    logger.info("%s: %d train, %d dev examples", task.name, len(train_split.examples), len(dev_split.examples))
+def _files(task: Task) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(train name patterns, dev name patterns) of a row (``Task.files``)."""
+    return resolve(task.files)
 
-    def encode(split: Split) -> list[Feature]:
-        return encode_examples(tokenizer, split.examples, spec, config.max_seq_length)
 
-    train_features, dev_features = encode(train_split), encode(dev_split)
-    dev_labels = [f["labels"] for f in dev_features]
-    model = BertForSequenceClassification(load_encoder(model_url), spec.num_labels, config.classifier_dropout)
-    device = pick_device()
-    model.to(device)
-    eval_batch = max(config.batch_size, 64)
+class Classification(Family):
+    """A JSON-lines classification or regression unit (``task.layout``), GLUE's encoding and metrics."""
 
-    def dev_predictions(m) -> list:
-        return predictions_from_logits(spec, predict(m, dev_features, eval_batch, ["logits"], device)["logits"])
+    select = "eval_score"
 
-    def evaluate(m) -> dict[str, float]:
-        return {f"eval_{k}": v for k, v in compute_metrics(spec, dev_predictions(m), dev_labels).items()}
+    def read(self) -> None:
+        task, reader, files = self.task, resolve(self.task.reader), _files(self.task)
+        self.train_split = reader(find_split(self.data_url, files[0]), task, "train")
+        self.dev_split = reader(find_split(self.data_url, files[1]), task, "dev")
+        check_eval_split(task.name, "dev", self.dev_split.url, len(self.dev_split.examples),
+                         self.config.min_eval_examples, {"unlabelled": self.dev_split.skipped})  # fmt: skip
+        logger.info("%s: %d train, %d dev examples", task.name, len(self.train_split.examples),
+                    len(self.dev_split.examples))  # fmt: skip
 
-    result = train(model, train_features, config, evaluate, "eval_score", log_fn, device)
-    rows = [
-        json.dumps({"id": ex.index, "prediction": format_prediction(spec, p), "label": ex.label}, ensure_ascii=False)
-        for ex, p in zip(dev_split.examples, dev_predictions(model))
-    ]
-    write_text(join_url(output_url, "predictions.jsonl"), "\n".join(rows) + "\n")
-    extra = {
-        "num_labels": spec.num_labels,
-        "classifier_dropout": config.classifier_dropout,
-        "finetuning_task": task.name,
-    }
-    if spec.is_regression:
-        extra.update(problem_type="regression", id2label={"0": "LABEL_0"}, label2id={"LABEL_0": 0})
-    else:
-        extra.update(
-            problem_type="single_label_classification",
-            id2label={str(i): name for i, name in enumerate(spec.labels)},
-            label2id={name: i for i, name in enumerate(spec.labels)},
+    def _encode(self, split: Split) -> list[Feature]:
+        return encode_examples(self.tokenizer, split.examples, self.task.layout, self.config.max_seq_length)
+
+    def encode(self) -> list[Feature]:
+        train_features, self.dev_features = self._encode(self.train_split), self._encode(self.dev_split)
+        self.dev_labels = [f["labels"] for f in self.dev_features]
+        return train_features
+
+    def head(self, encoder):
+        return BertForSequenceClassification(encoder, self.task.layout.num_labels, self.config.classifier_dropout)
+
+    def predict(self, model, device) -> list:
+        logits = predict(model, self.dev_features, self.eval_batch, ["logits"], device)["logits"]
+        return predictions_from_logits(self.task.layout, logits)
+
+    def score(self, predictions) -> dict[str, float]:
+        return {f"eval_{k}": v for k, v in compute_metrics(self.task.layout, predictions, self.dev_labels).items()}
+
+    def write(self, model, predictions, result, device) -> dict[str, float]:
+        spec = self.task.layout
+        rows = [
+            json.dumps(
+                {"id": ex.index, "prediction": format_prediction(spec, p), "label": ex.label}, ensure_ascii=False
+            )
+            for ex, p in zip(self.dev_split.examples, predictions)
+        ]
+        write_text(join_url(self.output_url, "predictions.jsonl"), "\n".join(rows) + "\n")
+        counts = {k: float(v) for k, v in result.best_metrics.items() if k.startswith("eval_")}
+        counts.update(
+            train_examples=float(len(self.train_split.examples)),
+            train_skipped=float(self.train_split.skipped),
+            dev_examples=float(len(self.dev_split.examples)),
+            dev_skipped=float(self.dev_split.skipped),
         )
-    if save_model:
-        save_finetuned(model, model.config, output_url, "BertForSequenceClassification", extra, model_url)
-    counts = {k: float(v) for k, v in result.best_metrics.items() if k.startswith("eval_")}
-    counts.update(
-        train_examples=float(len(train_split.examples)),
-        train_skipped=float(train_split.skipped),
-        dev_examples=float(len(dev_split.examples)),
-        dev_skipped=float(dev_split.skipped),
-    )
-    return _finish(task, config, inputs, counts, result, output_url, started)
+        return counts
+
+    def saved(self):
+        return "BertForSequenceClassification", classifier_config(self.task.layout, self.config, self.task.name)
 
 
 def classification_example(
@@ -201,21 +194,22 @@ class ChoiceExample:
     label: int
 
 
-def run_choice(
-    task: Task, config: FinetuneConfig, data_url: str, model_url: str, output_url: str,
-    reader: Reader, files: tuple[tuple[str, ...], tuple[str, ...]], log_fn: LogFn | None = None,
-    save_model: bool = True,
-) -> Manifest:  # fmt: skip
-    """Fine-tune and score a multiple-choice task: ``[CLS] question [SEP] choice [SEP]`` per choice."""
-    started = time.time()
-    inputs, tokenizer = begin_run(config.seed, model_url, data_url, output_url)
-    train_split = reader(find_split(data_url, files[0]), task, "train")
-    dev_split = reader(find_split(data_url, files[1]), task, "dev")
-    check_eval_split(task.name, "dev", dev_split.url, len(dev_split.examples), config.min_eval_examples,
-                     {"unlabelled": dev_split.skipped})  # fmt: skip
+class Choice(Family):
+    """A multiple-choice unit: ``[CLS] question [SEP] choice [SEP]`` per choice, accuracy."""
 
-    def encode(examples: list[ChoiceExample]) -> list[Feature]:
-        tokenizer.enable_truncation(config.max_seq_length, strategy="longest_first")
+    select = "eval_accuracy"
+    eval_batch_floor = 32
+
+    def read(self) -> None:
+        task, reader, files = self.task, resolve(self.task.reader), _files(self.task)
+        self.train_split = reader(find_split(self.data_url, files[0]), task, "train")
+        self.dev_split = reader(find_split(self.data_url, files[1]), task, "dev")
+        check_eval_split(task.name, "dev", self.dev_split.url, len(self.dev_split.examples),
+                         self.config.min_eval_examples, {"unlabelled": self.dev_split.skipped})  # fmt: skip
+
+    def _encode(self, examples: list[ChoiceExample]) -> list[Feature]:
+        tokenizer = self.tokenizer
+        tokenizer.enable_truncation(self.config.max_seq_length, strategy="longest_first")
         try:
             encs = tokenizer.encode_batch([(e.question, c) for e in examples for c in e.choices])
         finally:
@@ -228,104 +222,86 @@ def run_choice(
                         "labels": e.label})  # fmt: skip
         return out
 
-    train_features, dev_features = encode(train_split.examples), encode(dev_split.examples)
-    dev_labels = [e.label for e in dev_split.examples]
-    model = BertForMultipleChoice(load_encoder(model_url), config.classifier_dropout)
-    device = pick_device()
-    model.to(device)
+    def encode(self) -> list[Feature]:
+        train_features, self.dev_features = (
+            self._encode(self.train_split.examples),
+            self._encode(self.dev_split.examples),
+        )
+        self.dev_labels = [e.label for e in self.dev_split.examples]
+        return train_features
 
-    def dev_predictions(m) -> list[int]:
-        logits = predict(m, dev_features, max(config.batch_size, 32), ["logits"], device)["logits"]
+    def head(self, encoder):
+        return BertForMultipleChoice(encoder, self.config.classifier_dropout)
+
+    def predict(self, model, device) -> list[int]:
+        logits = predict(model, self.dev_features, self.eval_batch, ["logits"], device)["logits"]
         return [max(range(len(r)), key=r.__getitem__) for r in logits]
 
-    def evaluate(m) -> dict[str, float]:
-        return {"eval_accuracy": accuracy(dev_predictions(m), dev_labels)}
+    def score(self, predictions) -> dict[str, float]:
+        return {"eval_accuracy": accuracy(predictions, self.dev_labels)}
 
-    result = train(model, train_features, config, evaluate, "eval_accuracy", log_fn, device)
-    rows = [
-        json.dumps({"id": e.qid, "prediction": p, "label": e.label})
-        for e, p in zip(dev_split.examples, dev_predictions(model))
-    ]
-    write_text(join_url(output_url, "predictions.jsonl"), "\n".join(rows) + "\n")
-    if save_model:
-        save_finetuned(
-            model, model.config, output_url, "BertForMultipleChoice", {"finetuning_task": task.name}, model_url
+    def write(self, model, predictions, result, device) -> dict[str, float]:
+        rows = [
+            json.dumps({"id": e.qid, "prediction": p, "label": e.label})
+            for e, p in zip(self.dev_split.examples, predictions)
+        ]
+        write_text(join_url(self.output_url, "predictions.jsonl"), "\n".join(rows) + "\n")
+        counts = {k: float(v) for k, v in result.best_metrics.items() if k.startswith("eval_")}
+        counts.update(
+            train_examples=float(len(self.train_split.examples)), dev_examples=float(len(self.dev_split.examples))
         )
-    counts = {k: float(v) for k, v in result.best_metrics.items() if k.startswith("eval_")}
-    counts.update(train_examples=float(len(train_split.examples)), dev_examples=float(len(dev_split.examples)))
-    return _finish(task, config, inputs, counts, result, output_url, started)
+        return counts
+
+    def saved(self):
+        return "BertForMultipleChoice", {"finetuning_task": self.task.name}
 
 
 # -- span extraction -----------------------------------------------------------------------------
 QaMetric = Callable[[dict[str, list[str]], dict[str, str]], dict[str, float]]
 
 
-def run_span_qa(
-    task: Task, config: FinetuneConfig, data_url: str, model_url: str, output_url: str,
-    files: tuple[tuple[str, ...], tuple[str, ...]], metric: QaMetric, log_fn: LogFn | None = None,
-    save_model: bool = True,
-) -> Manifest:  # fmt: skip
-    """Fine-tune on a SQuAD-style JSON file and score dev with the benchmark's ``metric``."""
-    from tasks.squad import decode_spans, gold_answers, make_features, read_squad
+class SpanQa(squad.Unit):
+    """A SQuAD-style span QA unit (SQuAD's reader, windows and decoding) scored by the row's own
+    scorer (``Task.scorer``: question id -> gold texts, predictions -> {"exact_match", "f1", ...})."""
 
-    started = time.time()
-    sq = config.squad
-    inputs, tokenizer = begin_run(config.seed, model_url, data_url, output_url)
-    train_examples = read_squad(find_split(data_url, files[0]), "1.1")
-    dev_url = find_split(data_url, files[1])
-    dev_examples = read_squad(dev_url, "1.1")
-    check_eval_split(task.name, "dev", dev_url, len(dev_examples), config.min_eval_examples)
-    window = dict(
-        max_seq_length=sq.max_seq_length or config.max_seq_length,
-        doc_stride=sq.doc_stride,
-        max_query_length=sq.max_query_length,
-    )
-    train_features, _, skipped = make_features(tokenizer, train_examples, training=True, **window)
-    dev_features, dev_windows, _ = make_features(tokenizer, dev_examples, **window)
-    gold = gold_answers(dev_examples)
-    model = BertForQuestionAnswering(load_encoder(model_url))
-    device = pick_device()
-    model.to(device)
+    @property
+    def version(self) -> str:
+        return "1.1"
 
-    def dev_predictions(m) -> tuple[dict[str, str], dict[str, float]]:
-        out = predict(m, dev_features, max(config.batch_size, 32), ["start_logits", "end_logits"], device)
-        texts, _ = decode_spans(
-            dev_examples, dev_windows, out["start_logits"], out["end_logits"], sq.n_best_size, sq.max_answer_length
+    def check(self) -> None:
+        """Nothing before the run (the run config checks the window for every QA row)."""
+
+    def split_urls(self) -> tuple[str, str]:
+        files = _files(self.task)
+        return find_split(self.data_url, files[0]), find_split(self.data_url, files[1])
+
+    def encode(self):
+        features = super().encode()
+        self.gold = squad.gold_answers(self.dev_examples)
+        return features
+
+    def dev_scores(self, texts: dict[str, str], null_odds: dict[str, float]):
+        metric: QaMetric = resolve(self.task.scorer)
+        return texts, metric(self.gold, texts)
+
+    def score(self, predictions) -> dict[str, float]:
+        return {f"eval_{k}": v for k, v in self.dev_scores(*predictions)[1].items()}
+
+    def write(self, model, predictions, result, device) -> dict[str, float]:
+        texts, self.scores = self.dev_scores(*predictions)
+        write_json(join_url(self.output_url, "predictions.json"), texts)
+        counts = {f"eval_{k}": float(v) for k, v in self.scores.items()}
+        counts.update(
+            train_examples=float(len(self.train_examples)),
+            train_features=float(self.num_train_features),
+            train_skipped=float(self.skipped),
+            dev_examples=float(len(self.dev_examples)),
+            dev_features=float(len(self.dev_features)),
         )
-        return texts, metric(gold, texts)
+        return counts
 
-    def evaluate(m) -> dict[str, float]:
-        return {f"eval_{k}": v for k, v in dev_predictions(m)[1].items()}
+    def saved(self):
+        return "BertForQuestionAnswering", {"finetuning_task": self.task.name}
 
-    result = train(model, train_features, config, evaluate, "eval_f1", log_fn, device)
-    texts, scores = dev_predictions(model)
-    write_json(join_url(output_url, "predictions.json"), texts)
-    if save_model:
-        save_finetuned(
-            model, model.config, output_url, "BertForQuestionAnswering", {"finetuning_task": task.name}, model_url
-        )
-    counts = {f"eval_{k}": float(v) for k, v in scores.items()}
-    counts.update(
-        train_examples=float(len(train_examples)),
-        train_features=float(len(train_features)),
-        train_skipped=float(skipped),
-        dev_examples=float(len(dev_examples)),
-        dev_features=float(len(dev_features)),
-    )
-    return _finish(task, config, inputs, counts, result, output_url, started)
-
-
-def _finish(task: Task, config: FinetuneConfig, inputs, counts: dict, result, output_url: str, started: float):
-    seconds = time.time() - started
-    counts.update(best_epoch=float(result.best_epoch), steps=float(result.steps), seconds=seconds)
-    write_json(join_url(output_url, "metrics.json"), {"task": task.name, **counts, "history": result.history})
-    logger.info(
-        "%s done in %.1f s: %s",
-        task.name,
-        seconds,
-        ", ".join(f"{k} {v:.4f}" for k, v in counts.items() if k.startswith("eval_")),
-    )
-    return write_manifest(
-        f"finetune-{task.name}", output_url, {**dataclasses.asdict(config), "task": task.name}, inputs, counts,
-        seconds=seconds,
-    )  # fmt: skip
+    def header(self):
+        return {"task": self.task.name}

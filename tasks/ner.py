@@ -1,4 +1,4 @@
-"""CoNLL-2003 NER: the column-file reader, first-sub-token labelling, and ``run_ner``.
+"""CoNLL-2003 NER: the column-file reader, first-sub-token labelling, and the family's steps (``Unit``).
 
 1. Reader: the official column files (``word POS chunk NER``, any number of columns, the tag
    last), ``-DOCSTART-`` lines dropped as document marks, a blank line ends a sentence, CRLF
@@ -22,30 +22,14 @@ from __future__ import annotations
 import dataclasses
 import logging
 import re
-import time
 
 import fsspec
 
-from model.contract import Manifest, join_url, write_manifest
-from tasks.config import FinetuneConfig
-from tasks.finetune import (
-    IGNORE_INDEX,
-    Feature,
-    LogFn,
-    begin_run,
-    check_eval_split,
-    load_encoder,
-    pick_device,
-    predict,
-    save_finetuned,
-    special_id,
-    train,
-    write_json,
-    write_text,
-)
+from model.contract import join_url
+from tasks.driver import Family
+from tasks.finetune import IGNORE_INDEX, Feature, check_eval_split, predict, special_id, write_text
 from tasks.heads import BertForTokenClassification
 from tasks.metrics import conlleval
-from tasks.registry import Task
 
 logger = logging.getLogger("bertflow.finetune")
 _TAG = re.compile(r"^(O|[BIES]-\S+)$")
@@ -168,140 +152,107 @@ def word_predictions(logits: list, positions: list[list[tuple[int, int]]], label
     return out
 
 
-def run_ner(
-    config: FinetuneConfig,
-    data_url: str,
-    model_url: str,
-    output_url: str,
-    log_fn: LogFn | None = None,
-    save_model: bool = True,
-    feature_mix: str | None = None,
-) -> Manifest:
-    """Fine-tune (or, with ``feature_mix``, train a BiLSTM on frozen features) for CoNLL-2003 NER."""
-    started = time.time()
-    opts = config.ner
-    inputs, tokenizer = begin_run(config.seed, model_url, data_url, output_url)
-    fs, root = fsspec.core.url_to_fs(data_url)
+# -- the family's steps (tasks.driver.run_unit runs them) -----------------------------------------
+class Unit(Family):
+    """CoNLL-2003 NER's unit: fine-tuned token classification, or with the unit's ``feature_mix``
+    a BiLSTM on the frozen encoder's features (the model is then not saved)."""
 
-    def read(name):
-        sents = read_conll(join_url(data_url, name))
-        if opts.label_scheme == "iob2":
+    select = "eval_f1"
+
+    @property
+    def feature_mix(self) -> str | None:
+        return self.unit.get("feature_mix")
+
+    def _read(self, name: str) -> list[NerSentence]:
+        sents = read_conll(join_url(self.data_url, name))
+        if self.config.ner.label_scheme == "iob2":
             sents = [NerSentence(s.words, iob1_to_iob2(s.tags)) for s in sents]
         return sents
 
-    train_sents, dev_sents = read(opts.train_file), read(opts.dev_file)
-    has_test = fs.exists(f"{root.rstrip('/')}/{opts.test_file}")
-    test_sents = read(opts.test_file) if has_test else []
-    floor = config.min_eval_examples
-    check_eval_split("conll2003", "dev", join_url(data_url, opts.dev_file), len(dev_sents), floor)
-    if has_test:
-        check_eval_split("conll2003", "test", join_url(data_url, opts.test_file), len(test_sents), floor)
-    labels = label_list(train_sents)
-    unseen = sorted({t for s in dev_sents for t in s.tags} - set(labels))
-    if unseen:
-        logger.warning("dev tags not in train (never predicted): %s", unseen)
-    train_features, _, train_cut = encode_sentences(tokenizer, train_sents, labels, config.max_seq_length)
-    dev_features, dev_positions, dev_cut = encode_sentences(tokenizer, dev_sents, labels, config.max_seq_length)
+    def read(self) -> None:
+        opts, data_url, config = self.config.ner, self.data_url, self.config
+        fs, root = fsspec.core.url_to_fs(data_url)
+        self.train_sents, self.dev_sents = self._read(opts.train_file), self._read(opts.dev_file)
+        has_test = fs.exists(f"{root.rstrip('/')}/{opts.test_file}")
+        self.test_sents = self._read(opts.test_file) if has_test else []
+        floor = config.min_eval_examples
+        check_eval_split(self.task.name, "dev", join_url(data_url, opts.dev_file), len(self.dev_sents), floor)
+        if has_test:
+            check_eval_split(self.task.name, "test", join_url(data_url, opts.test_file), len(self.test_sents), floor)
+        self.labels = label_list(self.train_sents)
+        unseen = sorted({t for s in self.dev_sents for t in s.tags} - set(self.labels))
+        if unseen:
+            logger.warning("dev tags not in train (never predicted): %s", unseen)
 
-    encoder = load_encoder(model_url)
-    if feature_mix is None:
-        model = BertForTokenClassification(encoder, len(labels), config.classifier_dropout)
-    else:
+    def encode(self):
+        n = self.config.max_seq_length
+        train_features, _, self.train_cut = encode_sentences(self.tokenizer, self.train_sents, self.labels, n)
+        self.dev_features, self.dev_positions, self.dev_cut = encode_sentences(
+            self.tokenizer, self.dev_sents, self.labels, n
+        )
+        self.dev_gold = [s.tags for s in self.dev_sents]
+        return train_features
+
+    def head(self, encoder):
+        config = self.config
+        if self.feature_mix is None:
+            return BertForTokenClassification(encoder, len(self.labels), config.classifier_dropout)
         from tasks.features import FeatureBasedTagger
 
-        model = FeatureBasedTagger(
+        return FeatureBasedTagger(
             encoder,
-            len(labels),
-            feature_mix,
+            len(self.labels),
+            self.feature_mix,
             config.features.lstm_hidden,
             config.features.lstm_layers,
             config.classifier_dropout,
         )
-    device = pick_device()
-    model.to(device)
-    eval_batch = max(config.batch_size, 64)
-    dev_gold = [s.tags for s in dev_sents]
 
-    def tag(m, features, positions):
-        return word_predictions(predict(m, features, eval_batch, ["logits"], device)["logits"], positions, labels)
+    def _tag(self, model, device, features, positions) -> list[list[str]]:
+        logits = predict(model, features, self.eval_batch, ["logits"], device)["logits"]
+        return word_predictions(logits, positions, self.labels)
 
-    def evaluate(m) -> dict[str, float]:
-        scores = conlleval(dev_gold, tag(m, dev_features, dev_positions))
-        return {f"eval_{k}": v for k, v in scores.items()}
+    def predict(self, model, device) -> list[list[str]]:
+        return self._tag(model, device, self.dev_features, self.dev_positions)
 
-    result = train(model, train_features, config, evaluate, "eval_f1", log_fn, device)
+    def score(self, predictions) -> dict[str, float]:
+        return {f"eval_{k}": v for k, v in conlleval(self.dev_gold, predictions).items()}
 
-    def write_predictions(name, sents, predicted):
+    def _write_predictions(self, name: str, sents: list[NerSentence], predicted: list[list[str]]) -> None:
         lines = []
         for s, tags in zip(sents, predicted):
             lines += [f"{w} {g} {p}" for w, g, p in zip(s.words, s.tags, tags)] + [""]
-        write_text(join_url(output_url, name), "\n".join(lines) + "\n")
+        write_text(join_url(self.output_url, name), "\n".join(lines) + "\n")
 
-    dev_pred = tag(model, dev_features, dev_positions)
-    scores = conlleval(dev_gold, dev_pred)
-    write_predictions("predictions.txt", dev_sents, dev_pred)
-    counts = {f"eval_{k}": float(v) for k, v in scores.items()}
-    if test_sents:
-        feats, pos, _ = encode_sentences(tokenizer, test_sents, labels, config.max_seq_length)
-        test_pred = tag(model, feats, pos)
-        write_predictions("test_predictions.txt", test_sents, test_pred)
+    def write(self, model, predictions, result, device) -> dict[str, float]:
+        self._write_predictions("predictions.txt", self.dev_sents, predictions)
+        counts = {k: float(v) for k, v in self.score(predictions).items()}
+        if self.test_sents:
+            feats, pos, _ = encode_sentences(self.tokenizer, self.test_sents, self.labels, self.config.max_seq_length)
+            test_pred = self._tag(model, device, feats, pos)
+            self._write_predictions("test_predictions.txt", self.test_sents, test_pred)
+            test_scores = conlleval([s.tags for s in self.test_sents], test_pred)
+            counts.update({f"test_{k}": float(v) for k, v in test_scores.items() if k in ("precision", "recall", "f1")})
         counts.update(
-            {
-                f"test_{k}": float(v)
-                for k, v in conlleval([s.tags for s in test_sents], test_pred).items()
-                if k in ("precision", "recall", "f1")
-            }
+            train_sentences=float(len(self.train_sents)),
+            dev_sentences=float(len(self.dev_sents)),
+            dev_examples=float(len(self.dev_sents)),
+            test_sentences=float(len(self.test_sents)),
+            train_extra_windows=float(self.train_cut),
+            dev_extra_windows=float(self.dev_cut),
         )
-    if save_model and feature_mix is None:
-        save_finetuned(
-            model,
-            model.config,
-            output_url,
-            "BertForTokenClassification",
-            {
-                "num_labels": len(labels),
-                "finetuning_task": "ner",
-                "id2label": dict(enumerate(labels)),
-                "label2id": {t: i for i, t in enumerate(labels)},
-            },
-            model_url,
-        )
-    seconds = time.time() - started
-    counts.update(
-        train_sentences=float(len(train_sents)),
-        dev_sentences=float(len(dev_sents)),
-        dev_examples=float(len(dev_sents)),
-        test_sentences=float(len(test_sents)),
-        train_extra_windows=float(train_cut),
-        dev_extra_windows=float(dev_cut),
-        best_epoch=float(result.best_epoch),
-        steps=float(result.steps),
-        seconds=seconds,
-    )
-    write_json(join_url(output_url, "metrics.json"), {"labels": labels, **counts, "history": result.history})
-    logger.info("NER%s done in %.1f s: F1 %.2f", f" ({feature_mix})" if feature_mix else "", seconds, scores["f1"])
-    name = "conll2003" if feature_mix is None else "conll2003_features"
-    config_dict = {**dataclasses.asdict(config), "task": name, **({"feature_mix": feature_mix} if feature_mix else {})}
-    return write_manifest(f"finetune-{name}", output_url, config_dict, inputs, counts, seconds=seconds)
+        return counts
 
+    def saved(self):
+        if self.feature_mix is not None:
+            return None
+        extra = {
+            "num_labels": len(self.labels),
+            "finetuning_task": "ner",
+            "id2label": dict(enumerate(self.labels)),
+            "label2id": {t: i for i, t in enumerate(self.labels)},
+        }
+        return "BertForTokenClassification", extra
 
-def run_task(
-    task: Task,
-    config: FinetuneConfig,
-    data_url: str,
-    model_url: str,
-    output_url: str,
-    log_fn: LogFn | None = None,
-    save_model: bool = True,
-    unit: dict | None = None,
-) -> Manifest:
-    """The registry's entry point (``Task.run``)."""
-    return run_ner(
-        config,
-        data_url,
-        model_url,
-        output_url,
-        log_fn=log_fn,
-        save_model=save_model,
-        feature_mix=(unit or {}).get("feature_mix"),
-    )
+    def header(self):
+        return {"labels": self.labels}

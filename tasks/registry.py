@@ -1,10 +1,11 @@
 """The downstream tasks, one row each: the one place that says what a task is.
 
-A row names the task, its family (the module of ``tasks/`` that runs it: ``tasks.<family>``
-defines ``run_task(task, config, data_url, model_url, output_url, log_fn, save_model, unit)``),
-where its official files are under the downstream data root, its headline metric and the factor
-that puts it in percent (the paper's tables, the GLUE average, the champion's score), the reader
-of its official files, its head, and the writer of its benchmark-server files when it has one.
+A row names the task, its family (the module of ``tasks/`` that holds its steps:
+``tasks.<family>`` defines ``Unit``, a :class:`tasks.driver.Family` that
+:func:`tasks.driver.run_unit` runs), where its official files are under the downstream data
+root, its headline metric and the factor that puts it in percent (the paper's tables, the GLUE
+average, the champion's score), the reader of its official files, its head, and the writer of
+its benchmark-server files when it has one.
 GLUE rows carry their file layout (columns, label set, dev and test files) as ``layout``.
 
 Everything that knows about downstream tasks reads :data:`TASKS`: the stage table (one
@@ -71,14 +72,26 @@ class Task:
     """``module:class`` of the head on the encoder."""
     submission: str = ""
     """``module:function`` that writes the benchmark server's files (GLUE), or empty."""
+    unit: str = ""
+    """``module:class`` of its family's steps (:class:`tasks.driver.Family`) that
+    :func:`tasks.driver.run_unit` runs; default ``tasks.<family>:Unit``."""
     glue_average: bool = False
     """Counts in the paper's GLUE average (the nine GLUE tasks but WNLI)."""
     feature_based: bool = False
     """The frozen-encoder (feature-based) variant: the grid also spans ``finetune.features.layer_mixes``."""
     layout: GlueLayout | None = None
     """GLUE rows: the file layout."""
+    files: str = ""
+    """JSON-lines rows: ``module:attr`` of (train file patterns, dev file patterns)."""
+    scorer: str = ""
+    """JSON-lines span QA rows: ``module:function`` of the benchmark's official scorer
+    (question id -> gold texts, predictions -> {"exact_match", "f1", ...})."""
     options: dict[str, Any] = field(default_factory=dict)
     """Family options, e.g. {"version": "2.0"} for SQuAD v2.0."""
+
+    def __post_init__(self):
+        if not self.unit:
+            object.__setattr__(self, "unit", f"tasks.{self.family}:Unit")
 
     @property
     def module(self) -> str:
@@ -98,9 +111,9 @@ class Task:
         save_model: bool = True,
         unit: dict[str, Any] | None = None,
     ):
-        """Fine-tune and evaluate once (one unit of the grid); returns the unit's manifest."""
-        run_task = resolve(f"{self.module}:run_task")
-        return run_task(self, config, data_url, model_url, output_url, log_fn=log_fn, save_model=save_model, unit=unit)
+        """Fine-tune and evaluate once (one unit of the grid): :func:`tasks.driver.run_unit`."""
+        run_unit = resolve("tasks.driver:run_unit")
+        return run_unit(self, config, data_url, model_url, output_url, log_fn=log_fn, save_model=save_model, unit=unit)
 
 
 def resolve(ref: str) -> Any:
@@ -138,7 +151,13 @@ def _jsonl(
     reader = {"jglue": "tasks.jglue:read_jglue", "clue": "tasks.clue:read_clue"}[family]
     if kind == "qa":
         reader = "tasks.squad:read_squad"
-    return Task(name, family, folder, metric, scale, reader, head, layout=layout, options={"kind": kind, **options})
+    unit = {"classification": "Classification", "choice": "Choice", "qa": "SpanQa"}[kind]
+    files = "tasks.clue:CMRC_FILES" if (family, kind) == ("clue", "qa") else f"tasks.{family}:FILES"
+    scorer = (
+        {"jglue": "tasks.jglue:jsquad_evaluate", "clue": "tasks.clue:cmrc2018_evaluate"}[family] if kind == "qa" else ""
+    )
+    return Task(name, family, folder, metric, scale, reader, head, unit=f"tasks.jsonl:{unit}",
+                layout=layout, files=files, scorer=scorer, options={"kind": kind, **options})  # fmt: skip
 
 
 _CLUE_NLI = ("contradiction", "entailment", "neutral")
@@ -264,12 +283,21 @@ class UnknownTaskError(KeyError):
         return str(self.args[0])
 
 
+def _key(name: str) -> str:
+    return name.lower().replace("-", "").replace("_", "")
+
+
 def get_task(name: str) -> Task:
-    if name not in TASKS:
-        close = difflib.get_close_matches(name, TASKS, n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise UnknownTaskError(f"unknown downstream task {name!r}{hint}; known: {', '.join(sorted(TASKS))}")
-    return TASKS[name]
+    """A task's row by its name; case, '-' and '_' are ignored when the name itself is not a row
+    ("SST-2", "STS-B", "CoLA": GLUE's folder names, as people write them)."""
+    if name in TASKS:
+        return TASKS[name]
+    for task in TASKS.values():
+        if _key(task.name) == _key(name):
+            return task
+    close = difflib.get_close_matches(name, TASKS, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    raise UnknownTaskError(f"unknown downstream task {name!r}{hint}; known: {', '.join(sorted(TASKS))}")
 
 
 def family_tasks(family: str) -> dict[str, Task]:

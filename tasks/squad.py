@@ -1,4 +1,4 @@
-"""SQuAD v1.1 / v2.0: JSON reader, doc-stride windows, span decoding, and ``run_squad``.
+"""SQuAD v1.1 / v2.0: JSON reader, doc-stride windows, span decoding, and the family's steps (``Unit``).
 
 Follows the reference ``run_squad.py`` semantics with character offsets instead of its
 whitespace-token bookkeeping:
@@ -31,28 +31,15 @@ import dataclasses
 import json
 import logging
 import re
-import time
 
 import fsspec
 
-from model.contract import Manifest, join_url, write_manifest
-from tasks.config import FinetuneConfig, SquadConfig
-from tasks.finetune import (
-    Feature,
-    LogFn,
-    begin_run,
-    check_eval_split,
-    load_encoder,
-    pick_device,
-    predict,
-    save_finetuned,
-    special_id,
-    train,
-    write_json,
-)
+from model.contract import join_url
+from tasks.config import SquadConfig
+from tasks.driver import Family
+from tasks.finetune import Feature, check_eval_split, predict, special_id, write_json
 from tasks.heads import BertForQuestionAnswering
 from tasks.metrics import squad_evaluate
-from tasks.registry import Task
 
 logger = logging.getLogger("bertflow.finetune")
 
@@ -421,125 +408,99 @@ def squad_files(version: str, squad: SquadConfig) -> tuple[str, str]:
     return squad.train_file or train_name, squad.dev_file or dev_name
 
 
-def run_squad(
-    config: FinetuneConfig,
-    data_url: str,
-    model_url: str,
-    output_url: str,
-    version: str = "1.1",
-    log_fn: LogFn | None = None,
-    save_model: bool = True,
-) -> Manifest:
-    """Fine-tune the exported model at ``model_url`` on SQuAD; write predictions and scores.
+# -- the family's steps (tasks.driver.run_unit runs them) -----------------------------------------
+class Unit(Family):
+    """SQuAD's unit (v1.1 or v2.0 by the row's ``options["version"]``): windows over the context,
+    start/end logits, the official scores (v2.0: the null threshold tuned on dev unless set).
 
     Outputs: ``predictions.json`` (question id -> answer, the official format), for v2.0
     ``null_odds.json`` (question id -> null-score difference, the official ``--na-prob-file``),
-    ``metrics.json``, the model unless ``save_model`` is off, then ``_manifest.json``.
-    """
-    started = time.time()
-    if version not in FILES:
-        raise ValueError(f"SQuAD version must be '1.1' or '2.0', got {version!r}")
-    sq = config.squad
-    sq.check_window(config.max_seq_length)  # before any work (the run config checks it too)
-    train_name, dev_name = squad_files(version, sq)
-    inputs, tokenizer = begin_run(config.seed, model_url, data_url, output_url)
-    train_examples = read_squad(join_url(data_url, train_name), version)
-    dev_examples = read_squad(join_url(data_url, dev_name), version)
-    dev_url = join_url(data_url, dev_name)
-    check_eval_split(f"squad v{version}", "dev", dev_url, len(dev_examples), config.min_eval_examples)
-    window_args = dict(
-        max_seq_length=sq.max_seq_length or config.max_seq_length,
-        doc_stride=sq.doc_stride,
-        max_query_length=sq.max_query_length,
-    )
-    train_features, _, skipped = make_features(tokenizer, train_examples, training=True, **window_args)
-    dev_features, dev_windows, _ = make_features(tokenizer, dev_examples, **window_args)
-    logger.info(
-        "SQuAD v%s: %d train questions -> %d features (%d skipped), %d dev -> %d",
-        version,
-        len(train_examples),
-        len(train_features),
-        skipped,
-        len(dev_examples),
-        len(dev_features),
-    )
+    ``metrics.json``, the model unless ``save_model`` is off, then ``_manifest.json``."""
 
-    model = BertForQuestionAnswering(load_encoder(model_url))
-    device = pick_device()
-    model.to(device)
-    eval_batch = max(config.batch_size, 32)
+    select = "eval_f1"
+    eval_batch_floor = 32
 
-    def dev_predictions(m):
-        out = predict(m, dev_features, eval_batch, ["start_logits", "end_logits"], device)
-        texts, null_odds = decode_spans(
-            dev_examples, dev_windows, out["start_logits"], out["end_logits"], sq.n_best_size, sq.max_answer_length
+    @property
+    def version(self) -> str:
+        return self.task.options.get("version", "1.1")
+
+    def check(self) -> None:
+        if self.version not in FILES:
+            raise ValueError(f"SQuAD version must be '1.1' or '2.0', got {self.version!r}")
+        self.config.squad.check_window(self.config.max_seq_length)  # before any work (the run config checks it too)
+
+    def split_urls(self) -> tuple[str, str]:
+        """The train and dev files' URLs."""
+        train_name, dev_name = squad_files(self.version, self.config.squad)
+        return join_url(self.data_url, train_name), join_url(self.data_url, dev_name)
+
+    def read(self) -> None:
+        train_url, dev_url = self.split_urls()
+        self.train_examples = read_squad(train_url, self.version)
+        self.dev_examples = read_squad(dev_url, self.version)
+        name = f"squad v{self.version}" if self.task.family == "squad" else self.task.name
+        check_eval_split(name, "dev", dev_url, len(self.dev_examples), self.config.min_eval_examples)
+
+    def encode(self):
+        sq = self.config.squad
+        window_args = dict(
+            max_seq_length=sq.max_seq_length or self.config.max_seq_length,
+            doc_stride=sq.doc_stride,
+            max_query_length=sq.max_query_length,
         )
-        predictions, scores = score_dev(dev_examples, texts, null_odds, version, sq.null_score_diff_threshold)
-        return predictions, null_odds, scores
+        train_features, _, self.skipped = make_features(
+            self.tokenizer, self.train_examples, training=True, **window_args
+        )
+        self.dev_features, self.dev_windows, _ = make_features(self.tokenizer, self.dev_examples, **window_args)
+        self.num_train_features = len(train_features)
+        logger.info(
+            "%s: %d train questions -> %d features (%d skipped), %d dev -> %d",
+            self.task.name,
+            len(self.train_examples),
+            len(train_features),
+            self.skipped,
+            len(self.dev_examples),
+            len(self.dev_features),
+        )
+        return train_features
 
-    def evaluate(m) -> dict[str, float]:
-        scores = dev_predictions(m)[2]
+    def head(self, encoder):
+        return BertForQuestionAnswering(encoder)
+
+    def predict(self, model, device) -> tuple[dict[str, str], dict[str, float]]:
+        """(question id -> answer text, question id -> null-score difference) of the dev set."""
+        sq = self.config.squad
+        out = predict(model, self.dev_features, self.eval_batch, ["start_logits", "end_logits"], device)
+        return decode_spans(
+            self.dev_examples, self.dev_windows, out["start_logits"], out["end_logits"], sq.n_best_size,
+            sq.max_answer_length,
+        )  # fmt: skip
+
+    def dev_scores(self, texts: dict[str, str], null_odds: dict[str, float]):
+        """(final predictions, official scores): SQuAD's script, the v2.0 null threshold applied."""
+        return score_dev(self.dev_examples, texts, null_odds, self.version, self.config.squad.null_score_diff_threshold)
+
+    def score(self, predictions) -> dict[str, float]:
+        scores = self.dev_scores(*predictions)[1]
         return {f"eval_{k}": v for k, v in scores.items() if not k.endswith("total")}
 
-    result = train(model, train_features, config, evaluate, "eval_f1", log_fn, device)
-
-    predictions, null_odds, scores = dev_predictions(model)
-    write_json(join_url(output_url, "predictions.json"), predictions)
-    if version == "2.0":
-        write_json(join_url(output_url, "null_odds.json"), null_odds)
-    if save_model:
-        save_finetuned(
-            model,
-            model.config,
-            output_url,
-            "BertForQuestionAnswering",
-            {"finetuning_task": f"squad-v{version}"},
-            model_url,
+    def write(self, model, predictions, result, device) -> dict[str, float]:
+        final, self.scores = self.dev_scores(*predictions)
+        write_json(join_url(self.output_url, "predictions.json"), final)
+        if self.version == "2.0":
+            write_json(join_url(self.output_url, "null_odds.json"), predictions[1])
+        counts = {f"eval_{k}": float(v) for k, v in self.scores.items() if not k.endswith("total")}
+        counts.update(
+            train_examples=float(len(self.train_examples)),
+            train_features=float(self.num_train_features),
+            train_skipped=float(self.skipped),
+            dev_examples=float(len(self.dev_examples)),
+            dev_features=float(len(self.dev_features)),
         )
+        return counts
 
-    seconds = time.time() - started
-    counts = {f"eval_{k}": float(v) for k, v in scores.items() if not k.endswith("total")}
-    counts.update(
-        train_examples=float(len(train_examples)),
-        train_features=float(len(train_features)),
-        train_skipped=float(skipped),
-        dev_examples=float(len(dev_examples)),
-        dev_features=float(len(dev_features)),
-        best_epoch=float(result.best_epoch),
-        steps=float(result.steps),
-        seconds=seconds,
-    )
-    write_json(
-        join_url(output_url, "metrics.json"),
-        {
-            "version": version,
-            **scores,
-            **counts,
-            "history": result.history,
-        },
-    )
-    logger.info("SQuAD v%s done in %.1f s: F1 %.2f", version, seconds, scores["f1"])
-    return write_manifest(
-        f"finetune-squad-v{version}", output_url, manifest_config(config, version), inputs, counts, seconds=seconds
-    )
+    def saved(self):
+        return "BertForQuestionAnswering", {"finetuning_task": f"squad-v{self.version}"}
 
-
-def manifest_config(config: FinetuneConfig, version: str = "1.1") -> dict:
-    """The config run_squad records in its manifest (the flow compares it to skip a finished run)."""
-    return {**dataclasses.asdict(config), "task": "squad1" if version == "1.1" else "squad2"}
-
-
-def run_task(
-    task: Task,
-    config: FinetuneConfig,
-    data_url: str,
-    model_url: str,
-    output_url: str,
-    log_fn: LogFn | None = None,
-    save_model: bool = True,
-    unit: dict | None = None,
-) -> Manifest:
-    """The registry's entry point (``Task.run``)."""
-    return run_squad(
-        config, data_url, model_url, output_url, version=task.options["version"], log_fn=log_fn, save_model=save_model
-    )
+    def header(self):
+        return {"version": self.version, **self.scores}

@@ -1,4 +1,4 @@
-"""SWAG: the CSV reader, four-way multiple choice, and ``run_swag``.
+"""SWAG: the CSV reader, four-way multiple choice, and the family's steps (``Unit``).
 
 As in the paper: each of the four endings makes one input ``[CLS] sent1 [SEP] sent2 ending
 [SEP]``; the pooled [CLS] vector of each gets one score from a shared vector, and a softmax
@@ -17,28 +17,14 @@ import dataclasses
 import io
 import logging
 import math
-import time
 
 import fsspec
 
-from model.contract import Manifest, join_url, write_manifest
-from tasks.config import FinetuneConfig
-from tasks.finetune import (
-    Feature,
-    LogFn,
-    begin_run,
-    check_eval_split,
-    load_encoder,
-    pick_device,
-    predict,
-    save_finetuned,
-    train,
-    write_json,
-    write_text,
-)
+from model.contract import join_url
+from tasks.driver import Family
+from tasks.finetune import Feature, check_eval_split, predict, write_text
 from tasks.heads import BertForMultipleChoice
 from tasks.metrics import accuracy
-from tasks.registry import Task
 
 logger = logging.getLogger("bertflow.finetune")
 ENDINGS = ("ending0", "ending1", "ending2", "ending3")
@@ -118,91 +104,70 @@ def softmax(row: list[float]) -> list[float]:
     return [x / total for x in exps]
 
 
-def run_swag(
-    config: FinetuneConfig,
-    data_url: str,
-    model_url: str,
-    output_url: str,
-    log_fn: LogFn | None = None,
-    save_model: bool = True,
-) -> Manifest:
-    started = time.time()
-    opts = config.swag
-    inputs, tokenizer = begin_run(config.seed, model_url, data_url, output_url)
-    train_ex = read_swag(join_url(data_url, opts.train_file))
-    dev_ex = read_swag(join_url(data_url, opts.dev_file))
-    fs, root = fsspec.core.url_to_fs(data_url)
-    has_test = fs.exists(f"{root.rstrip('/')}/{opts.test_file}")
-    test_ex = read_swag(join_url(data_url, opts.test_file), labelled=False) if has_test else []
-    check_eval_split("swag", "dev", join_url(data_url, opts.dev_file), len(dev_ex), config.min_eval_examples)
-    if has_test:
-        check_eval_split("swag", "test", join_url(data_url, opts.test_file), len(test_ex), config.min_eval_examples)
-    train_features = encode_swag(tokenizer, train_ex, config.max_seq_length)
-    dev_features = encode_swag(tokenizer, dev_ex, config.max_seq_length)
-    dev_labels = [e.label for e in dev_ex]
+# -- the family's steps (tasks.driver.run_unit runs them) -----------------------------------------
+def _argmax(rows: list[list[float]]) -> list[int]:
+    return [max(range(4), key=r.__getitem__) for r in rows]
 
-    model = BertForMultipleChoice(load_encoder(model_url), config.classifier_dropout)
-    device = pick_device()
-    model.to(device)
-    eval_batch = max(config.batch_size, 32)
 
-    def scores(m, features):
-        return predict(m, features, eval_batch, ["logits"], device)["logits"]
+class Unit(Family):
+    """SWAG's unit: four [CLS] context [SEP] ending [SEP] rows per example, multiple choice, accuracy."""
 
-    def argmax(rows):
-        return [max(range(4), key=r.__getitem__) for r in rows]
+    select = "eval_accuracy"
+    eval_batch_floor = 32
 
-    def evaluate(m) -> dict[str, float]:
-        return {"eval_accuracy": accuracy(argmax(scores(m, dev_features)), dev_labels)}
+    def read(self) -> None:
+        opts, data_url, config = self.config.swag, self.data_url, self.config
+        self.train_ex = read_swag(join_url(data_url, opts.train_file))
+        self.dev_ex = read_swag(join_url(data_url, opts.dev_file))
+        fs, root = fsspec.core.url_to_fs(data_url)
+        has_test = fs.exists(f"{root.rstrip('/')}/{opts.test_file}")
+        self.test_ex = read_swag(join_url(data_url, opts.test_file), labelled=False) if has_test else []
+        floor = config.min_eval_examples
+        check_eval_split(self.task.name, "dev", join_url(data_url, opts.dev_file), len(self.dev_ex), floor)
+        if has_test:
+            check_eval_split(self.task.name, "test", join_url(data_url, opts.test_file), len(self.test_ex), floor)
 
-    result = train(model, train_features, config, evaluate, "eval_accuracy", log_fn, device)
+    def encode(self):
+        train_features = encode_swag(self.tokenizer, self.train_ex, self.config.max_seq_length)
+        self.dev_features = encode_swag(self.tokenizer, self.dev_ex, self.config.max_seq_length)
+        self.dev_labels = [e.label for e in self.dev_ex]
+        return train_features
 
-    def write_rows(name, examples, logits, labelled):
+    def head(self, encoder):
+        return BertForMultipleChoice(encoder, self.config.classifier_dropout)
+
+    def _logits(self, model, device, features):
+        return predict(model, features, self.eval_batch, ["logits"], device)["logits"]
+
+    def predict(self, model, device):
+        return self._logits(model, device, self.dev_features)
+
+    def score(self, predictions) -> dict[str, float]:
+        return {"eval_accuracy": accuracy(_argmax(predictions), self.dev_labels)}
+
+    def _write_rows(self, name, examples, logits, labelled):
         buf = io.StringIO()
         w = csv.writer(buf, lineterminator="\n")
         w.writerow(["id", "prediction"] + (["label"] if labelled else []) + [f"prob{k}" for k in range(4)])
-        for e, row, p in zip(examples, logits, argmax(logits)):
+        for e, row, p in zip(examples, logits, _argmax(logits)):
             w.writerow([e.row_id, p] + ([e.label] if labelled else []) + [repr(x) for x in softmax(row)])
-        write_text(join_url(output_url, name), buf.getvalue())
+        write_text(join_url(self.output_url, name), buf.getvalue())
 
-    dev_logits = scores(model, dev_features)
-    acc = accuracy(argmax(dev_logits), dev_labels)
-    write_rows("predictions.csv", dev_ex, dev_logits, True)
-    if test_ex:
-        write_rows(
-            "test_predictions.csv",
-            test_ex,
-            scores(model, encode_swag(tokenizer, test_ex, config.max_seq_length)),
-            False,
-        )
-    if save_model:
-        save_finetuned(model, model.config, output_url, "BertForMultipleChoice", {"finetuning_task": "swag"}, model_url)
-    seconds = time.time() - started
-    counts = {
-        "eval_accuracy": float(acc),
-        "train_examples": float(len(train_ex)),
-        "dev_examples": float(len(dev_ex)),
-        "test_examples": float(len(test_ex)),
-        "best_epoch": float(result.best_epoch),
-        "steps": float(result.steps),
-        "seconds": seconds,
-    }
-    write_json(join_url(output_url, "metrics.json"), {**counts, "history": result.history})
-    logger.info("SWAG done in %.1f s: accuracy %.4f", seconds, acc)
-    return write_manifest(
-        "finetune-swag", output_url, {**dataclasses.asdict(config), "task": "swag"}, inputs, counts, seconds=seconds
-    )
+    def write(self, model, predictions, result, device) -> dict[str, float]:
+        acc = accuracy(_argmax(predictions), self.dev_labels)
+        self._write_rows("predictions.csv", self.dev_ex, predictions, True)
+        if self.test_ex:
+            features = encode_swag(self.tokenizer, self.test_ex, self.config.max_seq_length)
+            self._write_rows("test_predictions.csv", self.test_ex, self._logits(model, device, features), False)
+        return {
+            "eval_accuracy": float(acc),
+            "train_examples": float(len(self.train_ex)),
+            "dev_examples": float(len(self.dev_ex)),
+            "test_examples": float(len(self.test_ex)),
+        }
 
+    def saved(self):
+        return "BertForMultipleChoice", {"finetuning_task": "swag"}
 
-def run_task(
-    task: Task,
-    config: FinetuneConfig,
-    data_url: str,
-    model_url: str,
-    output_url: str,
-    log_fn: LogFn | None = None,
-    save_model: bool = True,
-    unit: dict | None = None,
-) -> Manifest:
-    """The registry's entry point (``Task.run``)."""
-    return run_swag(config, data_url, model_url, output_url, log_fn=log_fn, save_model=save_model)
+    def header(self):
+        return {}

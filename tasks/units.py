@@ -8,7 +8,7 @@ task either
   each unit, anywhere (a process each, or a deployment run each; a finished unit is skipped, a
   failed one retried alone) -> ``aggregate_task``.
 
-``manifest_config(name, config)`` is what decides whether a task's output is stale: the whole
+``manifest_config(task, config)`` is what decides whether a task's output is stale: the whole
 ``FinetuneConfig`` (grid and task options included) plus the task name. ``task_data_url``
 resolves where a task's files are (a per-task URL in ``data.downstream_urls``, else the
 downstream root plus the task's folder, ``tasks.registry``).
@@ -41,27 +41,25 @@ from model.contract import (
 )
 from tasks.config import FINETUNED_FOLDER, FinetuneConfig
 from tasks.grid import point_key
-from tasks.registry import Task, get_task
+from tasks.registry import Task
 
 logger = logging.getLogger("bertflow.finetune")
 LogFn = Callable[[dict[str, float], int], None]
 
 
-def task_data_url(name: str, downstream_root: str, overrides: dict[str, str] | None = None) -> str:
-    """Where task ``name`` reads its files: ``overrides[name]`` (``data.downstream_urls``) when
+def task_data_url(task: Task, downstream_root: str, overrides: dict[str, str] | None = None) -> str:
+    """Where task ``task.name`` reads its files: ``overrides[task.name]`` (``data.downstream_urls``) when
     given, else ``downstream_root/<the task's folder>``."""
-    task = get_task(name)
-    return (overrides or {}).get(name) or join_url(downstream_root, task.folder)
+    return (overrides or {}).get(task.name) or join_url(downstream_root, task.folder)
 
 
-def manifest_config(name: str, config: FinetuneConfig) -> dict[str, Any]:
+def manifest_config(task: Task, config: FinetuneConfig) -> dict[str, Any]:
     """What decides whether a task's output is stale (the aggregate manifest's config): the
     whole config but where and how many units run at once, which do not change results."""
-    get_task(name)
     data = dataclasses.asdict(config)
     for key in RUN_PLACEMENT:
         data["grid"].pop(key, None)
-    return {**data, "task": name}
+    return {**data, "task": task.name}
 
 
 RUN_PLACEMENT = ("workers", "dispatch", "deployment")
@@ -69,10 +67,9 @@ RUN_PLACEMENT = ("workers", "dispatch", "deployment")
 
 
 # -- the fan-out ----------------------------------------------------------------------------------
-def plan_units(name: str, config: FinetuneConfig) -> list[dict[str, Any]]:
+def plan_units(task: Task, config: FinetuneConfig) -> list[dict[str, Any]]:
     from tasks.grid import plan_grid
 
-    task = get_task(name)
     return plan_grid(config, config.features.layer_mixes if task.feature_based else ())
 
 
@@ -96,17 +93,24 @@ def unit_config(config: FinetuneConfig, unit: dict[str, Any]) -> FinetuneConfig:
     )
 
 
-def unit_manifest_config(name: str, config: FinetuneConfig, unit: dict[str, Any]) -> dict[str, Any]:
-    extra = {"feature_mix": unit["feature_mix"]} if unit.get("feature_mix") else {}
-    return {**dataclasses.asdict(unit_config(config, unit)), "task": name, **extra}
+def unit_manifest_config(task: Task, config: FinetuneConfig, unit: dict[str, Any]) -> dict[str, Any]:
+    """What a unit's manifest records (and what decides whether it is current): its own config."""
+    return run_manifest_config(task, unit_config(config, unit), unit)
+
+
+def run_manifest_config(task: Task, config: FinetuneConfig, unit: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The config one run of ``task`` records (:func:`tasks.driver.run_unit`): the whole
+    ``config``, the task's name, and the unit's ``feature_mix`` when it has one."""
+    mix = (unit or {}).get("feature_mix")
+    return {**dataclasses.asdict(config), "task": task.name, **({"feature_mix": mix} if mix else {})}
 
 
 def unit_url(output_url: str, unit: dict[str, Any]) -> str:
     return join_url(output_url, "units", unit["unit_id"])
 
 
-def run_unit(
-    name: str,
+def run_planned_unit(
+    task: Task,
     config: FinetuneConfig,
     unit: dict[str, Any],
     data_url: str,
@@ -114,11 +118,11 @@ def run_unit(
     unit_output_url: str,
     log_fn: LogFn | None = None,
 ) -> Manifest:
-    """Run one unit unless its folder already holds a manifest of exactly this run."""
-    task = get_task(name)
+    """Run one unit (:meth:`tasks.registry.Task.run`: :func:`tasks.driver.run_unit`) unless its
+    folder already holds a manifest of exactly this run."""
     data_url = _task_folder(task, data_url)
-    if unit_is_current(name, config, unit, data_url, model_url, unit_output_url):
-        logger.info("%s unit %s: up to date, skipped", name, unit["unit_id"])
+    if unit_is_current(task, config, unit, data_url, model_url, unit_output_url):
+        logger.info("%s unit %s: up to date, skipped", task.name, unit["unit_id"])
         return read_manifest(unit_output_url)
     # every unit keeps its weights until the gathering knows the best (``prune_models``)
     return task.run(
@@ -127,14 +131,14 @@ def run_unit(
 
 
 def unit_is_current(
-    name: str, config: FinetuneConfig, unit: dict[str, Any], data_url: str, model_url: str, unit_output_url: str
+    task: Task, config: FinetuneConfig, unit: dict[str, Any], data_url: str, model_url: str, unit_output_url: str
 ) -> bool:
     """Whether the unit's folder holds the manifest of exactly this run (config, model, data)."""
     if not has_manifest(unit_output_url):
         return False
-    data_url = _task_folder(get_task(name), data_url)
+    data_url = _task_folder(task, data_url)
     inputs = {"model": fingerprint_input(model_url), "data": fingerprint_input(data_url)}
-    return read_manifest(unit_output_url).matches(unit_manifest_config(name, config, unit), inputs)
+    return read_manifest(unit_output_url).matches(unit_manifest_config(task, config, unit), inputs)
 
 
 def _task_folder(task: Task, data_url: str) -> str:
@@ -145,7 +149,7 @@ def _task_folder(task: Task, data_url: str) -> str:
 
 
 def run_downstream(
-    name: str,
+    task: Task,
     config: FinetuneConfig,
     data_url: str,
     model_url: str,
@@ -153,45 +157,44 @@ def run_downstream(
     log_fn: LogFn | None = None,
 ) -> Manifest:
     """The whole task here: plan, run each unit (a failure is recorded, not fatal), aggregate."""
-    task = get_task(name)
     data_url = _task_folder(task, data_url)
-    units, urls = prepare_units(name, config, output_url)
+    units, urls = prepare_units(task, config, output_url)
     workers = min(config.grid.workers, len(units))
     if workers <= 1:
         for unit, url in zip(units, urls):
-            run_unit_safely(name, config, unit, data_url, model_url, url, log_fn)
+            run_unit_safely(task, config, unit, data_url, model_url, url, log_fn)
     else:
-        _run_in_processes(name, config, units, urls, data_url, model_url, workers)
-    return aggregate_task(name, config, data_url, model_url, output_url)
+        _run_in_processes(task, config, units, urls, data_url, model_url, workers)
+    return aggregate_task(task, config, data_url, model_url, output_url)
 
 
-def prepare_units(name: str, config: FinetuneConfig, output_url: str) -> tuple[list[dict[str, Any]], list[str]]:
+def prepare_units(task: Task, config: FinetuneConfig, output_url: str) -> tuple[list[dict[str, Any]], list[str]]:
     """The task's units and their folders; folders of units no longer in the plan are removed."""
-    units = plan_units(name, config)
+    units = plan_units(task, config)
     _remove_stale_units(output_url, {u["unit_id"] for u in units})
     return units, [unit_url(output_url, u) for u in units]
 
 
-def aggregate_task(name: str, config: FinetuneConfig, data_url: str, model_url: str, output_url: str) -> Manifest:
+def aggregate_task(task: Task, config: FinetuneConfig, data_url: str, model_url: str, output_url: str) -> Manifest:
     """``aggregate`` over the task's planned units, its manifest recording the model and data."""
-    data_url = _task_folder(get_task(name), data_url)
-    units = plan_units(name, config)
+    data_url = _task_folder(task, data_url)
+    units = plan_units(task, config)
     urls = [unit_url(output_url, u) for u in units]
     inputs = {"model": fingerprint_input(model_url), "data": fingerprint_input(data_url)}
-    return aggregate(name, config, urls, output_url, units=units, inputs=inputs)
+    return aggregate(task, config, urls, output_url, units=units, inputs=inputs)
 
 
-def find_unit(name: str, config: FinetuneConfig, unit_id: str) -> dict[str, Any]:
+def find_unit(task: Task, config: FinetuneConfig, unit_id: str) -> dict[str, Any]:
     """The planned unit called ``unit_id``; a clear error when the plan has none."""
-    units = plan_units(name, config)
+    units = plan_units(task, config)
     for unit in units:
         if unit["unit_id"] == unit_id:
             return unit
-    raise KeyError(f"{name}: no unit {unit_id!r} in the grid; planned: {[u['unit_id'] for u in units]}")
+    raise KeyError(f"{task.name}: no unit {unit_id!r} in the grid; planned: {[u['unit_id'] for u in units]}")
 
 
 def run_unit_safely(
-    name: str,
+    task: Task,
     config: FinetuneConfig,
     unit: dict[str, Any],
     data_url: str,
@@ -201,13 +204,13 @@ def run_unit_safely(
     threads: int = 0,
     force: bool = False,
 ) -> bool:
-    """``run_unit``; a failure is logged and written to the unit's ``error.txt`` (for aggregate),
+    """``run_planned_unit``; a failure is logged and written to the unit's ``error.txt`` (for aggregate),
     not raised. True when the unit finished. ``force``: run it again even when it is up to date."""
-    return try_unit(name, config, unit, data_url, model_url, url, log_fn, threads, force) is None
+    return try_unit(task, config, unit, data_url, model_url, url, log_fn, threads, force) is None
 
 
 def try_unit(
-    name: str,
+    task: Task,
     config: FinetuneConfig,
     unit: dict[str, Any],
     data_url: str,
@@ -228,11 +231,11 @@ def try_unit(
             clear_stage(url)
         else:
             _remove_error(url)
-        run_unit(name, config, unit, data_url, model_url, url, log_fn)
+        run_planned_unit(task, config, unit, data_url, model_url, url, log_fn)
         return None
     except Exception as exc:  # a failing unit is reported by aggregate, the rest go on
         text = traceback.format_exc()
-        logger.error("%s unit %s failed:\n%s", name, unit["unit_id"], text)
+        logger.error("%s unit %s failed:\n%s", task.name, unit["unit_id"], text)
         fs, path = fsspec.core.url_to_fs(join_url(url, "error.txt"))
         fs.makedirs(fs._parent(path), exist_ok=True)
         with fs.open(path, "w") as f:
@@ -255,7 +258,7 @@ def _remove_error(url: str) -> None:
         fs.rm(path)
 
 
-def _run_in_processes(name, config, units, urls, data_url, model_url, workers: int) -> None:
+def _run_in_processes(task, config, units, urls, data_url, model_url, workers: int) -> None:
     """Units over a pool of fresh (spawned) processes; each unit's torch RNG is its own, so the
     results are those of a sequential run. Training metrics are not streamed from the workers
     (no log_fn); each unit's manifest and metrics.json hold them."""
@@ -266,7 +269,7 @@ def _run_in_processes(name, config, units, urls, data_url, model_url, workers: i
     threads = max(1, (os.cpu_count() or 1) // workers)
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
         futures = [
-            pool.submit(run_unit_safely, name, config, unit, data_url, model_url, url, None, threads)
+            pool.submit(run_unit_safely, task, config, unit, data_url, model_url, url, None, threads)
             for unit, url in zip(units, urls)
         ]
         for future in futures:
@@ -285,7 +288,7 @@ def _remove_stale_units(output_url: str, keep: set[str]) -> None:
 
 # -- gathering the units into the task's results ----------------------------------------------
 def aggregate(
-    name: str,
+    task: Task,
     config: FinetuneConfig,
     unit_urls: list[str],
     output_url: str,
@@ -296,19 +299,18 @@ def aggregate(
     ``output_url``, then its manifest. ``units`` defaults to the plan (same order as the URLs)."""
     from tasks.grid import best_point, collect, copy_tree, summarise, write_results
 
-    task = get_task(name)
-    units = units or plan_units(name, config)
+    units = units or plan_units(task, config)
     if len(units) != len(unit_urls):
-        raise ValueError(f"{name}: {len(unit_urls)} unit URLs for {len(units)} units")
+        raise ValueError(f"{task.name}: {len(unit_urls)} unit URLs for {len(units)} units")
     finished, failed = collect(units, unit_urls)
     for u in [u for u in finished if u["counts"].get("dev_examples", 1) < 1]:  # a unit of an older run
         finished.remove(u)
         failed.append({**u, "error": "0 usable dev rows: its score means nothing"})
     for f in failed:
-        logger.warning("%s unit %s failed: %s", name, f["unit_id"], f["error"])
+        logger.warning("%s unit %s failed: %s", task.name, f["unit_id"], f["error"])
     if not finished:
         raise RuntimeError(
-            f"{name}: all {len(units)} units failed; first: {failed[0]['unit_id']}: {failed[0]['error']}"
+            f"{task.name}: all {len(units)} units failed; first: {failed[0]['unit_id']}: {failed[0]['error']}"
         )
     _clear_top(output_url)
     points = summarise(finished, task.metric)
@@ -319,13 +321,15 @@ def aggregate(
     copy_tree(best_unit["url"], output_url)
     model_kept = _has_model(output_url)
     if not model_kept and not task.feature_based:
-        logger.warning("%s: the best unit %s has no fine-tuned weights (removed by an earlier gathering, when it "
-                       "was not the best): rerun it with --force to keep them", name, best_unit["unit_id"])  # fmt: skip
+        logger.warning(
+            "%s: the best unit %s has no fine-tuned weights (removed by an earlier gathering, when it was not the "
+            "best): rerun it with --force to keep them", task.name, best_unit["unit_id"],
+        )  # fmt: skip
     if not config.grid.save_models:
         prune_models([u["url"] for u in finished if u is not best_unit])
     scale = task.scale
     results = {
-        "task": name,
+        "task": task.name,
         "metric": task.metric,
         "percent": True,
         "dev_median": best["median"] * scale,
@@ -372,7 +376,7 @@ def aggregate(
     seconds = sum(u["counts"].get("seconds", 0.0) for u in finished)
     inputs = inputs if inputs is not None else {"units": _units_digest(unit_urls, finished)}
     return write_manifest(
-        f"finetune-{name}", output_url, manifest_config(name, config), inputs, counts, seconds=seconds
+        f"finetune-{task.name}", output_url, manifest_config(task, config), inputs, counts, seconds=seconds
     )
 
 

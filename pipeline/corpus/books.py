@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import codecs
 import io
+import logging
 from collections.abc import Iterable, Iterator
 
 import fsspec
@@ -32,6 +33,10 @@ import fsspec
 from pipeline.corpus.compressed import open_inflated
 from pipeline.corpus.inputs import BOOK_SUFFIXES, expand_inputs
 from pipeline.corpus.records import Book, CorpusReadError, LongLine
+from pipeline.corpus.sentences import book_paragraphs, strip_boilerplate
+from pipeline.corpus.sources import reader_for
+
+log = logging.getLogger("bertflow.corpus")
 
 DEFAULT_MAX_BOOK_BYTES = 256 << 20
 DEFAULT_MAX_LINE_BYTES = 16 << 20
@@ -371,3 +376,88 @@ def iter_books(url: str) -> Iterator[Book]:
     """Every ``.txt`` book under a file, folder or glob URL, in sorted file order."""
     for file_url in expand_inputs(url, BOOK_SUFFIXES):
         yield read_book(file_url)
+
+
+# -- the books source's row: reader and paragraphs (pipeline.corpus.sources) -----------------------
+def paragraphs(text: str, config) -> list[str]:
+    """A book's paragraphs, its Project Gutenberg-style front matter and licence cut when
+    ``corpus.strip_boilerplate``."""
+    return book_paragraphs(strip_boilerplate(text) if config.strip_boilerplate else text)
+
+
+def read_unit(dofn, unit):
+    """A book file: one record (layout "paragraphs") or a record per line ("line_per_document")."""
+    url = unit[1]
+    if dofn.config.books_layout == "line_per_document":
+        return (yield from _book_lines(dofn, url))
+    yield from _book(dofn, url)
+    return 1
+
+
+def _is_binary(url: str) -> bool:
+    """Whether the file's first 64 KiB look binary; raises when they cannot be read (a cut or
+    corrupt compressed file: a file fault, not a binary book)."""
+    with open_inflated(url) as f:
+        return looks_binary(f.read(65536))
+
+
+def _not_a_book(dofn, url: str, rid: str) -> None:
+    try:
+        reason = "binary_file" if _is_binary(url) else "unsupported_file"
+    except (OSError, EOFError, ValueError):
+        reason = "binary_file"
+    hint = f"not a book file (expected {', '.join(BOOK_SUFFIXES)})"
+    other = reader_for(url)
+    if other is not None and other.name != "books":  # e.g. a JSONL or Parquet corpus given as books
+        suffix = next(s for s in other.suffixes if url.lower().endswith(s))
+        hint += f"; a {suffix.lstrip('.')} file is read by the {other.name} source: data.{other.name}, "
+        hint += f"corpus.sources with '{other.name}'"
+    log.error("corpus: %s among the books rejected (%s): %s", url, reason, hint)
+    dofn.reject("books", reason, record_id=rid, url=url, detail=hint)
+
+
+def _book(dofn, url: str):
+    config = dofn.config
+    rid = f"books:{book_stem(url)}"
+    if not url.lower().endswith(BOOK_SUFFIXES):
+        _not_a_book(dofn, url, rid)
+        return
+    try:
+        book = read_book(url, config.max_book_bytes, config.max_line_bytes)
+    except CorpusReadError as exc:
+        reason = "unreadable_book" if exc.reason == "unreadable_file" else exc.reason
+        log.error("corpus: book rejected (%s): %s", reason, exc)
+        dofn.reject("books", reason, record_id=rid, url=url, detail=str(exc))
+        return
+    if book.encoding != "utf-8":
+        dofn.count("books_reencoded")
+        log.warning("corpus: %s is not UTF-8; read as %s", url, book.encoding)
+    for line in book.long_lines:  # the book is kept without them
+        log.warning("corpus: %s: %s", url, line.detail(config.max_line_bytes))
+        detail = line.detail(config.max_line_bytes)
+        dofn.reject("books", "long_line", record_id=rid, url=url, detail=detail, sample=line.sample())
+    yield {"doc_id": f"books:{book.name}", "source": "books", "title": book.title, "text": book.text}
+
+
+def _book_lines(dofn, url: str):
+    max_line_bytes = dofn.config.max_line_bytes
+    stem = book_stem(url)
+    read = 0
+    try:
+        if not url.lower().endswith(BOOK_SUFFIXES) or _is_binary(url):
+            _not_a_book(dofn, url, f"books:{stem}")
+            return 1
+        for number, line in iter_book_lines(url, max_line_bytes):
+            read += 1
+            rid = f"books:{stem}:{number:09d}"
+            if isinstance(line, LongLine):
+                detail = line.detail(max_line_bytes)
+                dofn.reject("books", "line_too_long", record_id=rid, url=url, detail=detail, sample=line.sample())
+                continue
+            yield {"doc_id": rid, "source": "books", "title": stem, "text": line, "layout": "line"}
+    except (OSError, EOFError, ValueError) as exc:  # a cut or corrupt file: a fault, the lines before it kept
+        reason = "truncated_file" if isinstance(exc, EOFError) else "unreadable_file"
+        detail = f"{url}: {type(exc).__name__}: {exc} ({read} lines read before it, kept)"
+        log.error("corpus: %s: %s", reason, detail)
+        dofn.reject("books", reason, url=url, detail=detail)
+    return read

@@ -6,29 +6,21 @@ import logging
 
 import apache_beam as beam
 
+from pipeline.beam.dofns import RUNS, windowed
 from pipeline.corpus import filters
 from pipeline.corpus.config import CorpusConfig
 from pipeline.corpus.decide import KEY_SCHEMA, PartitionedRuns, key_row
-from pipeline.corpus.dedup import (
-    KEYS,
-    RUNS,
-    FragmentWriter,
-    Writing,
-    doc_digest,
-    norms_digest,
-    norms_hash,
-    paragraph_hash,
-    windowed,
-)
+from pipeline.corpus.dedup import KEYS, FragmentWriter, doc_digest, norms_digest, norms_hash, paragraph_hash
 from pipeline.corpus.documents import _build_paragraphs
 from pipeline.corpus.filters import NOTES, RECORD_REJECTS
 from pipeline.corpus.read import PROGRESS_EVERY
+from pipeline.corpus.rejects import Rejecting
 from pipeline.schema.storage import join_url
 
 log = logging.getLogger("bertflow.corpus")
 
 
-class _CleanToFragments(Writing):
+class _CleanToFragments(Rejecting):
     """Raw record -> its document written to a fragment and its key row (digest, doc_id, title,
     ref, paragraph hashes[, minhash]) to a key run; rejects written to runs; fragment ids
     (tagged "fragments"), key runs ("keys") and runs ("runs") at the end of each bundle."""

@@ -5,10 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from pipeline.beam.config import BeamConfig
+from pipeline.corpus.sources import CORPUS_SOURCES, DEFAULT_SOURCES
 from pipeline.schema.config import LIMITS, check, check_at_most, suggest
 
-CORPUS_SOURCES = ("wiki", "books", "text")
-DEFAULT_SOURCES = ("wiki", "books")
 BOOKS_LAYOUTS = ("paragraphs", "line_per_document")
 WIKI_READERS = ("auto", "process", "thread", "inline")
 
@@ -18,7 +17,8 @@ class CorpusConfig:
     """Cleaning, sentence splitting, filtering and dedup of raw corpora into documents."""
 
     sources: tuple[str, ...] = DEFAULT_SOURCES
-    """Sources this run needs, of "wiki", "books", "text"; each must be given and non-empty (a clear
+    """Sources this run needs, of ``pipeline.corpus.sources.SOURCES`` ("wiki", "books", "text");
+    each must be given and non-empty (a clear
     error before any work). ("wiki",) runs on Wikipedia alone; an input of a source not listed
     here is ignored (data.text set with "text" left out is refused)."""
     allow_empty_sources: bool = False

@@ -38,15 +38,14 @@ import apache_beam as beam
 import fsspec
 import pyarrow as pa
 import pyarrow.parquet as pq
-from apache_beam.metrics import Metrics
-from apache_beam.transforms.window import GlobalWindow
-from apache_beam.utils.windowed_value import WindowedValue
 
+from pipeline.beam.dofns import RUNS
 from pipeline.beam.io import shard_name
-from pipeline.beam.shards import KEY, RunWriter, merge_runs_in_levels, read_rows, use_lean_memory_pool, write_table
+from pipeline.beam.shards import KEY, merge_runs_in_levels, read_rows, use_lean_memory_pool, write_table
 from pipeline.corpus.config import CorpusConfig
 from pipeline.corpus.decide import HASH_BYTES, drop_files, exact_documents, one_per_doc_id, shared_paragraphs, sort_key
-from pipeline.corpus.filters import REJECT_SCHEMA, digest, normalise, reject_row, text_digest
+from pipeline.corpus.filters import REJECT_SCHEMA, digest, normalise, text_digest
+from pipeline.corpus.rejects import REJECTS_FOLDER, ROW_GROUP_ROWS, Rejecting
 from pipeline.schema.parquet import DOCUMENT_SCHEMA
 from pipeline.schema.storage import join_url
 
@@ -163,80 +162,15 @@ def read_fragment(work_url: str, fragment: str) -> list[dict[str, Any]]:
 
 
 # -- Beam: writing DoFns ----------------------------------------------------------------------
-NAMESPACE = "corpus"
-REJECTS_FOLDER = "rejects"
 MERGE_BUDGET_BYTES = 16 << 20
 """Arrow bytes a merge holds across its runs' current batches."""
 MAX_FAN_IN = 16
 """Runs merged at once; more are first merged in groups into longer runs (a merge reads a
 row group of every run, so its memory grows with the number of runs, not only the budget)."""
-ROW_GROUP_ROWS = 128
-"""Row-group size of runs (a document row is up to a few KiB): what a merge reads per run."""
 SHARD_ROW_GROUP_ROWS = 512
 """Row-group size of the output shards (what the last merge buffers before it writes)."""
-RUNS = "runs"
-"""Tagged output of every writing DoFn: (output folder, (run URL, rows)) at the end of a bundle."""
 KEYS = "keys"
 """Folder and tagged output of the document key runs: (run URL, rows) at the end of a bundle."""
-
-
-def windowed(value):
-    return WindowedValue(value, GlobalWindow().max_timestamp(), [GlobalWindow()])
-
-
-class Counted(beam.DoFn):
-    """A DoFn that counts under namespace "corpus", creating each counter once."""
-
-    def setup(self):
-        self._counters = {}
-
-    def count(self, name: str, value: int = 1) -> None:
-        if name not in self._counters:
-            self._counters[name] = Metrics.counter(NAMESPACE, name)
-        self._counters[name].inc(value)
-
-
-class Writing(Counted):
-    """A counting DoFn that writes rows (rejects, documents) to key-sorted runs under
-    ``work_url/runs/<folder>/`` and announces them on the tagged output :data:`RUNS` when its
-    bundle ends, so rows never cross a shuffle."""
-
-    def __init__(self, work_url: str):
-        self.work_url = work_url
-
-    def setup(self):
-        super().setup()
-        use_lean_memory_pool()
-
-    def start_bundle(self):
-        self._writers: dict[str, RunWriter] = {}
-
-    def write(self, folder: str, row: dict[str, Any]) -> None:
-        writer = self._writers.get(folder)
-        if writer is None:
-            schema = REJECT_SCHEMA if folder == REJECTS_FOLDER else DOCUMENT_SCHEMA
-            prefix = _new_id()
-            writer = self._writers[folder] = RunWriter(
-                schema,
-                lambda r: join_url(self.work_url, RUNS, folder, f"{prefix}-{r:04d}.parquet"),
-                row_group_rows=ROW_GROUP_ROWS,
-            )
-        writer.add(row)
-
-    def reject(self, source: str, reason: str, **fields) -> None:
-        """Count ``reason`` (and ``<source>.<reason>``) and write a reject row (ordered by a digest of
-        its whole content)."""
-        self.count(reason)
-        self.count(f"{source}.{reason}")
-        row = reject_row(source, reason, **fields)
-        row[KEY] = sort_key("\x1f".join((row["reject_id"], row["title"] or "", row["sample"])))
-        self.write(REJECTS_FOLDER, row)
-
-    def finish_bundle(self):
-        for folder, writer in sorted(self._writers.items()):
-            for run in writer.close():
-                yield beam.pvalue.TaggedOutput(RUNS, windowed((folder, run)))
-        self._writers = {}
 
 
 # -- Beam: decisions, applied per fragment ----------------------------------------------------
@@ -283,7 +217,7 @@ class _DropFiles(_Pass):
         yield from drop_files(sorted(runs), self.work_url, part).items()
 
 
-class _ApplyDrops(Writing):
+class _ApplyDrops(Rejecting):
     """(fragment, ["" and its drops file URL, if any]) -> its documents, less what was
     dropped, in runs per source; dropped documents and paragraphs as reject rows."""
 

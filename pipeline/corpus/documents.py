@@ -12,8 +12,8 @@ from pipeline.corpus import filters
 from pipeline.corpus.config import CorpusConfig
 from pipeline.corpus.filters import normalise, scrub_controls, sentence_reject
 from pipeline.corpus.records import Page
-from pipeline.corpus.sentences import book_paragraphs, split_sentences, strip_boilerplate
-from pipeline.corpus.wikitext import clean_wikitext
+from pipeline.corpus.sentences import split_sentences
+from pipeline.corpus.sources import SOURCES, resolve
 
 ARTICLE_NAMESPACE = 0
 _DISAMBIGUATION = re.compile(
@@ -39,13 +39,9 @@ def page_record(page: Page) -> tuple[dict | None, str | None]:
 def paragraphs_of(record: dict, config: CorpusConfig, text: str | None = None) -> list[str]:
     """The cleaned paragraphs of a record (of ``text`` when given: the record's, repaired)."""
     text = record["text"] if text is None else text
-    if record["source"] == "wiki":
-        return clean_wikitext(text)
     if record.get("layout") == "line":
         return [" ".join(text.split())]
-    if record["source"] == "books" and config.strip_boilerplate:
-        text = strip_boilerplate(text)
-    return book_paragraphs(text)  # books, and the text source's records
+    return resolve(SOURCES[record["source"]].paragraphs)(text, config)
 
 
 def build_paragraphs(record: dict, config: CorpusConfig) -> tuple[list[list[str]] | None, collections.Counter]:
@@ -65,7 +61,7 @@ def _build_paragraphs(record: dict, config: CorpusConfig):
     anyway; the document digest and paragraph hashes are made from it), else None."""
     rejects: collections.Counter = collections.Counter()
     # NUL & co anywhere in any source: spaces (a dump's page went through the XML parser)
-    text, controls = scrub_controls(record["text"], xml=record["source"] == "wiki")
+    text, controls = scrub_controls(record["text"], xml=SOURCES[record["source"]].xml)
     if controls:
         rejects["control_chars"] += 1
     paragraphs = paragraphs_of(record, config, text)

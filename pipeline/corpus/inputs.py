@@ -11,15 +11,13 @@ import re
 
 import fsspec
 
-from pipeline.corpus.config import CORPUS_SOURCES, CorpusConfig
+from pipeline.corpus.config import CorpusConfig
+from pipeline.corpus.sources import CORPUS_SOURCES, SOURCES, companion_pattern
 
-WIKI_SUFFIXES = (".xml", ".xml.bz2", ".xml.gz")
+WIKI_SUFFIXES = SOURCES["wiki"].suffixes
 # Parts of a split dump: enwiki-…-pages-articles-multistream3.xml-p1p41242.bz2
 _WIKI_PART = re.compile(r"\.xml(?:-p\d+p\d+)?(?:\.bz2|\.gz)?$", re.I)
-_WIKI_COMPANION = re.compile(r"-index\d*\.txt(?:-p\d+p\d+)?\.bz2$|(?:md5|sha1|sha256)sums\.txt$|\.part$", re.I)
-"""A multistream index, a checksum list, a download in progress (``bertflow fetch-wiki`` writes them)."""
-BOOK_SUFFIXES = (".txt", ".txt.gz", ".txt.bz2")
-_DATASET_METADATA = ("dataset_info.json", "state.json", "dataset_dict.json")
+BOOK_SUFFIXES = SOURCES["books"].suffixes
 _GLOB_CHARS = ("*", "?", "[")
 
 log = logging.getLogger("bertflow.corpus")
@@ -80,17 +78,16 @@ class CorpusInputError(ValueError):
 def _input_files(name: str, url: str) -> list[str]:
     """Every file of a source's input: a stray binary, a .pdf among the books or a .zst dump is a
     unit its reader rejects with a reason, not a file skipped; only a layout's own companions
-    (a dump's index and checksums, a ``datasets`` folder's metadata) are left out."""
+    (``Source.companions``: a dump's index and checksums, a ``datasets`` folder's metadata) are
+    left out."""
     found = expand_inputs(url)
-    base = lambda u: u.rstrip("/").rsplit("/", 1)[-1]
-    if name == "wiki":
-        return [u for u in found if is_wiki_file(u) or not _WIKI_COMPANION.search(base(u))]
-    if name == "text":
-        kept = [u for u in found if base(u) not in _DATASET_METADATA]
-        if not kept:
-            raise FileNotFoundError(f"input {url} holds only a dataset's metadata files, no data")
-        return kept
-    return found
+    companion = companion_pattern(name)
+    if companion is None:
+        return found
+    kept = [u for u in found if not companion.search(u.rstrip("/").rsplit("/", 1)[-1])]
+    if not kept:
+        raise FileNotFoundError(f"input {url} holds only its layout's companion files ({name}), no data")
+    return kept
 
 
 def check_corpus_inputs(config: CorpusConfig, inputs: dict[str, str]) -> dict[str, list[str]]:

@@ -39,10 +39,11 @@ import apache_beam as beam
 import fsspec
 
 from pipeline.beam.config import BeamConfig, output_config
+from pipeline.beam.dofns import RUNS
 from pipeline.beam.io import check_runner_urls, counters, fill_empty_shards, make_pipeline, parquet_rows, run_job
 from pipeline.corpus.clean import CleanToFragments
 from pipeline.corpus.config import CorpusConfig
-from pipeline.corpus.dedup import NAMESPACE, REJECTS_FOLDER, RUNS, DedupAndWrite
+from pipeline.corpus.dedup import DedupAndWrite
 from pipeline.corpus.filters import (
     FILE_EVENTS,
     NOTES,
@@ -53,6 +54,7 @@ from pipeline.corpus.filters import (
 )
 from pipeline.corpus.inputs import check_corpus_inputs
 from pipeline.corpus.read import ReadUnits, plan_units, spread_units
+from pipeline.corpus.rejects import NAMESPACE, REJECTS_FOLDER
 from pipeline.schema.manifest import Manifest, clear_stage, describe_file, fingerprint_input, list_files, write_manifest
 from pipeline.schema.parquet import DOCUMENT_SCHEMA
 from pipeline.schema.storage import join_url

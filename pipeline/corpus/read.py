@@ -1,4 +1,8 @@
-"""The read half of the corpus job: units of read work (files, multistream ranges) to raw records."""
+"""The read half of the corpus job: units of read work (files, multistream ranges) to raw records.
+
+One DoFn for every source: it calls the source's reader named by its row in
+:data:`pipeline.corpus.sources.SOURCES`; what is particular to a source (its files, its records,
+its rejects) lives in its own module."""
 
 from __future__ import annotations
 
@@ -10,18 +14,11 @@ import fsspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from pipeline.beam.dofns import RUNS
 from pipeline.beam.shards import write_table
-from pipeline.corpus.books import book_stem, iter_book_lines, looks_binary, read_book
-from pipeline.corpus.compressed import open_inflated
 from pipeline.corpus.config import CorpusConfig
-from pipeline.corpus.dedup import RUNS, Writing
-from pipeline.corpus.documents import page_record
-from pipeline.corpus.filters import FILE_EVENTS
-from pipeline.corpus.inputs import BOOK_SUFFIXES
-from pipeline.corpus.records import CorpusReadError, LongLine, Page
-from pipeline.corpus.text import TextReject, iter_text_records, text_kind
-from pipeline.corpus.wiki import plan_reads
-from pipeline.corpus.wiki_reader import read_wiki, wiki_reader_mode
+from pipeline.corpus.rejects import Rejecting
+from pipeline.corpus.sources import resolve, source_of
 from pipeline.schema.parquet import READ_OPTIONS
 from pipeline.schema.storage import join_url
 
@@ -32,156 +29,51 @@ PROGRESS_EVERY = 1000
 
 
 # -- DoFns and composite transforms -------------------------------------------------------------
-class _ReadUnit(Writing):
-    """(source, url, start, end) -> raw records {doc_id, source, title, text[, layout]}; rejects
-    written to runs (announced on the tagged output "runs")."""
+class _ReadUnit(Rejecting):
+    """(source, url, start, end, part, parts) -> raw records {doc_id, source, title, text[, layout]}
+    by the source's reader (``Source.read`` of :data:`pipeline.corpus.sources.SOURCES`); rejects
+    written to runs (announced on the tagged output "runs"). A handing-off unit's records go to
+    batch files instead (tagged "batches")."""
 
     def __init__(self, config: CorpusConfig, work_url: str):
         super().__init__(work_url)
         self.config = config
 
     def process(self, unit):
-        source, url, start, end, part, parts = unit
-        read = 0
-        if source == "wiki":
-            batches = _RecordBatches(self.work_url) if parts == HANDOFF else None
-            reader = wiki_reader_mode(self.config.wiki_reader, self.config.beam.runner, self.config.beam.num_workers)
-            for item in read_wiki(url, start, end, self.config.max_page_bytes, part, max(parts, 1), reader):
-                if isinstance(item, Page):
-                    read += 1
-                    record, reason = page_record(item)
-                    if reason:
-                        self.reject(
-                            "wiki",
-                            reason,
-                            record_id=f"wiki:{item.page_id}",
-                            title=item.title,
-                            url=url,
-                            sample=item.text,
-                        )
-                    elif batches is None:
-                        yield record
-                    else:
-                        for batch in batches.add(record):
-                            yield beam.pvalue.TaggedOutput(BATCHES, batch)
-                    continue
-                if item.kind == "note":
-                    self.count(item.reason)
-                    continue
-                if item.kind == "page":
-                    read += 1
-                else:
-                    log.error("corpus: %s in %s: %s", item.reason, url, item.detail)
-                rid = f"wiki:{item.record_id}" if item.record_id else ""
-                self.reject(
-                    "wiki",
-                    item.reason,
-                    record_id=rid,
-                    title=item.title,
-                    url=url,
-                    detail=item.detail,
-                    sample=item.sample,
-                )
-            for batch in batches.close() if batches is not None else []:
-                yield beam.pvalue.TaggedOutput(BATCHES, batch)
-        elif source == "text":
-            read = yield from self._text(url)
-        elif self.config.books_layout == "line_per_document":
-            read = yield from self._book_lines(url)
+        source = source_of(unit[0])
+        records = resolve(source.read)(self, unit)
+        if unit[5] == HANDOFF:
+            read = yield from _handed(records, _RecordBatches(self.work_url))
         else:
-            read = 1
-            yield from self._book(url)
-        self.count(f"{source}_read", read)
+            read = yield from records
+        self.count(f"{source.name}_read", read)
 
-    def _not_a_book(self, url: str, rid: str) -> None:
+
+def _handed(records, batches: _RecordBatches):
+    """The records of a reader written to batch files, their URLs as tagged outputs; returns what
+    the reader returns (the records it read)."""
+    while True:
         try:
-            reason = "binary_file" if _is_binary(url) else "unsupported_file"
-        except (OSError, EOFError, ValueError):
-            reason = "binary_file"
-        hint = f"not a book file (expected {', '.join(BOOK_SUFFIXES)})"
-        if text_kind(url):  # a JSONL or Parquet corpus given as books
-            hint += f"; a {text_kind(url)} file is read by the text source: data.text, corpus.sources with 'text'"
-        log.error("corpus: %s among the books rejected (%s): %s", url, reason, hint)
-        self.reject("books", reason, record_id=rid, url=url, detail=hint)
-
-    def _book(self, url: str):
-        rid = f"books:{book_stem(url)}"
-        if not url.lower().endswith(BOOK_SUFFIXES):
-            self._not_a_book(url, rid)
-            return
-        try:
-            book = read_book(url, self.config.max_book_bytes, self.config.max_line_bytes)
-        except CorpusReadError as exc:
-            reason = "unreadable_book" if exc.reason == "unreadable_file" else exc.reason
-            log.error("corpus: book rejected (%s): %s", reason, exc)
-            self.reject("books", reason, record_id=rid, url=url, detail=str(exc))
-            return
-        if book.encoding != "utf-8":
-            self.count("books_reencoded")
-            log.warning("corpus: %s is not UTF-8; read as %s", url, book.encoding)
-        for line in book.long_lines:  # the book is kept without them
-            log.warning("corpus: %s: %s", url, line.detail(self.config.max_line_bytes))
-            detail = line.detail(self.config.max_line_bytes)
-            self.reject("books", "long_line", record_id=rid, url=url, detail=detail, sample=line.sample())
-        yield {"doc_id": f"books:{book.name}", "source": "books", "title": book.title, "text": book.text}
-
-    def _book_lines(self, url: str):
-        stem = book_stem(url)
-        read = 0
-        try:
-            if not url.lower().endswith(BOOK_SUFFIXES) or _is_binary(url):
-                self._not_a_book(url, f"books:{stem}")
-                return 1
-            for number, line in iter_book_lines(url, self.config.max_line_bytes):
-                read += 1
-                rid = f"books:{stem}:{number:09d}"
-                if isinstance(line, LongLine):
-                    detail = line.detail(self.config.max_line_bytes)
-                    self.reject("books", "line_too_long", record_id=rid, url=url, detail=detail, sample=line.sample())
-                    continue
-                yield {"doc_id": rid, "source": "books", "title": stem, "text": line, "layout": "line"}
-        except (OSError, EOFError, ValueError) as exc:  # a cut or corrupt file: a fault, the lines before it kept
-            reason = "truncated_file" if isinstance(exc, EOFError) else "unreadable_file"
-            detail = f"{url}: {type(exc).__name__}: {exc} ({read} lines read before it, kept)"
-            log.error("corpus: %s: %s", reason, detail)
-            self.reject("books", reason, url=url, detail=detail)
-        return read
-
-    def _text(self, url: str):
-        """Records of a JSONL/Parquet/Arrow file; a bad record is a reject naming file and record."""
-        read = 0
-        try:
-            for item in iter_text_records(url, self.config):
-                read += 1
-                if isinstance(item, TextReject):
-                    self.reject(
-                        "text", item.reason, record_id=item.record_id, url=url, detail=item.detail, sample=item.sample
-                    )
-                    continue
-                yield item
-        except CorpusReadError as exc:
-            log.error("corpus: text file rejected (%s): %s", exc.reason, exc)
-            if exc.reason in FILE_EVENTS:  # a fault of the file: no record (read stays as far as it got)
-                self.reject("text", exc.reason, url=url, detail=str(exc))
-            else:
-                read += 1
-                self.reject("text", exc.reason, record_id=f"text:{url.rsplit('/', 1)[-1]}", url=url, detail=str(exc))
-        return read
-
-
-def _is_binary(url: str) -> bool:
-    """Whether the file's first 64 KiB look binary; raises when they cannot be read (a cut or
-    corrupt compressed file: a file fault, not a binary book)."""
-    with open_inflated(url) as f:
-        return looks_binary(f.read(65536))
+            record = next(records)
+        except StopIteration as done:
+            read = done.value
+            break
+        for batch in batches.add(record):
+            yield beam.pvalue.TaggedOutput(BATCHES, batch)
+    for batch in batches.close():
+        yield beam.pvalue.TaggedOutput(BATCHES, batch)
+    return read
 
 
 def plan_units(source: str, urls: list[str], config: CorpusConfig) -> list[tuple]:
-    """Units of read work (source, url, start, end, part, parts): multistream dumps split by
-    stream ranges; ``part`` of ``parts`` readers of one file (see :func:`spread_units`)."""
-    if source != "wiki":
+    """Units of read work (source, url, start, end, part, parts): a file each, or the ranges its
+    source's ``plan`` gives (multistream dumps split by stream ranges); ``part`` of ``parts``
+    readers of one file (see :func:`spread_units`)."""
+    row = source_of(source)
+    if not row.plan:
         return [(source, url, None, None, 0, 1) for url in urls]
-    return [(source, *unit, 0, 1) for url in urls for unit in plan_reads(url, config.split_bytes)]
+    plan = resolve(row.plan)
+    return [(source, *unit, 0, 1) for url in urls for unit in plan(url, config)]
 
 
 HANDOFF = 0
@@ -195,7 +87,8 @@ made 2 batches of a 20 MB dump), large enough that a 20 GB dump makes ~20,000 fi
 
 def spread_units(units: list[tuple], workers: int) -> list[tuple]:
     """Units for ``workers``: when there are fewer than two per worker, each whole dump file
-    (one that cannot be split by streams, e.g. a single-stream ``.bz2``) is read by one reader
+    of a source that hands off (``Source.handoff``: one that cannot be split by streams, e.g. a
+    single-stream ``.bz2``) is read by one reader
     that writes its article records to batch files (``parts == HANDOFF``); the batches are
     dealt to every worker to clean. Page text never crosses a shuffle (only batch file URLs).
 
@@ -208,7 +101,7 @@ def spread_units(units: list[tuple], workers: int) -> list[tuple]:
         return units
     return [
         (source, url, start, end, 0, HANDOFF)
-        if source == "wiki" and start is None
+        if start is None and source_of(source).handoff
         else (source, url, start, end, part, parts)
         for source, url, start, end, part, parts in units
     ]

@@ -34,6 +34,7 @@ Design choices:
 from __future__ import annotations
 
 import json
+import logging
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -45,7 +46,11 @@ import pyarrow.parquet as pq
 from pipeline.corpus.books import bounded_lines
 from pipeline.corpus.compressed import TruncatedInput, file_chunks
 from pipeline.corpus.config import CorpusConfig
+from pipeline.corpus.filters import FILE_EVENTS
 from pipeline.corpus.records import CorpusReadError, LongLine
+from pipeline.corpus.sentences import book_paragraphs
+
+log = logging.getLogger("bertflow.corpus")
 
 JSONL_SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.zst", ".ndjson", ".ndjson.gz", ".ndjson.zst")
 PARQUET_SUFFIXES = (".parquet",)
@@ -290,3 +295,32 @@ def _columns(url: str, kind: str, config: CorpusConfig) -> Iterator[dict | TextR
                     )
                     continue
                 yield _decoded(url, stem, number, text, doc_id, title)
+
+
+# -- the text source's row: reader and paragraphs (pipeline.corpus.sources) ------------------------
+def paragraphs(text: str, config: CorpusConfig) -> list[str]:
+    """A record's blank-line paragraphs."""
+    return book_paragraphs(text)
+
+
+def read_unit(dofn, unit):
+    """Records of a JSONL/Parquet/Arrow file; a bad record is a reject naming file and record."""
+    url = unit[1]
+    read = 0
+    try:
+        for item in iter_text_records(url, dofn.config):
+            read += 1
+            if isinstance(item, TextReject):
+                dofn.reject(
+                    "text", item.reason, record_id=item.record_id, url=url, detail=item.detail, sample=item.sample
+                )
+                continue
+            yield item
+    except CorpusReadError as exc:
+        log.error("corpus: text file rejected (%s): %s", exc.reason, exc)
+        if exc.reason in FILE_EVENTS:  # a fault of the file: no record (read stays as far as it got)
+            dofn.reject("text", exc.reason, url=url, detail=str(exc))
+        else:
+            read += 1
+            dofn.reject("text", exc.reason, record_id=f"text:{url.rsplit('/', 1)[-1]}", url=url, detail=str(exc))
+    return read

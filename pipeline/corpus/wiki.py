@@ -26,8 +26,8 @@ Design choices:
    stream offsets split one big file into byte ranges that separate Beam workers read
    (:func:`plan_reads`). Each range is decompressed stream by stream from its own start.
 
-Everything a reader meets is yielded in file order: a :class:`~pipeline.corpus.inputs.Page`, or a
-:class:`~pipeline.corpus.inputs.ReadEvent` (a rejected page, a file fault, a repair), so the caller
+Everything a reader meets is yielded in file order: a :class:`~pipeline.corpus.records.Page`, or a
+:class:`~pipeline.corpus.records.ReadEvent` (a rejected page, a file fault, a repair), so the caller
 counts every page read as kept or rejected.
 """
 

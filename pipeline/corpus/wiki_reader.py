@@ -20,14 +20,19 @@ there even the decompression thread is left out (measured: 10% faster pinned to 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import pickle
 import subprocess
 import sys
 from collections.abc import Iterator
 
+from pipeline.corpus.documents import page_record
 from pipeline.corpus.records import Page, ReadEvent
-from pipeline.corpus.wiki import DEFAULT_MAX_PAGE_BYTES, iter_wiki
+from pipeline.corpus.wiki import DEFAULT_MAX_PAGE_BYTES, iter_wiki, plan_reads
+from pipeline.corpus.wikitext import clean_wikitext
+
+log = logging.getLogger("bertflow.corpus")
 
 BATCH_BYTES = 256 << 10
 """Page text the child gathers before it writes one batch."""
@@ -151,6 +156,48 @@ def _main(argv: list[str]) -> int:
     out.write((0).to_bytes(_HEADER, "big"))  # the end: anything short of it is a failure
     out.flush()
     return 0
+
+
+# -- the wiki source's row: planning, reader and paragraphs (pipeline.corpus.sources) -------------
+def plan(url: str, config) -> list[tuple[str, int | None, int | None]]:
+    """A dump file's units: ranges of whole bz2 streams of about ``corpus.split_bytes`` each."""
+    return plan_reads(url, config.split_bytes)
+
+
+def paragraphs(text: str, config) -> list[str]:
+    """A page's wikitext cleaned to paragraphs."""
+    return clean_wikitext(text)
+
+
+def read_unit(dofn, unit):
+    """A dump file or a range of it: article records; other pages and faults are rejects."""
+    _, url, start, end, part, parts = unit
+    config = dofn.config
+    read = 0
+    reader = wiki_reader_mode(config.wiki_reader, config.beam.runner, config.beam.num_workers)
+    for item in read_wiki(url, start, end, config.max_page_bytes, part, max(parts, 1), reader):
+        if isinstance(item, Page):
+            read += 1
+            record, reason = page_record(item)
+            if reason:
+                dofn.reject(
+                    "wiki", reason, record_id=f"wiki:{item.page_id}", title=item.title, url=url, sample=item.text
+                )
+            else:
+                yield record
+            continue
+        if item.kind == "note":
+            dofn.count(item.reason)
+            continue
+        if item.kind == "page":
+            read += 1
+        else:
+            log.error("corpus: %s in %s: %s", item.reason, url, item.detail)
+        rid = f"wiki:{item.record_id}" if item.record_id else ""
+        dofn.reject(
+            "wiki", item.reason, record_id=rid, title=item.title, url=url, detail=item.detail, sample=item.sample
+        )
+    return read
 
 
 if __name__ == "__main__":

@@ -172,9 +172,10 @@ def test_downstream_units_fan_out_as_runs_of_their_deployment(server, tiny_root,
     assert parent["state"] == "COMPLETED", (parent, (tmp_path / "worker.log").read_text()[-3000:])
     units = {r["parameters"]["unit_id"]: r for i, r in runs.items() if r["deployment"] == "finetune-unit/default"}
     from flows.presets import load_config
+    from tasks.registry import get_task
     from tasks.units import plan_units
 
-    planned = [u["unit_id"] for u in plan_units("sst2", load_config("tiny", overrides).finetune)]
+    planned = [u["unit_id"] for u in plan_units(get_task("sst2"), load_config("tiny", overrides).finetune)]
     assert sorted(units) == sorted(planned) and all(r["state"] == "COMPLETED" for r in units.values())
     assert all(r["parent_task_run_id"] for r in units.values())  # subflow runs of the unit tasks
     results = json.loads((root / "finetune" / "sst2" / "results.json").read_text())

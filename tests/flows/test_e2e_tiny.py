@@ -9,6 +9,7 @@ import pytest
 from flows.overrides import parse_overrides
 from flows.presets import load_config
 from pipeline.schema.manifest import read_manifest
+from tasks.registry import get_task
 from tasks.units import plan_units
 
 
@@ -119,7 +120,9 @@ def test_mlflow_holds_runs_and_a_registered_model(chain, chain_overrides):
         (r.data.tags["bertflow.stage"], r.data.tags["bertflow.unit"]): r for r in ours if "bertflow.unit" in r.data.tags
     }
     planned = {
-        (f"finetune/{t}", u["unit_id"]) for t in ("sst2", "squad1", "conll2003") for u in plan_units(t, cfg.finetune)
+        (f"finetune/{t}", u["unit_id"])
+        for t in ("sst2", "squad1", "conll2003")
+        for u in plan_units(get_task(t), cfg.finetune)
     }
     assert set(units) == planned and len(planned) >= 6
     assert all(r.info.status == "FINISHED" for r in units.values())

@@ -22,6 +22,7 @@ from flows.prefect_tasks import session
 from flows.presets import load_config
 from flows.table import stage_names
 from pipeline.schema.manifest import read_manifest
+from tasks.registry import get_task
 from tasks.units import plan_units
 
 OVERRIDES = {"finetune_tasks": ["sst2"], "finetune.grid.learning_rates": [5e-4, 1e-3], "finetune.epochs": 1}
@@ -92,7 +93,7 @@ def test_units_fan_out_and_a_failed_unit_is_retried_alone(chain, tmp_path, prefe
     root = tmp_path / "run"
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     units = root / "finetune" / "sst2" / "units"
-    planned = [u["unit_id"] for u in plan_units("sst2", load_config("tiny", OVERRIDES).finetune)]
+    planned = [u["unit_id"] for u in plan_units(get_task("sst2"), load_config("tiny", OVERRIDES).finetune)]
     assert len(planned) == 2
     killer = UnitKiller(uri)
     killer.start()  # SIGKILLs the first unit process it sees training (as the kernel's OOM killer would)

@@ -35,7 +35,7 @@ def test_every_consumer_reads_the_one_table():
     for task in TASKS:  # every downstream task is a row of its own
         row = get_stage(f"finetune/{task}")
         assert row.folder == f"finetune/{task}" and row.where == "process" and row.retries >= 1
-        assert row.task == task and row.units is not None and TASKS[task].metric in row.figures
+        assert row.task.name == task and row.units is not None and TASKS[task].metric in row.figures
     assert get_stage("pretrain").where == "training" and get_stage("pretrain").resumable
     assert [n for n, row in STAGES.items() if row.publishes_model] == ["export"]
     with pytest.raises(KeyError, match="unknown downstream task 'bogus'"):
@@ -83,9 +83,7 @@ def test_each_rows_code_list_covers_what_its_run_function_reaches(stage):
         "export": ["model.export"],
     }.get(stage)
     if entry is None:  # a downstream task: the units and its family's module
-        from tasks.registry import get_task
-
-        entry = ["tasks.units", get_task(row.task).module]
+        entry = ["tasks.units", "tasks.driver", row.task.module]
     assert "import" in inspect.getsource(row.run)  # the run function imports its package when called
     reached = set().union(*(_reached(m) for m in entry))
     missing = sorted(reached - covered - {"pipeline", "model", "tasks"})

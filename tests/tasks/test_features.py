@@ -12,6 +12,7 @@ from model.bert import BertModel
 from tasks.config import FeatureConfig, FinetuneConfig, GridConfig
 from tasks.features import FeatureBasedTagger, hidden_states, mix_states, mix_width
 from tasks.finetune import load_encoder, load_tokenizer
+from tasks.registry import get_task
 from tasks.results import summarize
 from tasks.units import run_downstream
 
@@ -64,7 +65,9 @@ def test_feature_based_run_lists_each_mix(tmp_path, tiny_model_url):
         grid=GridConfig(seeds=(1,)),
         features=FeatureConfig(layer_mixes=("last", "sum_all"), lstm_hidden=8),
     )
-    manifest = run_downstream("conll2003_features", config, str(tmp_path), tiny_model_url, str(tmp_path / "out"))
+    manifest = run_downstream(
+        get_task("conll2003_features"), config, str(tmp_path), tiny_model_url, str(tmp_path / "out")
+    )
     results = json.loads((tmp_path / "out" / "results.json").read_text())
     assert set(results["mixes"]) == {"last", "sum_all"} and manifest.counts["units"] == 2
     summary = summarize({"conll2003_features": str(tmp_path / "out")}, str(tmp_path / "all"))

@@ -10,8 +10,23 @@ import pytest
 
 from pipeline.schema.manifest import read_manifest
 from tasks.config import FinetuneConfig
+from tasks.driver import run_unit
 from tasks.finetune import TooFewRowsError
-from tasks.glue import TASKS, GlueDataError, compute_metrics, get_task, read_split, run_glue
+from tasks.glue import GlueDataError, compute_metrics, read_split
+from tasks.registry import family_tasks, get_task
+
+TASKS = {name: t.layout for name, t in family_tasks("glue").items()}
+
+
+def layout(name: str):
+    """A GLUE task's layout by its registry or GLUE name ("SST-2", "sst2")."""
+    return get_task(name).layout
+
+
+def run_glue(config, name, *args, **kwargs):
+    """One unit of a GLUE task, its row looked up by name (the registry's ``Task.run``)."""
+    return run_unit(get_task(name), config, *args, **kwargs)
+
 
 SAMPLE = __import__("pathlib").Path(__file__).resolve().parents[2] / "data" / "sample"
 MNLI_TRAIN_HEADER = (
@@ -114,16 +129,16 @@ def test_nine_tasks_with_official_metrics():
     assert sorted(t.folder for t in TASKS.values()) == sorted(
         ["CoLA", "SST-2", "MRPC", "STS-B", "QQP", "MNLI", "QNLI", "RTE", "WNLI"]
     )
-    assert get_task("CoLA").metrics == ("mcc",)
-    assert set(get_task("mrpc").metrics) == set(get_task("QQP").metrics) == {"f1", "accuracy"}
-    assert get_task("sts-b").metrics == ("pearson", "spearman") and get_task("STS-B").is_regression
+    assert layout("CoLA").metrics == ("mcc",)
+    assert set(layout("mrpc").metrics) == set(layout("QQP").metrics) == {"f1", "accuracy"}
+    assert layout("sts-b").metrics == ("pearson", "spearman") and layout("STS-B").is_regression
     for name in ("SST-2", "MNLI", "QNLI", "RTE", "WNLI"):
-        assert get_task(name).metrics == ("accuracy",)
-    assert get_task("MNLI").dev_files == ("dev_matched.tsv", "dev_mismatched.tsv")
-    with pytest.raises(ValueError, match="unknown GLUE task 'SQuAD'"):
+        assert layout(name).metrics == ("accuracy",)
+    assert layout("MNLI").dev_files == ("dev_matched.tsv", "dev_mismatched.tsv")
+    with pytest.raises(KeyError, match="unknown downstream task 'SQuAD'"):
         get_task("SQuAD")
     # the best-epoch score is the mean of the task's metrics
-    assert compute_metrics(get_task("MRPC"), [1, 0, 1, 1], [1, 1, 1, 0]) == pytest.approx(
+    assert compute_metrics(layout("MRPC"), [1, 0, 1, 1], [1, 1, 1, 0]) == pytest.approx(
         {"f1": 4 / 6, "accuracy": 0.5, "score": (4 / 6 + 0.5) / 2}
     )
 
@@ -132,7 +147,7 @@ def test_nine_tasks_with_official_metrics():
 def test_reader_layouts(tmp_path, task, split, text, expected):
     path = tmp_path / f"{split}.tsv"
     path.write_text(text, encoding="utf-8")
-    got = read_split(str(path), task, split)
+    got = read_split(str(path), layout(task), split)
     first = got.examples[0]
     assert (first.text_a, first.text_b, first.label) == expected
     assert got.skipped == 0
@@ -146,19 +161,19 @@ def test_malformed_row_names_file_line_and_column(tmp_path):
     path = tmp_path / "train.tsv"
     path.write_text("sentence\tlabel\na fine movie\t1\na broken row without label\nok\t0\n")
     with pytest.raises(GlueDataError, match=r"train\.tsv:3: column 'label' \(#2\) missing"):
-        read_split(str(path), "SST-2", "train")
+        read_split(str(path), layout("SST-2"), "train")
     path.write_text("sentence\tlabel\na fine movie\t2\n")
     with pytest.raises(GlueDataError, match=r"train\.tsv:2: column 'label': '2' is not one of \['0', '1'\]"):
-        read_split(str(path), "SST-2", "train")
+        read_split(str(path), layout("SST-2"), "train")
     path.write_text("index\tsentence1\tsentence2\tscore\n0\ta\tb\tfive\n")
     with pytest.raises(GlueDataError, match=r":2: column 'score': 'five' is not a number"):
-        read_split(str(path), "STS-B", "train")
+        read_split(str(path), layout("STS-B"), "train")
     path.write_text("text\tlabel\nx\t1\n")
     with pytest.raises(GlueDataError, match=r"train\.tsv:1: column 'sentence' missing from the header"):
-        read_split(str(path), "SST-2", "train")
+        read_split(str(path), layout("SST-2"), "train")
     path.write_bytes(b"sentence\tlabel\nok\t1\n\xff\xfe\t0\n")
     with pytest.raises(GlueDataError, match=r"train\.tsv:3: not valid UTF-8"):
-        read_split(str(path), "SST-2", "train")
+        read_split(str(path), layout("SST-2"), "train")
 
 
 def test_qqp_policy_skips_and_counts_malformed_rows(tmp_path):
@@ -170,7 +185,7 @@ def test_qqp_policy_skips_and_counts_malformed_rows(tmp_path):
         "3\t5\t6\tq?\tq!\tmaybe\n"  # bad label
         "4\t7\t8\tq three?\tq four?\t0\n"
     )
-    got = read_split(str(path), "QQP", "train")
+    got = read_split(str(path), layout("QQP"), "train")
     assert [e.label for e in got.examples] == ["1", "0"]
     assert got.skipped == 2
 
@@ -222,7 +237,7 @@ def test_run_glue_learns_keyword_task_and_writes_everything(tmp_path, sst2_folde
         log_fn=lambda m, step: logged.append((step, dict(m))),
     )
 
-    assert manifest.stage == "finetune-SST-2"
+    assert manifest.stage == "finetune-sst2"
     assert manifest.counts["eval_accuracy"] >= 0.95
     assert manifest.counts["train_examples"] == 160 and manifest.counts["dev_examples"] == 40
     assert manifest.counts["steps"] == 80 and manifest.counts["seconds"] > 0
@@ -340,14 +355,14 @@ def test_crlf_files_read_like_lf(tmp_path):
     """Windows line ends: the '\\r' never reaches the last column (a label, CoLA's sentence)."""
     cola = "gj04\t1\t\tOur friends won't buy this analysis.\r\ngj04\t0\t*\tThey drank the pub.\r\n"
     (tmp_path / "cola.tsv").write_bytes(cola.encode())
-    got = read_split(str(tmp_path / "cola.tsv"), "CoLA", "dev").examples
+    got = read_split(str(tmp_path / "cola.tsv"), layout("CoLA"), "dev").examples
     assert [(e.text_a, e.label) for e in got] == [
         ("Our friends won't buy this analysis.", "1"),
         ("They drank the pub.", "0"),
     ]
     rte = "index\tsentence1\tsentence2\tlabel\r\n0\ta\tb\tnot_entailment\r\n"
     (tmp_path / "rte.tsv").write_bytes(rte.encode())
-    assert read_split(str(tmp_path / "rte.tsv"), "RTE", "train").examples[0].label == "not_entailment"
+    assert read_split(str(tmp_path / "rte.tsv"), layout("RTE"), "train").examples[0].label == "not_entailment"
 
 
 def test_a_dev_split_with_no_usable_row_fails_the_task_and_stays_out_of_the_average(tmp_path, tiny_model_url):
@@ -368,7 +383,7 @@ def test_a_dev_split_with_no_usable_row_fails_the_task_and_stays_out_of_the_aver
         run_glue(config, "qqp", str(data), tiny_model_url, str(tmp_path / "one"))
     out = tmp_path / "finetune" / "qqp"
     with pytest.raises(RuntimeError, match=r"qqp: all 1 units failed.*TooFewRowsError"):
-        run_downstream("qqp", config, str(tmp_path), tiny_model_url, str(out))
+        run_downstream(get_task("qqp"), config, str(tmp_path), tiny_model_url, str(out))
     assert not (out / "results.json").exists()
     summary = summarize({"qqp": str(out)}, str(tmp_path / "all"))
     assert summary["glue_average"] is None and summary["tasks"] == [{"task": "qqp", "missing": True}]

@@ -1,5 +1,5 @@
 """SQuAD: reader errors, doc-stride windows that map back to the exact answers, span decoding,
-and run_squad end to end (v1.1 and v2.0) on a tiny random model."""
+and a SQuAD unit end to end (v1.1 and v2.0) on a tiny random model."""
 
 import json
 import random
@@ -8,15 +8,24 @@ import pytest
 
 from pipeline.schema.manifest import read_manifest
 from tasks.config import FinetuneConfig, SquadConfig
+from tasks.driver import run_unit
 from tasks.metrics import squad_evaluate
+from tasks.registry import get_task
 from tasks.squad import (
     SquadDataError,
     decode_predictions,
     gold_answers,
     make_features,
     read_squad,
-    run_squad,
 )
+
+
+def run_squad(config, data_url, model_url, output_url, version="1.1", **kwargs):
+    """One unit of SQuAD v1.1 (row squad1) or v2.0 (squad2)."""
+    return run_unit(
+        get_task("squad1" if version == "1.1" else "squad2"), config, data_url, model_url, output_url, **kwargs
+    )
+
 
 PAIRS = [("france", "paris"), ("italy", "rome"), ("germany", "berlin"), ("spain", "madrid"), ("portugal", "lisbon")]
 FILLER = "the movie was long and the music was very dark , the story was quite short .".split()
@@ -193,7 +202,7 @@ def test_run_squad_end_to_end(tmp_path, tiny_model_url, version):
     manifest = run_squad(
         config, str(data), tiny_model_url, str(out), version=version, log_fn=lambda m, s: logged.append(m)
     )
-    assert manifest.stage == f"finetune-squad-v{version}"
+    assert manifest.stage == ("finetune-squad1" if version == "1.1" else "finetune-squad2")
     assert read_manifest(str(out)).fingerprint == manifest.fingerprint
     assert manifest.config["squad"]["doc_stride"] == 6
     assert manifest.config["task"] == ("squad1" if version == "1.1" else "squad2")

@@ -5,8 +5,6 @@ and the GLUE average; one real task (STS-B on the bundled sample) keeps full-pre
 import json
 import math
 import pathlib
-import sys
-import types
 
 import pytest
 
@@ -14,7 +12,7 @@ import tasks.units as U
 from model.contract import fingerprint_input, write_manifest
 from tasks.config import FinetuneConfig, GridConfig
 from tasks.metrics import pearson
-from tasks.registry import TASKS, Task
+from tasks.registry import TASKS, Task, get_task
 from tasks.results import summarize
 
 SAMPLE = pathlib.Path(__file__).resolve().parents[2] / "data" / "sample"
@@ -36,16 +34,36 @@ def test_every_task_by_name_with_its_data_url():
     for name, task in TASKS.items():
         root = SAMPLE.parent / cjk[task.family] if task.family in cjk else SAMPLE
         assert (root / task.folder).is_dir(), name
-    assert U.task_data_url("mrpc", "/data", {"mrpc": "gs://b/MRPC"}) == "gs://b/MRPC"
-    assert U.task_data_url("mnli", "/data", {"mrpc": "gs://b/MRPC"}) == "/data/glue/MNLI"
+    assert U.task_data_url(get_task("mrpc"), "/data", {"mrpc": "gs://b/MRPC"}) == "gs://b/MRPC"
+    assert U.task_data_url(get_task("mnli"), "/data", {"mrpc": "gs://b/MRPC"}) == "/data/glue/MNLI"
     with pytest.raises(KeyError, match="unknown downstream task 'nope'"):
-        U.manifest_config("nope", FinetuneConfig())
+        U.manifest_config(get_task("nope"), FinetuneConfig())
+
+
+def test_every_row_resolves_its_family_steps():
+    """One driver for every unit: each row names a Family whose steps it gives; the JSON-lines
+    rows their files and, for span QA, their official scorer; ``get_task`` is the one lookup."""
+    from tasks.driver import Family
+    from tasks.registry import resolve
+
+    for name, task in TASKS.items():
+        family = resolve(task.unit)
+        assert issubclass(family, Family) and family is not Family, name
+        for step in ("read", "encode", "head", "predict", "score", "write", "saved"):
+            assert getattr(family, step) is not getattr(Family, step), (name, step)
+        if task.files:
+            train, dev = resolve(task.files)
+            assert train and dev, name
+        assert bool(task.scorer) == (task.unit == "tasks.jsonl:SpanQa"), name
+        if task.scorer:
+            assert callable(resolve(task.scorer)), name
+    assert get_task("SST-2") is TASKS["sst2"] and get_task("STS-B") is TASKS["stsb"]
 
 
 def test_plan_units_paper_grid_and_features():
     from tasks.config import PAPER_GRID, FeatureConfig
 
-    units = U.plan_units("mrpc", FinetuneConfig(grid=PAPER_GRID))
+    units = U.plan_units(get_task("mrpc"), FinetuneConfig(grid=PAPER_GRID))
     assert len(units) == 4 * 2 * 3 * 5 and len({u["unit_id"] for u in units}) == len(units)
     assert json.loads(json.dumps(units)) == units
     assert units[0] == {
@@ -55,9 +73,11 @@ def test_plan_units_paper_grid_and_features():
         "seed": 1,
         "unit_id": "lr5e-05_bs16_ep2_seed1",
     }
-    single = U.plan_units("sst2", FinetuneConfig(learning_rate=1e-4, seed=7))
+    single = U.plan_units(get_task("sst2"), FinetuneConfig(learning_rate=1e-4, seed=7))
     assert [u["unit_id"] for u in single] == ["lr0.0001_bs32_ep3_seed7"]
-    feats = U.plan_units("conll2003_features", FinetuneConfig(features=FeatureConfig(layer_mixes=("last", "sum_all"))))
+    feats = U.plan_units(
+        get_task("conll2003_features"), FinetuneConfig(features=FeatureConfig(layer_mixes=("last", "sum_all")))
+    )
     assert [u["feature_mix"] for u in feats] == ["last", "sum_all"]
 
 
@@ -79,14 +99,14 @@ def fake_task(monkeypatch):
         return write_manifest(
             "finetune-fake",
             output_url,
-            U.unit_manifest_config("fake", config, unit),
+            U.unit_manifest_config(get_task("fake"), config, unit),
             {"model": fingerprint_input(model_url), "data": fingerprint_input(data_url)},
             {"eval_accuracy": score, "dev_examples": 3.0},
         )
 
     FAIL_ONCE: dict = {}
-    # a family of its own, tasks.fake, whose run_task is the one above
-    monkeypatch.setitem(sys.modules, "tasks.fake", types.SimpleNamespace(run_task=run_task))
+    # every unit's run (Task.run -> tasks.driver.run_unit) is the one above
+    monkeypatch.setattr("tasks.driver.run_unit", run_task)
     monkeypatch.setitem(
         TASKS, "fake", Task("fake", "fake", "fake", "eval_accuracy", 100.0, "tasks.fake:read", "tasks.fake:Head",
                             glue_average=True)
@@ -101,7 +121,7 @@ def test_grid_units_aggregate_skip_and_retry(tmp_path, fake_task):
     (tmp_path / "model" / "config.json").write_text("{}")
     config = FinetuneConfig(grid=GridConfig(learning_rates=(0.5, 1.0), seeds=(1, 2, 3)))
     out = tmp_path / "out"
-    manifest = U.run_downstream("fake", config, str(tmp_path / "data"), str(tmp_path / "model"), str(out))
+    manifest = U.run_downstream(get_task("fake"), config, str(tmp_path / "data"), str(tmp_path / "model"), str(out))
     results = json.loads((out / "results.json").read_text())
     # lr 1.0: seeds 1, 2 ran (0.71, 0.72), seed 3 failed -> median 0.715; lr 0.5: 0.61 0.62 0.63 -> 0.62
     assert results["best"]["learning_rate"] == 1.0 and results["seeds"] == 2
@@ -112,16 +132,16 @@ def test_grid_units_aggregate_skip_and_retry(tmp_path, fake_task):
     assert manifest.counts["units_failed"] == 1 and manifest.counts["dev_median"] == pytest.approx(71.5)
     assert (out / "predictions.tsv").read_text() == "lr1_bs32_ep3_seed2\n"  # the best seed's
     assert "| 1 | 32 | 3 | 2 | 71.50 | 71.00 | 72.00 |" in (out / "results.md").read_text()
-    assert manifest.config == U.manifest_config("fake", config)
+    assert manifest.config == U.manifest_config(get_task("fake"), config)
     # rerun: finished units are skipped, the failed one alone is retried
     fake_task.clear()
-    manifest = U.run_downstream("fake", config, str(tmp_path / "data"), str(tmp_path / "model"), str(out))
+    manifest = U.run_downstream(get_task("fake"), config, str(tmp_path / "data"), str(tmp_path / "model"), str(out))
     assert fake_task == ["lr1_bs32_ep3_seed3"]
     assert manifest.counts["units_failed"] == 0 and manifest.counts["dev_median"] == pytest.approx(72.0)
     # a new model (a refresh): every unit starts over by itself, none is kept or refused
     (tmp_path / "model" / "config.json").write_text('{"refreshed": 1}')
     fake_task.clear()
-    manifest = U.run_downstream("fake", config, str(tmp_path / "data"), str(tmp_path / "model"), str(out))
+    manifest = U.run_downstream(get_task("fake"), config, str(tmp_path / "data"), str(tmp_path / "model"), str(out))
     assert len(fake_task) == 6 and manifest.inputs["model"] == fingerprint_input(str(tmp_path / "model"))
     # the per-model table and the GLUE average
     summary = summarize({"fake": str(out)}, str(tmp_path / "all"), model="m")
@@ -135,12 +155,12 @@ def test_grid_units_aggregate_skip_and_retry(tmp_path, fake_task):
 def test_all_units_failing_is_an_error(tmp_path, fake_task):
     config = FinetuneConfig(grid=GridConfig(seeds=(1,)))
     with pytest.raises(RuntimeError, match="fake: all 1 units failed"):
-        U.aggregate("fake", config, [str(tmp_path / "never-ran")], str(tmp_path / "out"))
+        U.aggregate(get_task("fake"), config, [str(tmp_path / "never-ran")], str(tmp_path / "out"))
 
 
 def test_stsb_predictions_keep_full_precision(tmp_path, tiny_model_url):
     config = FinetuneConfig(learning_rate=1e-3, batch_size=32, epochs=1, max_seq_length=48)
-    manifest = U.run_downstream("stsb", config, str(SAMPLE), tiny_model_url, str(tmp_path / "out"))
+    manifest = U.run_downstream(get_task("stsb"), config, str(SAMPLE), tiny_model_url, str(tmp_path / "out"))
     rows = [line.split("\t") for line in (tmp_path / "out" / "predictions.tsv").read_text().splitlines()[1:]]
     preds, labels = [float(r[1]) for r in rows], [float(r[2]) for r in rows]
     assert pearson(preds, labels) == manifest.counts["eval_pearson"]  # recomputable from the file, exactly
@@ -160,10 +180,10 @@ def test_the_best_grid_points_weights_are_kept_in_hf_layout(tmp_path, tiny_model
     config = FinetuneConfig(batch_size=32, epochs=0.25, max_seq_length=24,
                             grid=GridConfig(learning_rates=(1e-3, 1e-5)))  # fmt: skip
     out = tmp_path / "sst2"
-    manifest = U.run_downstream("sst2", config, str(SAMPLE), tiny_model_url, str(out))
+    manifest = U.run_downstream(get_task("sst2"), config, str(SAMPLE), tiny_model_url, str(out))
     results = json.loads((out / "results.json").read_text())
     best = results["best_unit"]
-    (other,) = {u["unit_id"] for u in U.plan_units("sst2", config)} - {best}
+    (other,) = {u["unit_id"] for u in U.plan_units(get_task("sst2"), config)} - {best}
     assert results["model"] == "model" and manifest.counts["model_kept"] == 1
     assert (out / "units" / best / "model" / "model.safetensors").exists()
     assert not (out / "units" / other / "model").exists()
@@ -184,7 +204,7 @@ def test_the_best_grid_points_weights_are_kept_in_hf_layout(tmp_path, tiny_model
 
 def test_glue_submission_has_the_servers_file_names(tmp_path, tiny_model_url):
     config = FinetuneConfig(learning_rate=1e-3, batch_size=32, epochs=1, max_seq_length=48)
-    U.run_downstream("mnli", config, str(SAMPLE), tiny_model_url, str(tmp_path / "mnli"))
+    U.run_downstream(get_task("mnli"), config, str(SAMPLE), tiny_model_url, str(tmp_path / "mnli"))
     summarize({"mnli": str(tmp_path / "mnli")}, str(tmp_path / "all"))
     folder = tmp_path / "all" / "glue_submission"
     assert sorted(p.name for p in folder.iterdir()) == ["AX.tsv", "MNLI-m.tsv", "MNLI-mm.tsv"]
@@ -215,7 +235,7 @@ def test_overrides_reach_every_task_option():
     assert cfg.finetune.squad.doc_stride == 64 and cfg.finetune.squad.null_score_diff_threshold == -1.5
     assert cfg.finetune.grid.seeds == (1, 2, 3) and cfg.finetune.ner.label_scheme == "asis"
     assert resolve_data(cfg.data).downstream_urls == {"mrpc": "/data/glue_data/MRPC"}
-    assert len(U.plan_units("mrpc", cfg.finetune)) == 2 * 3  # tiny's two learning rates x three seeds
+    assert len(U.plan_units(get_task("mrpc"), cfg.finetune)) == 2 * 3  # tiny's two learning rates x three seeds
     for bad, field in (
         (["data.downstream_urls.nope=/x"], "data.downstream_urls.nope"),
         (["finetune.squad.doc_stride=0"], "finetune.squad.doc_stride"),
@@ -239,7 +259,7 @@ def test_units_in_processes_give_the_sequential_results(tmp_path, tiny_model_url
             grid=GridConfig(seeds=(1, 2), workers=workers),
         )
         out = tmp_path / f"w{workers}"
-        U.run_downstream("rte", config, str(SAMPLE), tiny_model_url, str(out))
+        U.run_downstream(get_task("rte"), config, str(SAMPLE), tiny_model_url, str(out))
         results[workers] = {
             p.parent.name: json.loads(p.read_text())["history"]  # losses, metrics per epoch
             for p in (out / "units").glob("*/metrics.json")
@@ -259,7 +279,7 @@ def test_units_no_longer_planned_are_removed_on_fsspec_urls(fake_task):
     out = "memory://dsgrid/out"
     for seeds in ((1, 2), (2,)):
         config = FinetuneConfig(grid=GridConfig(learning_rates=(0.5,), seeds=seeds))
-        manifest = U.run_downstream("fake", config, "memory://dsgrid/data", "memory://dsgrid/model", out)
+        manifest = U.run_downstream(get_task("fake"), config, "memory://dsgrid/data", "memory://dsgrid/model", out)
     assert sorted(p.rsplit("/", 1)[-1] for p in fs.ls("/dsgrid/out/units", detail=False)) == ["lr0.5_bs32_ep3_seed2"]
     assert manifest.counts["units"] == 1 and manifest.counts["dev_median"] == pytest.approx(62.0)
     assert fake_task == ["lr0.5_bs32_ep3_seed1", "lr0.5_bs32_ep3_seed2"]  # seed 2 was not rerun
@@ -276,7 +296,7 @@ def test_a_task_with_no_training_rows_never_ends_done(tmp_path, tiny_model_url):
     (data / "dev.tsv").write_text((SAMPLE / "glue" / "SST-2" / "dev.tsv").read_text())
     config = FinetuneConfig(learning_rate=1e-3, batch_size=8, epochs=1, max_seq_length=32)
     with pytest.raises(RuntimeError, match="sst2: all 1 units failed.*no training"):
-        U.run_downstream("sst2", config, str(data), tiny_model_url, str(tmp_path / "out"))
+        U.run_downstream(get_task("sst2"), config, str(data), tiny_model_url, str(tmp_path / "out"))
     assert not has_manifest(str(tmp_path / "out"))
 
 
@@ -284,12 +304,12 @@ def test_a_unit_that_scored_no_dev_row_never_enters_the_results(tmp_path, fake_t
     """A unit manifest of an older run with dev_examples 0 (a score of nothing) is listed as failed
     and left out of the median, the best point and the GLUE average."""
     config = FinetuneConfig(grid=GridConfig(seeds=(1, 2)))
-    units = U.plan_units("fake", config)
+    units = U.plan_units(get_task("fake"), config)
     urls = [str(tmp_path / "units" / u["unit_id"]) for u in units]
     for url, u, (score, rows) in zip(urls, units, [(0.0, 0.0), (0.8, 5.0)]):
-        write_manifest("finetune-fake", url, U.unit_manifest_config("fake", config, u), {},
+        write_manifest("finetune-fake", url, U.unit_manifest_config(get_task("fake"), config, u), {},
                        {"eval_accuracy": score, "dev_examples": rows})  # fmt: skip
-    manifest = U.aggregate("fake", config, urls, str(tmp_path / "out"), units=units)
+    manifest = U.aggregate(get_task("fake"), config, urls, str(tmp_path / "out"), units=units)
     results = json.loads((tmp_path / "out" / "results.json").read_text())
     assert [f["unit_id"] for f in results["failed"]] == [units[0]["unit_id"]]
     assert "0 usable dev rows" in results["failed"][0]["error"]

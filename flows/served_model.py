@@ -16,6 +16,11 @@ loaded. A request beyond them, or holding anything but text (numbers, nested lis
 refused with :class:`RequestRefused` naming the limit or the value, which the scoring server
 answers with HTTP 400 (its body's ``stack_trace`` ends with the reason), instead of reading a
 20 MB string in 50,000 windows while the client has long given up.
+Work within the limits is abandoned when its request is: MLflow's scoring server answers 504 after
+``MLFLOW_SCORING_SERVER_REQUEST_TIMEOUT`` seconds (default 60) but leaves the prediction running in
+its thread, so the model keeps its own clock, the same number of seconds when it is served (or
+``BERTFLOW_SERVE_MAX_SECONDS``; no limit when called in process), and stops between two windows
+once it is spent, with :class:`RequestAbandoned`, freeing the worker for the next request.
 Output, per text: the top token for each ``[MASK]`` (``filled``), the ``[CLS]`` embedding and the
 mean of the token embeddings. A text longer than the model's positions is read in overlapping
 windows (half a window apart) instead of being cut: every ``[MASK]`` is filled from the window
@@ -27,6 +32,8 @@ from __future__ import annotations
 
 import os
 import reprlib
+import sys
+import time
 import warnings
 
 import mlflow
@@ -34,6 +41,11 @@ from mlflow.models import set_model
 
 ENV_MAX_CHARS = "BERTFLOW_SERVE_MAX_CHARS"
 ENV_MAX_BATCH = "BERTFLOW_SERVE_MAX_BATCH"
+ENV_MAX_SECONDS = "BERTFLOW_SERVE_MAX_SECONDS"
+ENV_SERVER_TIMEOUT = "MLFLOW_SCORING_SERVER_REQUEST_TIMEOUT"  # MLflow's: when the scoring server answers 504
+ENV_SERVING = "_MLFLOW_IS_IN_SERVING_ENVIRONMENT"  # set "true" by MLflow's scoring server before it loads us
+SERVER_TIMEOUT = 60
+"""MLflow's default ``MLFLOW_SCORING_SERVER_REQUEST_TIMEOUT``."""
 MAX_CHARS = 20_000
 """Default longest text of a request, in characters (checked before tokenising)."""
 MAX_BATCH = 64
@@ -42,6 +54,35 @@ MAX_BATCH = 64
 
 class RequestRefused(ValueError):
     """A request beyond the served model's limits, or holding something that is not text."""
+
+
+class RequestAbandoned(TimeoutError):
+    """A request whose time is spent: its client has had the scoring server's 504 already."""
+
+
+class Budget:
+    """The seconds one request may take, checked between two pieces of work (``None``: no limit)."""
+
+    def __init__(self, seconds: float | None, clock=time.monotonic):
+        self.seconds, self.clock = seconds, clock
+        self.start = clock()
+
+    def check(self, done: str) -> None:
+        if self.seconds is not None and self.clock() - self.start > self.seconds:
+            raise RequestAbandoned(
+                f"request abandoned after {self.clock() - self.start:.1f} s, past its {self.seconds:g} s "
+                f"({ENV_MAX_SECONDS}, else the scoring server's {ENV_SERVER_TIMEOUT}), with {done}"
+            )
+
+
+def seconds_from_env() -> int | None:
+    """A request's time limit: ``BERTFLOW_SERVE_MAX_SECONDS``, else the scoring server's own timeout
+    when MLflow serves the model, else none (a batch ``predict`` in process runs to its end)."""
+    if os.environ.get(ENV_MAX_SECONDS, "").strip():
+        return limit_from_env(ENV_MAX_SECONDS, SERVER_TIMEOUT)
+    if os.environ.get(ENV_SERVING, "").lower() == "true":
+        return limit_from_env(ENV_SERVER_TIMEOUT, SERVER_TIMEOUT)
+    return None
 
 
 def limit_from_env(name: str, default: int) -> int:
@@ -155,15 +196,21 @@ class BertModel(mlflow.pyfunc.PythonModel):
         self.max_length = self.model.config.max_position_embeddings
         self.max_chars = limit_from_env(ENV_MAX_CHARS, MAX_CHARS)
         self.max_batch = limit_from_env(ENV_MAX_BATCH, MAX_BATCH)
+        seconds_from_env()  # a malformed limit fails the load, not every request
         self.torch = torch
 
     def predict(self, context, model_input, params=None):
         import pandas as pd
 
+        budget = Budget(seconds_from_env())  # per request: the scoring server says it serves after loading us
         texts = texts_of(model_input, self.max_chars, self.max_batch)  # every text checked before any is read
-        return pd.DataFrame([self._one(text) for text in texts])
+        try:
+            return pd.DataFrame([self._one(text, budget, f"text {i} of {len(texts)}") for i, text in enumerate(texts)])
+        except RequestAbandoned as exc:  # its client has had a 504 and will not see this: the server's log will
+            print(f"bertflow served model: {exc}", file=sys.stderr, flush=True)
+            raise
 
-    def _one(self, text: str) -> dict:
+    def _one(self, text: str, budget: Budget, which: str) -> dict:
         torch = self.torch
         ids = self.tokenizer.encode(text, add_special_tokens=False).ids
         spans = windows(len(ids), self.max_length - 2)
@@ -175,7 +222,8 @@ class BertModel(mlflow.pyfunc.PythonModel):
             )
         fills: dict[int, tuple[float, str]] = {}  # position -> (distance from its window's centre, token)
         total, count, cls = None, 0, None
-        for start, end in spans:
+        for n, (start, end) in enumerate(spans):
+            budget.check(f"{which} at window {n} of {len(spans)}")
             window = torch.tensor([[self.cls_id, *ids[start:end], self.sep_id]])
             with torch.no_grad():
                 out = self.model(window, attention_mask=torch.ones_like(window))

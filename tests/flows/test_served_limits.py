@@ -19,7 +19,19 @@ import pandas as pd
 import pytest
 from tiny_bert import tiny_bert_config
 
-from flows.served_model import ENV_MAX_BATCH, ENV_MAX_CHARS, RequestRefused, limit_from_env, texts_of
+from flows.served_model import (
+    ENV_MAX_BATCH,
+    ENV_MAX_CHARS,
+    ENV_MAX_SECONDS,
+    ENV_SERVER_TIMEOUT,
+    ENV_SERVING,
+    Budget,
+    RequestAbandoned,
+    RequestRefused,
+    limit_from_env,
+    seconds_from_env,
+    texts_of,
+)
 
 
 @pytest.mark.parametrize(
@@ -67,6 +79,36 @@ def test_the_limits_are_read_from_the_environment(monkeypatch):
         limit_from_env(ENV_MAX_BATCH, 64)
     monkeypatch.delenv(ENV_MAX_BATCH)
     assert limit_from_env(ENV_MAX_BATCH, 64) == 64
+
+
+def test_a_request_is_abandoned_once_its_seconds_are_spent():
+    now = [100.0]
+    budget = Budget(3, clock=lambda: now[0])
+    budget.check("text 0 of 1 at window 0 of 9")  # no time spent
+    now[0] = 103.0
+    budget.check("text 0 of 1 at window 5 of 9")  # exactly its seconds: still within
+    now[0] = 103.5
+    spent = r"abandoned after 3\.5 s, past its 3 s .* with text 0 of 1 at window 6 of 9"
+    with pytest.raises(RequestAbandoned, match=spent):
+        budget.check("text 0 of 1 at window 6 of 9")
+    Budget(None, clock=lambda: now[0] * 1000).check("anything")  # no limit: never abandoned
+
+
+def test_the_time_limit_follows_the_scoring_server_only_when_served(monkeypatch):
+    for name in (ENV_MAX_SECONDS, ENV_SERVER_TIMEOUT, ENV_SERVING):
+        monkeypatch.delenv(name, raising=False)
+    assert seconds_from_env() is None  # predict in process: runs to its end
+    monkeypatch.setenv(ENV_SERVING, "true")
+    assert seconds_from_env() == 60  # MLflow's default timeout
+    monkeypatch.setenv(ENV_SERVER_TIMEOUT, "7")
+    assert seconds_from_env() == 7
+    monkeypatch.setenv(ENV_MAX_SECONDS, "2")
+    assert seconds_from_env() == 2  # ours wins
+    monkeypatch.delenv(ENV_SERVING)
+    assert seconds_from_env() == 2  # and holds in process too
+    monkeypatch.setenv(ENV_MAX_SECONDS, "soon")
+    with pytest.raises(ValueError, match="BERTFLOW_SERVE_MAX_SECONDS='soon'"):
+        seconds_from_env()
 
 
 # -- served for real ---------------------------------------------------------------------------------
@@ -123,29 +165,85 @@ def _post(port: int, body: bytes) -> tuple[int, dict]:
         with urllib.request.urlopen(request, timeout=300) as r:
             return r.status, json.loads(r.read())
     except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read())
+        body = exc.read()
+        try:
+            return exc.code, json.loads(body)
+        except ValueError:  # the scoring server's 504 says it in plain words
+            return exc.code, {"message": body.decode(errors="replace")}
+
+
+def _serve(path: str, log: str, **env: str) -> tuple[subprocess.Popen, int]:
+    """``mlflow models serve`` of ``path`` with one worker, answering on a free port, its output in ``log``."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true", **env}
+    cmd = [sys.executable, "-m", "mlflow", "models", "serve", "-m", path, "--env-manager", "local",
+           "-h", "127.0.0.1", "-p", str(port), "-w", "1"]  # fmt: skip
+    with open(log, "wb") as out:
+        server = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + 300
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/ping", timeout=2):
+                return server, port
+        except OSError:
+            if server.poll() is not None or time.monotonic() > deadline:
+                os.killpg(server.pid, 15)
+                raise AssertionError(open(log, errors="replace").read()[-3000:]) from None
+            time.sleep(1)
+
+
+def _tree_cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of ``pid`` and its descendants (their threads included)."""
+    total, todo, tick = 0.0, [pid], os.sysconf("SC_CLK_TCK")
+    while todo:
+        p = todo.pop()
+        try:
+            with open(f"/proc/{p}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+            with open(f"/proc/{p}/task/{p}/children") as f:
+                todo += [int(c) for c in f.read().split()]
+        except OSError:
+            continue
+    return total
+
+
+@pytest.mark.production
+@pytest.mark.slow
+def test_a_request_past_the_server_timeout_stops_working_after_its_504(tmp_path):
+    path = _tiny_pyfunc(tmp_path)
+    # 4 MB of text within a raised length limit: about 26,000 windows, a minute or more of work
+    log = tmp_path / "serve.log"
+    server, port = _serve(path, log, **{ENV_SERVER_TIMEOUT: "3", ENV_MAX_CHARS: "5000000"})
+    try:
+        status, _ = _post(port, json.dumps({"inputs": "the river " * 400_000}).encode())
+        assert status == 504  # the scoring server gave up on it (once the tokeniser let go of the GIL) ...
+        deadline = time.monotonic() + 120  # ... and the model, between two windows, soon after
+        while "request abandoned after" not in log.read_text(errors="replace"):
+            # before the model kept its own clock the work went on to its end, a core's minutes here
+            assert time.monotonic() < deadline, log.read_text(errors="replace")[-3000:]
+            time.sleep(1)
+        said = log.read_text(errors="replace")
+        assert "bertflow served model: request abandoned after" in said and "with text 0 of 1 at window" in said
+        before = _tree_cpu_seconds(server.pid)
+        time.sleep(3)
+        spent = _tree_cpu_seconds(server.pid) - before
+        assert spent < 0.5, f"the server used {spent:.1f} CPU-s in 3 s after abandoning the request"
+        status, answer = _post(port, json.dumps({"inputs": ["the [MASK]"]}).encode())
+        assert status == 200 and answer["predictions"][0]["text"] == "the [MASK]"
+    finally:
+        os.killpg(server.pid, 15)
+        server.wait(timeout=60)
 
 
 @pytest.mark.production
 @pytest.mark.slow
 def test_mlflow_models_serve_refuses_oversize_and_non_text_requests_with_flat_memory(tmp_path):
     path = _tiny_pyfunc(tmp_path)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"}
-    cmd = [sys.executable, "-m", "mlflow", "models", "serve", "-m", path, "--env-manager", "local",
-           "-h", "127.0.0.1", "-p", str(port), "-w", "1"]  # fmt: skip
-    server = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    server, port = _serve(path, tmp_path / "serve.log")
     try:
-        deadline = time.monotonic() + 300
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/ping", timeout=2):
-                    break
-            except OSError:
-                assert server.poll() is None and time.monotonic() < deadline, server.stdout.read().decode()[-3000:]
-                time.sleep(1)
         status, answer = _post(port, json.dumps({"inputs": "the river"}).encode())  # a lone string answers
         assert status == 200 and answer["predictions"][0]["text"] == "the river"
         status, answer = _post(port, json.dumps({"inputs": ["the [MASK]", "river"]}).encode())

@@ -1,14 +1,19 @@
-"""Two runs on two roots sharing one new SQLite tracking store, started together (slow tier:
-``python -m pytest -m slow tests/flows/test_shared_store_slow.py``).
+"""Two runs on two roots sharing one new tracking store, started together (slow tier:
+``python -m pytest -m slow tests/flows/test_shared_store_slow.py``): a SQLite file, and an
+``mlflow server`` as a team shares it.
 
-Both finish and register their own version; the store's artifacts live beside it, so moving one
-root away breaks no model; lineage tags name absolute paths though the roots were given relative.
+Both finish and register their own version; the store's artifacts live beside it (the server's
+under its artifact root), so moving one root away breaks no model; lineage tags name absolute
+paths though the roots were given relative.
 """
 
 import os
 import shutil
+import socket
 import subprocess
 import sys
+import time
+import urllib.request
 
 import pytest
 
@@ -24,10 +29,49 @@ SHORT = [
 ]
 
 
-def test_two_runs_on_one_new_store_both_register_and_keep_their_artifacts(tmp_path):
-    store = tmp_path / "team" / "mlflow.db"
-    uri = f"sqlite:///{store}"
+def _team_server(tmp_path, env) -> tuple[subprocess.Popen, str]:
+    """A new ``mlflow server`` on loopback, its store and artifacts under ``tmp_path/team``."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    (tmp_path / "team").mkdir()
+    cmd = [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
+           "--backend-store-uri", f"sqlite:///{tmp_path}/team/server.db",
+           "--artifacts-destination", str(tmp_path / "team" / "artifacts")]  # fmt: skip
+    server = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    uri, deadline = f"http://127.0.0.1:{port}", time.monotonic() + 300
+    while True:
+        try:
+            with urllib.request.urlopen(f"{uri}/health", timeout=2):
+                return server, uri
+        except OSError:
+            if server.poll() is not None or time.monotonic() > deadline:
+                server.kill()
+                raise AssertionError("mlflow server did not start") from None
+            time.sleep(1)
+
+
+@pytest.mark.parametrize("store", ["sqlite", "server"])
+def test_two_runs_on_one_new_store_both_register_and_keep_their_artifacts(tmp_path, store):
     env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect-home"), "MLFLOW_DISABLE_TELEMETRY": "true"}
+    server = None
+    if store == "sqlite":
+        uri = f"sqlite:///{tmp_path / 'team' / 'mlflow.db'}"
+        artifacts = f"file://{tmp_path}/team/mlartifacts/"
+    else:
+        server, uri = _team_server(tmp_path, env)
+        artifacts = "mlflow-artifacts:/"  # the server's: stored under its --artifacts-destination
+    try:
+        _two_runs(tmp_path, uri, env, artifacts)
+    finally:
+        if server is not None:
+            server.terminate()
+            server.wait(timeout=30)
+    if server is not None:
+        assert any((tmp_path / "team" / "artifacts").rglob("model.safetensors"))
+
+
+def _two_runs(tmp_path, uri: str, env: dict, artifacts: str) -> None:
     runs = []
     for name in ("concA", "concB"):
         cmd = [sys.executable, "-m", "flows.cli", "run", "--preset", "tiny", "--root", f"runs/{name}",
@@ -49,7 +93,7 @@ def test_two_runs_on_one_new_store_both_register_and_keep_their_artifacts(tmp_pa
     for v in versions:
         assert all(os.path.isabs(v.tags[k]) for k in v.tags if k.startswith("lineage.") and k.endswith(".url"))
         logged = client.get_logged_model(v.source.removeprefix("models:/"))  # the version's source: its logged model
-        assert logged.artifact_location.startswith(f"file://{tmp_path}/team/mlartifacts/")
+        assert logged.artifact_location.startswith(artifacts), logged.artifact_location
     shutil.move(tmp_path / "runs" / "concA", tmp_path / "elsewhere")  # the first root goes away
     mlflow.set_tracking_uri(uri)
     mlflow.set_registry_uri(uri)

@@ -9,11 +9,8 @@ paths though the roots were given relative.
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
-import time
-import urllib.request
 
 import pytest
 
@@ -29,37 +26,15 @@ SHORT = [
 ]
 
 
-def _team_server(tmp_path, env) -> tuple[subprocess.Popen, str]:
-    """A new ``mlflow server`` on loopback, its store and artifacts under ``tmp_path/team``."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    (tmp_path / "team").mkdir()
-    cmd = [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
-           "--backend-store-uri", f"sqlite:///{tmp_path}/team/server.db",
-           "--artifacts-destination", str(tmp_path / "team" / "artifacts")]  # fmt: skip
-    server = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    uri, deadline = f"http://127.0.0.1:{port}", time.monotonic() + 300
-    while True:
-        try:
-            with urllib.request.urlopen(f"{uri}/health", timeout=2):
-                return server, uri
-        except OSError:
-            if server.poll() is not None or time.monotonic() > deadline:
-                server.kill()
-                raise AssertionError("mlflow server did not start") from None
-            time.sleep(1)
-
-
 @pytest.mark.parametrize("store", ["sqlite", "server"])
-def test_two_runs_on_one_new_store_both_register_and_keep_their_artifacts(tmp_path, store):
+def test_two_runs_on_one_new_store_both_register_and_keep_their_artifacts(tmp_path, store, servers):
     env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect-home"), "MLFLOW_DISABLE_TELEMETRY": "true"}
     server = None
     if store == "sqlite":
         uri = f"sqlite:///{tmp_path / 'team' / 'mlflow.db'}"
         artifacts = f"file://{tmp_path}/team/mlartifacts/"
     else:
-        server, uri = _team_server(tmp_path, env)
+        server, uri = servers.start_mlflow_server(tmp_path / "team")  # as a team runs it: store, artifacts
         artifacts = "mlflow-artifacts:/"  # the server's: stored under its --artifacts-destination
     try:
         _two_runs(tmp_path, uri, env, artifacts)

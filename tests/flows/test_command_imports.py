@@ -5,42 +5,9 @@ the modules it holds when the command returns: behaviour, not timing."""
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-
-REPO = Path(__file__).resolve().parents[2]
-LIBRARIES = ("torch", "apache_beam", "prefect", "mlflow", "pyarrow", "pandas", "sqlalchemy", "transformers")
-
-_PROBE = """
-import json, sys
-from flows.cli import main
-try:
-    code = main(sys.argv[1:])
-except SystemExit as exc:
-    code = exc.code
-loaded = sorted(m for m in {libraries} if m in sys.modules)
-print("\\n" + json.dumps({{"code": code, "loaded": loaded}}), file=sys.stderr)
-"""
-
-
-def run_command(args: list[str], env: dict[str, str] | None = None) -> tuple[int, list[str], str, str]:
-    """(exit code, which of LIBRARIES the command imported, stdout, stderr) of ``bertflow ARGS``
-    run in a new interpreter."""
-    probe = _PROBE.format(libraries=repr(LIBRARIES))
-    out = subprocess.run(
-        [sys.executable, "-c", probe, *args],
-        cwd=REPO,
-        env={**os.environ, **(env or {})},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    *rest, last = out.stderr.rstrip("\n").split("\n")
-    result = json.loads(last)
-    return result["code"], result["loaded"], out.stdout, "\n".join(rest)
 
 
 @pytest.mark.parametrize(
@@ -54,13 +21,13 @@ def run_command(args: list[str], env: dict[str, str] | None = None) -> tuple[int
         (["inspect", "/no/such/folder"], 2),
     ],
 )
-def test_help_config_errors_and_refusals_import_no_library(args, code):
+def test_help_config_errors_and_refusals_import_no_library(args, code, run_command):
     got, loaded, _, err = run_command(args)
     assert got == code, err[-2000:]
     assert loaded == [], f"bertflow {' '.join(args)} imported {loaded}"
 
 
-def test_config_help_still_lists_every_field_built_only_when_asked():
+def test_config_help_still_lists_every_field_built_only_when_asked(run_command):
     code, loaded, out, _ = run_command(["config", "--help"])
     assert code == 0 and "pretrain.learning_rate (float, default 0.0001)" in out
     assert loaded == []
@@ -92,7 +59,7 @@ def _store_with_runs(uri: str, root: str, artifacts: Path) -> dict[str, str]:
     return want
 
 
-def test_status_shows_each_stages_latest_run_without_importing_mlflow(tmp_path):
+def test_status_shows_each_stages_latest_run_without_importing_mlflow(tmp_path, run_command):
     """A shared store named by MLFLOW_TRACKING_URI: the runs tagged with this root; the root's own
     store (``<root>/mlflow.db``): every run in it. Deleted runs never count, as in MLflow's
     search; the store is read with sqlite3."""
@@ -117,7 +84,7 @@ def test_status_shows_each_stages_latest_run_without_importing_mlflow(tmp_path):
     assert not {"torch", "apache_beam", "prefect", "mlflow"} & set(loaded), loaded
 
 
-def test_status_of_a_missing_store_creates_none(tmp_path):
+def test_status_of_a_missing_store_creates_none(tmp_path, run_command):
     root = tmp_path / "root"
     root.mkdir()
     db = tmp_path / "nobody.db"

@@ -103,10 +103,11 @@ def stage_fit(sizes: list[str], env: dict[str, str], work: str) -> dict[str, flo
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--root", required=True, help="a finished tiny root made by the code measured")
+    parser.add_argument("--root", default=None, help="a finished tiny root made by the code measured")
     parser.add_argument("--repeat", type=int, default=3, help="runs per command; the least CPU is kept")
     parser.add_argument("--skip-run", action="store_true", help="leave out the finished root's `run`")
     parser.add_argument("--stage-fit", default=None, metavar="SIZE1,SIZE2", help="e.g. 1MB,8MB")
+    parser.add_argument("--stage-fit-only", action="store_true", help="only the stage fit (no --root needed)")
     parser.add_argument("--json", default=None, help="save the figures here (for --before)")
     parser.add_argument("--before", default=None, help="figures saved by an earlier --json, printed beside")
     args = parser.parse_args()
@@ -115,8 +116,10 @@ def main() -> None:
     code = env["PYTHONPATH"].split(os.pathsep)[0]
     print(f"code: {code}; root: {args.root}; best of {args.repeat}; CPU-s = user + sys (rusage)")
     figures: dict[str, dict[str, float]] = {}
-    for name, argv in commands(os.path.abspath(args.root)).items():
-        if name.startswith("run") and args.skip_run:
+    if not args.stage_fit_only and not args.root:
+        parser.error("--root is needed (or --stage-fit-only)")
+    for name, argv in commands(os.path.abspath(args.root or ".")).items():
+        if args.stage_fit_only or (name.startswith("run") and args.skip_run):
             continue
         runs = [measure(argv, env) for _ in range(1 if name.startswith("run") else args.repeat)]
         figures[name] = min(runs, key=lambda r: r["cpu"])

@@ -37,7 +37,10 @@ def _running(root: str) -> str | None:
 def _mlflow_runs(root: str, uri: str | None) -> dict[str, str]:
     """stage -> id of its latest MLflow run (when the tracking store exists). In the root's own
     store every run is the root's (also when the root was copied or moved since); in a shared one,
-    the runs tagged with this root."""
+    the runs tagged with this root. A SQLite store is read without MLflow
+    (``flows.tracking.latest_stage_runs``); only a server or another database imports it."""
+    from flows.tracking import latest_stage_runs, sqlite_path
+
     own = uri is None
     if own:
         db = os.path.join(local_path(root), "mlflow.db") if is_local(root) else None
@@ -45,20 +48,24 @@ def _mlflow_runs(root: str, uri: str | None) -> dict[str, str]:
             return {}
         uri = f"sqlite:///{db}"
     try:
-        from flows.tracking import Tracker
-
-        tracker = Tracker(uri)
-        exp = tracker.client.get_experiment_by_name("bertflow")
-        if exp is None:
-            return {}
-        tracker.experiment_id = exp.experiment_id
-        search = {"order_by": ["attributes.start_time DESC"], "max_results": 500}
-        if own:
-            runs = tracker.client.search_runs([exp.experiment_id], **search)
-        else:
-            runs = tracker.runs_with_tag("bertflow.root", root, **search)
+        db = sqlite_path(uri)
+        if db is not None:
+            return latest_stage_runs(db, "bertflow", None if own else root)
+        return _server_runs(root, uri)
     except Exception:  # status must answer even when the store does not
         return {}
+
+
+def _server_runs(root: str, uri: str) -> dict[str, str]:
+    """:func:`_mlflow_runs` for a store MLflow must be asked (a server, a database URL)."""
+    from flows.tracking import Tracker
+
+    tracker = Tracker(uri)
+    exp = tracker.client.get_experiment_by_name("bertflow")
+    if exp is None:
+        return {}
+    tracker.experiment_id = exp.experiment_id
+    runs = tracker.runs_with_tag("bertflow.root", root, order_by=["attributes.start_time DESC"], max_results=500)
     latest: dict[str, str] = {}
     for r in runs:
         stage = r.data.tags.get("bertflow.stage")

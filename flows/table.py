@@ -267,15 +267,15 @@ def _downstream_units(task: Task) -> Units:
 
 
 def _pretrain_config(cfg: RunConfig, inputs: dict[str, str]) -> dict[str, Any]:
-    from model.train import manifest_config
+    from model.stage_configs import pretrain_manifest_config
 
-    return manifest_config(cfg.pretrain, model_config(cfg, inputs["vocab"]))
+    return pretrain_manifest_config(cfg.pretrain, model_config(cfg, inputs["vocab"]))
 
 
 def _export_config(cfg: RunConfig, inputs: dict[str, str]) -> dict[str, Any]:
-    from model.export import manifest_config
+    from model.stage_configs import export_manifest_config
 
-    return manifest_config(model_config(cfg, inputs["vocab"]))
+    return export_manifest_config(model_config(cfg, inputs["vocab"]))
 
 
 def _at(root: str, folder: str) -> str:
@@ -337,14 +337,14 @@ STAGES: dict[str, Stage] = {
             config=_export_config, run=_run_export, provides="model", publishes_model=True,
             agree=(("pretrain", "vocab"),),
             code=("model.export", "model.bert", "model.packing", "model.config", "model.contract", "model.kernels",
-                  "model.card", "flows.card", "pipeline.schema"),
+                  "model.card", "model.stage_configs", "flows.card", "pipeline.schema"),
             figures=("parameters",), retries=1, timeout_s=3600, preview=hooks.model_preview,
             doc="the final weights in Hugging Face layout (config.json, model.safetensors, vocab)",
         ),
     )
 }  # fmt: skip
 _FINETUNE_CODE = ("tasks", "model.bert", "model.packing", "model.config", "model.contract", "model.export",
-                  "model.kernels", "model.optim", "pipeline.schema")  # fmt: skip
+                  "model.kernels", "model.optim", "model.stage_configs", "pipeline.schema")  # fmt: skip
 
 
 @cache

@@ -44,10 +44,17 @@ Design choices:
    :func:`store_artifact_root` puts them beside the SQLite file (for a root's own store, under
    the root as before) or leaves them to the tracking server, as ``mlflow server`` does. A team
    shares one ``mlflow server`` (README, "Tracking").
+8. **Looking is cheaper than writing**: ``bertflow status`` reads a SQLite store's latest run per
+   stage with ``sqlite3`` (:func:`latest_stage_runs`, the same runs MLflow's search returns),
+   because importing MLflow's client and its SQLAlchemy store costs seconds of CPU and hundreds
+   of MB for one query. A server or another database is still asked through MLflow. The cost:
+   the query knows MLflow's table layout (``experiments``, ``runs``, ``tags``), which
+   ``tests/flows/test_cli.py`` checks against runs MLflow itself wrote.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -420,6 +427,43 @@ def recorded_root(db_path: str, experiment: str) -> str | None:
     if not row or not row[0] or not row[0].startswith("file://") or not row[0].endswith("/mlartifacts"):
         return None
     return row[0].removeprefix("file://").removesuffix("/mlartifacts")
+
+
+def latest_stage_runs(db_path: str, experiment: str, root: str | None = None, limit: int = 500) -> dict[str, str]:
+    """stage -> "run_id (status)" of each stage's latest run in a SQLite store, read with
+    ``sqlite3`` (design choice 8): the runs MLflow's ``search_runs`` returns (active runs of the
+    experiment, newest first, ties by run id, the first ``limit``), those tagged ``bertflow.root``
+    = ``root`` when ``root`` is given. Read-only: a missing file is an empty store, never created."""
+    if not os.path.exists(db_path):
+        return {}
+    import pathlib
+
+    with contextlib.closing(
+        sqlite3.connect(pathlib.Path(db_path).absolute().as_uri() + "?mode=ro", uri=True, timeout=BUSY_SECONDS)
+    ) as db:
+        columns = {r[1] for r in db.execute("pragma table_info(experiments)")}
+        order = " order by workspace = 'default' desc" if "workspace" in columns else ""
+        exp = db.execute(f"select experiment_id from experiments where name = ?{order} limit 1", (experiment,))
+        row = exp.fetchone()
+        if row is None:
+            return {}
+        where, args = "r.experiment_id = ? and r.lifecycle_stage = 'active'", [row[0]]
+        if root is not None:
+            where += " and exists (select 1 from tags t where t.run_uuid = r.run_uuid and t.key = ? and t.value = ?)"
+            args += ["bertflow.root", root]
+        runs = db.execute(
+            "select r.run_uuid, r.status, s.value from"
+            f" (select run_uuid, status, start_time from runs r where {where}"
+            "  order by start_time desc, run_uuid limit ?) r"
+            " left join tags s on s.run_uuid = r.run_uuid and s.key = 'bertflow.stage'"
+            " order by r.start_time desc, r.run_uuid",
+            [*args, limit],
+        ).fetchall()
+    latest: dict[str, str] = {}
+    for run_id, status, stage in runs:
+        if stage and stage not in latest:
+            latest[stage] = f"{run_id} ({(status or '').lower()})"
+    return latest
 
 
 def relocate_store(db_path: str, old_root: str, new_root: str) -> int:

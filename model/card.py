@@ -24,8 +24,6 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from model.contract import join_url, write_atomically
-
 CARD_NAME = "README.md"
 
 
@@ -293,6 +291,10 @@ def render(facts: CardFacts) -> str:
 
 def write_card(folder_url: str, facts: CardFacts) -> str:
     """Write ``README.md`` into an exported folder (replacing the one there); returns its URL."""
+    # imported here: the presets import CardConfig, and the contract would bring pyarrow and numpy
+    # into every command (``--help``, ``status``) that never writes a card
+    from model.contract import join_url, write_atomically
+
     url = join_url(folder_url, CARD_NAME)
     write_atomically(url, render(facts))
     return url

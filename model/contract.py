@@ -7,33 +7,7 @@ defined once, in ``pipeline/schema/``; its Parquet columns, manifest and commit 
 Beam jobs write and the loader and fine-tuning read.
 """
 
-from pipeline.schema import config as _config
-from pipeline.schema import manifest as _manifest
-from pipeline.schema import parquet as _parquet
-from pipeline.schema import storage as _storage
-from pipeline.schema import tokenization as _tokenization
-
-# the Parquet columns of the examples stage and how its files are read (pipeline/schema/parquet.py)
-EXAMPLE_COLUMNS = _parquet.EXAMPLE_COLUMNS
-PARQUET_READ_OPTIONS = _parquet.READ_OPTIONS
-
-# the stage manifest (pipeline/schema/manifest.py)
-Manifest = _manifest.Manifest
-ManifestError = _manifest.ManifestError
-clear_stage = _manifest.clear_stage
-describe_file = _manifest.describe_file
-fingerprint_input = _manifest.fingerprint_input
-has_manifest = _manifest.has_manifest
-list_files = _manifest.list_files
-manifest_url = _manifest.manifest_url
-read_manifest = _manifest.read_manifest
-save_manifest = _manifest.save_manifest
-write_manifest = _manifest.write_manifest
-write_attempt = _manifest.write_attempt
-
-# URLs and whole-file commits (pipeline/schema/storage.py)
-join_url = _storage.join_url
-write_atomically = _storage.write_atomically
+from pipeline.schema import config as _config  # the standard library only: eager
 
 # configuration: the one error type and check(), digests (pipeline/schema/config.py)
 ConfigError = _config.ConfigError
@@ -42,32 +16,53 @@ check_at_most = _config.check_at_most
 LIMITS = _config.LIMITS
 config_digest = _config.config_digest
 
-# the segmenting tokenizers of MeCab and jieba vocabularies (pipeline/schema/tokenization.py)
-WordTokenizer = _tokenization.WordTokenizer
-word_tokenizer_of = _tokenization.word_tokenizer_of
+# The rest is imported on first use (PEP 562): the Parquet columns bring pyarrow and numpy, the
+# manifest and storage fsspec, the tokenizers their library, and the presets (through
+# model.config) would otherwise pay for all of them in every command, ``bertflow --help`` too.
+_PARQUET = {
+    "EXAMPLE_COLUMNS": "EXAMPLE_COLUMNS",  # the Parquet columns of the examples stage (pipeline/schema/parquet.py)
+    "PARQUET_READ_OPTIONS": "READ_OPTIONS",  # and how its files are read
+}
+_MANIFEST = {  # the stage manifest (pipeline/schema/manifest.py)
+    n: n
+    for n in (
+        "Manifest", "ManifestError", "clear_stage", "describe_file", "fingerprint_input", "has_manifest",
+        "list_files", "manifest_url", "read_manifest", "save_manifest", "write_manifest", "write_attempt",
+    )
+}  # fmt: skip
+_STORAGE = {"join_url": "join_url", "write_atomically": "write_atomically"}  # URLs, whole-file commits
+_TOKENIZATION = {  # the segmenting tokenizers of MeCab and jieba vocabularies (pipeline/schema/tokenization.py)
+    "WordTokenizer": "WordTokenizer",
+    "word_tokenizer_of": "word_tokenizer_of",
+}
 
-__all__ = [
-    "EXAMPLE_COLUMNS",
-    "LIMITS",
-    "PARQUET_READ_OPTIONS",
-    "ConfigError",
-    "Manifest",
-    "ManifestError",
-    "WordTokenizer",
-    "check",
-    "check_at_most",
-    "clear_stage",
-    "config_digest",
-    "describe_file",
-    "fingerprint_input",
-    "has_manifest",
-    "join_url",
-    "list_files",
-    "manifest_url",
-    "read_manifest",
-    "save_manifest",
-    "word_tokenizer_of",
-    "write_atomically",
-    "write_attempt",
-    "write_manifest",
-]
+
+def __getattr__(name: str):
+    if name in _PARQUET:
+        from pipeline.schema import parquet as module
+
+        attr = _PARQUET[name]
+    elif name in _MANIFEST:
+        from pipeline.schema import manifest as module
+
+        attr = _MANIFEST[name]
+    elif name in _STORAGE:
+        from pipeline.schema import storage as module
+
+        attr = _STORAGE[name]
+    elif name in _TOKENIZATION:
+        from pipeline.schema import tokenization as module
+
+        attr = _TOKENIZATION[name]
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = globals()[name] = getattr(module, attr)
+    return value
+
+
+__all__ = sorted(["ConfigError", "LIMITS", "check", "check_at_most", "config_digest",
+                  *_PARQUET, *_MANIFEST, *_STORAGE, *_TOKENIZATION])  # fmt: skip
+
+
+def __dir__() -> list[str]:
+    return __all__

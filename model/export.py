@@ -37,6 +37,7 @@ from model.contract import (
     write_atomically,
     write_manifest,
 )
+from model.stage_configs import export_manifest_config as manifest_config
 
 log = logging.getLogger("bertflow.export")
 
@@ -250,8 +251,3 @@ def run_export(checkpoint_url: str, vocab_url: str, output_url: str) -> Manifest
         counts={"parameters": count_parameters(model)},
         seconds=time.time() - t0,
     )
-
-
-def manifest_config(config: BertConfig, architecture: str = "BertForPreTraining") -> dict:
-    """The config run_export records in its manifest (the flow compares it to skip a finished run)."""
-    return {**dataclasses.asdict(config), "architectures": [architecture]}

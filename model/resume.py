@@ -46,24 +46,10 @@ from model.backend import Backend
 from model.config import BertConfig, PretrainConfig
 from model.contract import config_digest, join_url
 from model.data import stable_seed
+from model.stage_configs import FREE
 
 log = logging.getLogger("bertflow.pretrain")
 
-FREE = (
-    "log_every",
-    "checkpoint_every",
-    "backend",
-    "eval_every",
-    "eval_batches",
-    "loader_workers",
-    "precision",
-    "peak_tflops",
-    "keep_checkpoints",
-    "nproc",
-    "unpad",
-    "compile",
-    "xla_cache",
-)  # nproc: data_parts holds what binds; unpad, compile: the same maths, another kernel
 TUNABLE = ("learning_rate", "warmup_steps", "weight_decay", "beta1", "beta2", "eps", "max_grad_norm")
 
 

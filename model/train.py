@@ -67,7 +67,6 @@ from model.feed import StepFeed
 from model.metrics import Window, peak_tflops, step_flops, summary
 from model.optim import build_optimizer, warmup_linear_schedule
 from model.resume import (
-    FREE,
     ResumeError,
     TrainState,
     check_resume,
@@ -79,6 +78,7 @@ from model.resume import (
     set_aside,
 )
 from model.signals import Preempted, StopSignals
+from model.stage_configs import pretrain_manifest_config as manifest_config
 from model.stream import LoaderSpec, StreamingLoader
 from model.warmstart import init_weights
 
@@ -616,12 +616,3 @@ def finish(s: Session) -> Manifest:
     for url in remove_set_aside(s.output_url):  # the run they were kept for has finished
         log.info("removed the set-aside earlier run %s", url)
     return manifest
-
-
-def manifest_config(config: PretrainConfig, model_config: BertConfig) -> dict[str, Any]:
-    """The config run_pretrain records in its manifest (the flow compares it to skip a finished run).
-    Without the fields that never change the weights (``model.resume.FREE``: backend, precision,
-    processes, logging, ...): a run finished on a TPU is up to date where the same preset resolves
-    to another backend."""
-    kept = {k: v for k, v in dataclasses.asdict(config).items() if k not in FREE}
-    return {**kept, "model": dataclasses.asdict(model_config)}

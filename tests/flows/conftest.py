@@ -5,9 +5,11 @@ Shorter schedules than the tiny preset (overrides) keep it to a few minutes; the
 what the README's command runs.
 """
 
+import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -93,3 +95,42 @@ def quick_chain(tmp_path_factory):
     finally:
         torch.set_num_threads(threads)
     return cfg, root, results
+
+
+# -- what a command imports (tests/flows/test_command_imports.py) -----------------------------
+LIBRARIES = ("torch", "apache_beam", "prefect", "mlflow", "pyarrow", "pandas", "sqlalchemy", "transformers")
+
+_PROBE = """
+import json, sys
+from flows.cli import main
+try:
+    code = main(sys.argv[1:])
+except SystemExit as exc:
+    code = exc.code
+loaded = sorted(m for m in {libraries} if m in sys.modules)
+print("\\n" + json.dumps({{"code": code, "loaded": loaded}}), file=sys.stderr)
+"""
+
+
+def _run_command(args: list[str], env: dict[str, str] | None = None) -> tuple[int, list[str], str, str]:
+    """(exit code, which of LIBRARIES the command imported, stdout, stderr) of ``bertflow ARGS``
+    run in a new interpreter."""
+    probe = _PROBE.format(libraries=repr(LIBRARIES))
+    out = subprocess.run(
+        [sys.executable, "-c", probe, *args],
+        cwd=Path(__file__).resolve().parents[2],
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    *rest, last = out.stderr.rstrip("\n").split("\n")
+    result = json.loads(last)
+    return result["code"], result["loaded"], out.stdout, "\n".join(rest)
+
+
+@pytest.fixture(scope="session")
+def run_command():
+    """``run_command(args, env=None)``: (exit code, which of LIBRARIES it imported, stdout,
+    stderr) of ``bertflow ARGS`` in a new interpreter."""
+    return _run_command

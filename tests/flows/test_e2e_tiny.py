@@ -247,7 +247,7 @@ def test_stage_command_reruns_one_stage_alone(chain):
     assert read_manifest(str(root / "model")).files
 
 
-def test_status_lists_every_stage_done_and_inspect_decodes_outputs(chain, cli, cli_env):
+def test_status_lists_every_stage_done_and_inspect_decodes_outputs(chain, cli, cli_env, run_command):
     import subprocess
     import sys
 
@@ -263,6 +263,10 @@ def test_status_lists_every_stage_done_and_inspect_decodes_outputs(chain, cli, c
     rows = json.loads(out.stdout)
     assert [r["stage"] for r in rows][-3:] == ["finetune/sst2", "finetune/squad1", "finetune/conll2003"]
     assert {r["state"] for r in rows} == {"done"} and all(r["mlflow_run"] for r in rows)
+    # a finished root's status reads manifests and the store: no torch, Beam, Prefect or MLflow
+    code, loaded, out, err = run_command(cli(["status", "--preset", "tiny", "--json"], root)[3:], cli_env)
+    assert code == 0 and json.loads(out) == rows, err[-2000:]
+    assert not {"torch", "apache_beam", "prefect", "mlflow"} & set(loaded), loaded
 
     def inspect(url):
         res = subprocess.run(

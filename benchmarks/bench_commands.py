@@ -1,0 +1,151 @@
+"""Benchmark: what each command costs before it does anything, against issue 26's targets.
+
+Every command runs in a fresh interpreter (``python -m flows.cli ...``) as a user would start
+it; the figures are the child's own rusage (``os.wait4``: user + sys CPU seconds of it and every
+process it waited for, and its peak resident memory), so a loaded machine changes the wall time
+but hardly the CPU seconds. Each command runs ``--repeat`` times; the least CPU is printed.
+
+The code measured is whatever ``PYTHONPATH`` names (else this checkout). To put two versions
+side by side, measure the old one first and save it, then the new one with ``--before``:
+
+    PYTHONPATH=/work/main python benchmarks/bench_commands.py --root OLD_ROOT --json before.json
+    python benchmarks/bench_commands.py --root NEW_ROOT --before before.json
+
+``--root`` is a finished tiny root (``bertflow run --preset tiny --root DIR``) made by the same
+code (another code version would find its stages stale and ``run`` would redo them).
+``--stage-fit SIZE1,SIZE2`` also runs ``bertflow stage corpus`` on synthetic corpora of two sizes
+and prints the fit's intercept: the fixed cost of a stage through the command line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# command -> (max CPU-s, max RSS MB, max wall s): issue 26's targets (None: no target)
+TARGETS = {
+    "--help": (0.5, None, None),
+    "config error": (0.5, None, None),
+    "status": (1.0, 150, None),
+    "status --json": (1.0, 150, None),
+    "config": (None, None, None),
+    "inspect corpus": (None, None, None),
+    "run (finished root)": (None, None, 3.0),
+    "stage fixed cost": (3.0, None, None),
+}
+
+
+def measure(argv: list[str], env: dict[str, str]) -> dict[str, float]:
+    """CPU seconds (user + sys, the command and its reaped children), peak RSS (MB) and wall
+    seconds of one command."""
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory() as cwd:  # not the checkout: `-m` puts the cwd first on sys.path
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "flows.cli", *argv],
+            cwd=cwd,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        stderr = proc.stderr.read()
+        _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - start
+    return {
+        "cpu": usage.ru_utime + usage.ru_stime,
+        "rss_mb": usage.ru_maxrss / 1024,  # kilobytes on Linux
+        "wall": wall,
+        "code": os.waitstatus_to_exitcode(status),
+        "stderr": stderr.decode(errors="replace")[-300:],
+    }
+
+
+def commands(root: str) -> dict[str, list[str]]:
+    return {
+        "--help": ["--help"],
+        "config error": ["config", "--set", "no_such_field=1"],
+        "config": ["config"],
+        "status": ["status", "--root", root],
+        "status --json": ["status", "--root", root, "--json"],
+        "inspect corpus": ["inspect", os.path.join(root, "corpus"), "-n", "3"],
+        "run (finished root)": ["run", "--preset", "tiny", "--root", root],
+    }
+
+
+def stage_fit(sizes: list[str], env: dict[str, str], work: str) -> dict[str, float]:
+    """``bertflow stage corpus`` on two corpus sizes: CPU seconds = intercept + slope x MB."""
+    points = []
+    for size in sizes:
+        data = os.path.join(work, f"data-{size}")
+        run = measure(["synth-corpus", "--out", data, "--size", size, "--seed", "1"], env)
+        if run["code"] != 0:
+            raise SystemExit(f"synth-corpus {size} failed: {run['stderr']}")
+        mb = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(data) for f in fs) / 1e6
+        got = measure(
+            ["stage", "corpus", "--root", os.path.join(work, f"root-{size}"),
+             "--set", f"data.wiki={data}/wiki", "--set", f"data.books={data}/books"],
+            env,
+        )  # fmt: skip
+        if got["code"] != 0:
+            raise SystemExit(f"stage corpus {size} failed: {got['stderr']}")
+        points.append((mb, got["cpu"]))
+        print(f"  stage corpus on {size} ({mb:.1f} MB on disk): {got['cpu']:.2f} CPU-s, {got['wall']:.1f} s wall")
+    (x1, y1), (x2, y2) = points
+    slope = (y2 - y1) / (x2 - x1)
+    return {"cpu": y1 - slope * x1, "slope": slope, "rss_mb": 0.0, "wall": 0.0, "code": 0}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--root", default=None, help="a finished tiny root made by the code measured")
+    parser.add_argument("--repeat", type=int, default=3, help="runs per command; the least CPU is kept")
+    parser.add_argument("--skip-run", action="store_true", help="leave out the finished root's `run`")
+    parser.add_argument("--stage-fit", default=None, metavar="SIZE1,SIZE2", help="e.g. 1MB,8MB")
+    parser.add_argument("--stage-fit-only", action="store_true", help="only the stage fit (no --root needed)")
+    parser.add_argument("--json", default=None, help="save the figures here (for --before)")
+    parser.add_argument("--before", default=None, help="figures saved by an earlier --json, printed beside")
+    args = parser.parse_args()
+
+    env = {**os.environ, "PYTHONPATH": os.environ.get("PYTHONPATH") or REPO}
+    code = env["PYTHONPATH"].split(os.pathsep)[0]
+    print(f"code: {code}; root: {args.root}; best of {args.repeat}; CPU-s = user + sys (rusage)")
+    figures: dict[str, dict[str, float]] = {}
+    if not args.stage_fit_only and not args.root:
+        parser.error("--root is needed (or --stage-fit-only)")
+    for name, argv in commands(os.path.abspath(args.root or ".")).items():
+        if args.stage_fit_only or (name.startswith("run") and args.skip_run):
+            continue
+        runs = [measure(argv, env) for _ in range(1 if name.startswith("run") else args.repeat)]
+        figures[name] = min(runs, key=lambda r: r["cpu"])
+    if args.stage_fit:
+        with tempfile.TemporaryDirectory(prefix="bertflow-bench-") as work:
+            figures["stage fixed cost"] = stage_fit(args.stage_fit.split(","), env, work)
+    before = json.load(open(args.before)) if args.before else {}
+
+    def cell(fig: dict | None, key: str, fmt: str) -> str:
+        return format(fig[key], fmt) if fig and fig.get(key) else "-"
+
+    print(f"\n{'command':<22} {'exit':>4} {'CPU-s':>7} {'RSS MB':>7} {'wall s':>7}   "
+          f"{'target':<22} {'before: CPU-s':>13} {'RSS MB':>7} {'wall s':>7}")  # fmt: skip
+    for name, fig in figures.items():
+        cpu, rss, wall = TARGETS.get(name, (None, None, None))
+        target = ", ".join(t for t in (cpu and f"<= {cpu} CPU-s", rss and f"<= {rss} MB", wall and f"<= {wall} s") if t)
+        old = before.get(name)
+        now = f"{fig['cpu']:7.2f} {cell(fig, 'rss_mb', '7.0f'):>7} {cell(fig, 'wall', '7.1f'):>7}"
+        then = f"{cell(old, 'cpu', '13.2f'):>13} {cell(old, 'rss_mb', '7.0f'):>7} {cell(old, 'wall', '7.1f'):>7}"
+        print(f"{name:<22} {fig['code']:>4} {now}   {target or '-':<22} {then}")
+        if name == "stage fixed cost":
+            print(f"{'':<22} slope {fig['slope']:.3f} CPU-s per MB" + (f" (before {old['slope']:.3f})" if old else ""))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(figures, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

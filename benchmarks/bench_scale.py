@@ -14,7 +14,7 @@ the vocab stage has no workers and runs with each root anyway (its rows are repe
 Per stage and size: the CPU-seconds of the whole process tree (user + system of every process
 reaped under the command: the CLI, Prefect's server, Beam's workers), CPU-s per GB of input text
 (the generator's ``bytes``: wiki text + book text), the peak resident size summed over the tree
-(sampled from /proc every 0.1 s), the wall time and the 1-minute load when the row started.
+(sampled from /proc every 0.5 s), the wall time and the 1-minute load when the row started.
 Then, per stage and worker count, the least-squares line CPU-s = intercept + slope x GB over the
 sizes (the intercept is the command's fixed cost, the slope the marginal CPU-s per GB), the
 spread of the marginal cost per GB ((CPU-s - intercept) / GB) across sizes and the growth of peak
@@ -39,6 +39,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 STAGES = ("corpus", "vocab", "examples")
+SAMPLE_S = 0.5
+"""Seconds between two reads of /proc for the tree's RSS: each read walks every process of the
+machine (a busy shared box has hundreds), so 10 Hz cost this script itself ~1 CPU-s a minute."""
 
 
 def parse_gb(size: str) -> float:
@@ -83,7 +86,7 @@ def run_measured(cmd: list[str], env: dict, log: Path) -> tuple[float, float, in
         def sample():
             while proc.poll() is None:
                 peak[0] = max(peak[0], tree_rss_bytes(proc.pid))
-                time.sleep(0.1)
+                time.sleep(SAMPLE_S)
 
         sampler = threading.Thread(target=sample, daemon=True)
         sampler.start()

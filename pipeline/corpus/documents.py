@@ -10,7 +10,7 @@ import re
 
 from pipeline.corpus import filters
 from pipeline.corpus.config import CorpusConfig
-from pipeline.corpus.filters import normalise, scrub_controls, sentence_reject
+from pipeline.corpus.filters import scrub_controls, sentence_reject
 from pipeline.corpus.records import Page
 from pipeline.corpus.sentences import split_sentences
 from pipeline.corpus.sources import SOURCES, resolve
@@ -86,7 +86,10 @@ def _build_paragraphs(record: dict, config: CorpusConfig):
             split_any = True
             reason = sentence_reject(sentence, config)
             if reason is None and dedup:
-                key = normalise(sentence)
+                # normalise(sentence), without its split and join: split_sentences's sentences
+                # hold single spaces only, and casefold maps no character to or from a space
+                # (checked over every code point in tests/pipeline/test_corpus_dedup.py).
+                key = sentence.casefold()
                 if key in seen:
                     reason = "duplicate_sentence"
                 seen.add(key)

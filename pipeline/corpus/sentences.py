@@ -170,6 +170,8 @@ def _is_initial(word: str) -> bool:
 
 def _is_acronym(word: str) -> bool:
     """ "U.S" of "U.S.", "e.g" of "e.g.", "Т.Е" ...: single letters joined by periods."""
+    if "." not in word:  # most words: no split
+        return False
     parts = word.split(".")
     return len(parts) >= 2 and all(len(p) == 1 and p.isalpha() for p in parts)
 

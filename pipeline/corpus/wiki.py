@@ -68,7 +68,9 @@ def page_from_element(elem: ET.Element, url: str) -> Page:
     redirect = None
     text = ""
     for child in elem:
-        tag = _local(child.tag)
+        tag = child.tag
+        if "}" in tag:  # a page cut out of the dump has no namespace: no split, no call, mostly
+            tag = _local(tag)
         if tag == "id":
             page_id = (child.text or "").strip()
         elif tag == "title":
@@ -84,7 +86,7 @@ def page_from_element(elem: ET.Element, url: str) -> Page:
             redirect = child.get("title") or ""
         elif tag == "revision":  # a full-history export has several: the last one wins
             for sub in child:
-                if _local(sub.tag) == "text":
+                if sub.tag == "text" or sub.tag.endswith("}text"):  # _local(sub.tag) == "text"
                     text = sub.text or ""
     if not page_id:
         raise CorpusReadError(f"{url}: page {title!r} has no <id>", "malformed_page")

@@ -38,7 +38,35 @@ class BucketDocuments(Sequence):
         return _Document(self, int(self.doc_offsets[row]), int(self.doc_offsets[row + 1]))
 
     def materialize(self, i: int) -> list[list[int]]:
-        return list(self[i])
+        """Document ``i`` as lists of ints: one ``tolist`` for the whole document, then slices."""
+        row = self.rows[i]
+        offs = self.sent_offsets[int(self.doc_offsets[row]) : int(self.doc_offsets[row + 1]) + 1]
+        if len(offs) < 2:
+            return []
+        flat = self.values[offs[0] : offs[-1]].tolist()
+        bounds = (offs - offs[0]).tolist()
+        return [flat[a:b] for a, b in zip(bounds, bounds[1:])]
+
+    def with_current(self, i: int) -> CurrentFirst:
+        """These documents, with document ``i`` materialized once (see :class:`CurrentFirst`)."""
+        return CurrentFirst(self, i)
+
+
+class CurrentFirst(Sequence):
+    """A bucket's documents where the one whose examples are being made is held as lists.
+
+    Its examples read every sentence of it, once per copy and per length; the other documents
+    are read a span at a time (random-next), so they stay lazy."""
+
+    def __init__(self, docs: BucketDocuments, index: int):
+        self.docs, self.index = docs, index
+        self.current = docs.materialize(index)
+
+    def __len__(self) -> int:
+        return len(self.docs)
+
+    def __getitem__(self, i: int):
+        return self.current if i == self.index else self.docs[i]
 
 
 class _Document(Sequence):

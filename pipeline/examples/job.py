@@ -62,7 +62,7 @@ from pipeline.examples.tokens import (
     unmark,
     word_marked_vocab,
 )
-from pipeline.examples.view import histogram_bin, histogram_bins
+from pipeline.examples.view import histogram_bins, histogram_width
 from pipeline.schema.manifest import (
     Manifest,
     clear_stage,
@@ -145,7 +145,6 @@ class CreateBucketExamples(beam.DoFn):
         doc_ids, docs, duplicates = bucket_documents(list(urls))
         self.duplicates.inc(duplicates)
         cfg = self.config
-        special = (self.vocab.cls_id, self.vocab.sep_id)
         marked = self.marked
         vocab = word_marked_vocab(self.vocab, self.vocab_size) if marked else self.vocab
         for length, max_predictions in zip(cfg.max_seq_lengths, cfg.max_predictions_per_seq, strict=True):
@@ -154,12 +153,14 @@ class CreateBucketExamples(beam.DoFn):
                 example_schema(self.vocab_size, length),
                 lambda r, name=name: join_url(self.work_url, name, f"b{bucket:05d}-r{r:04d}.parquet"),
             )
+            tally = _Tally(length)
             for index, doc_id in enumerate(doc_ids):
+                view = docs.with_current(index)  # its sentences as lists once, not per copy and read
                 for copy in range(cfg.dupe_factor):
                     rng = example_rng(cfg.seed, doc_id, copy, length)
                     instances = create_instances_from_document(
                         index,
-                        docs,
+                        view,
                         max_seq_length=length,
                         short_seq_prob=cfg.short_seq_prob,
                         masked_lm_prob=cfg.masked_lm_prob,
@@ -173,26 +174,57 @@ class CreateBucketExamples(beam.DoFn):
                     for k, row in enumerate(instances):
                         if marked:
                             unmark(row, self.vocab_size)
-                        self._count(length, row, special)
+                        tally.add(row)
                         row[KEY] = example_key(doc_id, copy, k)
                         writer.add(row)
+            self._count(length, tally)
             for run in writer.close():
                 yield name, run
 
-    def _count(self, length: int, row: dict[str, Any], special: tuple[int, int]) -> None:
-        stats = self.stats
+    def _count(self, length: int, tally: _Tally) -> None:
+        """A bucket's figures of one length into the Beam counters, once per bucket: a counter's
+        ``inc`` per example cost more than the tally (profile in docs/speed-data.md)."""
+        for stat, value in tally.stats.items():
+            if value:
+                self.stats[length, stat].inc(value)
+        for counter, value in zip(self.hist[length], tally.hist, strict=True):
+            if value:
+                counter.inc(value)
+
+
+class _Tally:
+    """The figures of the examples of one length, counted in plain ints (see :data:`STATS`)."""
+
+    def __init__(self, length: int):
+        self.width = histogram_width(length)
+        self.last_bin = len(histogram_bins(length)) - 1
+        self.hist = [0] * (self.last_bin + 1)
+        self.examples = self.tokens = self.masked = self.random_next = self.multi = self.random_multi = 0
+
+    def add(self, row: dict[str, Any]) -> None:
         n = len(row["input_ids"])
-        stats[length, "examples"].inc()
-        stats[length, "tokens"].inc(n)
-        stats[length, "eligible_tokens"].inc(n - 3)  # all but [CLS] and the two [SEP]
-        stats[length, "masked_tokens"].inc(len(row["masked_positions"]))
-        self.hist[length][histogram_bin(n, length)].inc()
+        self.examples += 1
+        self.tokens += n
+        self.masked += len(row["masked_positions"])
+        self.hist[min(n // self.width, self.last_bin)] += 1  # view.histogram_bin, its sizes kept
         if row["is_random_next"]:
-            stats[length, "random_next"].inc()
+            self.random_next += 1
         if row["multi_sentence_chunk"]:
-            stats[length, "multi_sentence_chunk"].inc()
+            self.multi += 1
             if row["is_random_next"]:
-                stats[length, "random_next_multi"].inc()
+                self.random_multi += 1
+
+    @property
+    def stats(self) -> dict[str, int]:
+        return {
+            "examples": self.examples,
+            "tokens": self.tokens,
+            "masked_tokens": self.masked,
+            "random_next": self.random_next,
+            "multi_sentence_chunk": self.multi,
+            "random_next_multi": self.random_multi,
+            "eligible_tokens": self.tokens - 3 * self.examples,  # all but [CLS] and the two [SEP]
+        }
 
 
 class MergeShards(beam.DoFn):

@@ -189,15 +189,22 @@ class TokenizeToBuckets(beam.DoFn):
         )
         for doc_ids, docs in batches:
             flat = [s for doc in docs for s in doc]
-            encoded = [
-                self._ids(text, e)
-                for i in range(0, len(flat), ENCODE_SENTENCES)
-                for text, e in zip(
-                    flat[i : i + ENCODE_SENTENCES],
-                    self.encode(flat[i : i + ENCODE_SENTENCES], add_special_tokens=False),
-                    strict=True,
-                )
-            ]
+            if self.word_tokenizer == "none" and self.words is None:  # the ids as they are
+                encoded = [
+                    e.ids
+                    for i in range(0, len(flat), ENCODE_SENTENCES)
+                    for e in self.encode(flat[i : i + ENCODE_SENTENCES], add_special_tokens=False)
+                ]
+            else:
+                encoded = [
+                    self._ids(text, e)
+                    for i in range(0, len(flat), ENCODE_SENTENCES)
+                    for text, e in zip(
+                        flat[i : i + ENCODE_SENTENCES],
+                        self.encode(flat[i : i + ENCODE_SENTENCES], add_special_tokens=False),
+                        strict=True,
+                    )
+                ]
             at = 0
             for doc_id, sentences in zip(doc_ids, docs, strict=True):
                 ids = [e for e in encoded[at : at + len(sentences)] if e]

@@ -58,6 +58,26 @@ def test_digest_and_hashes_from_the_dedup_keys_are_the_same():
     assert _build_paragraphs(record, dataclasses.replace(CFG, dedup_sentences=False))[1] is None
 
 
+def test_the_sentence_keys_are_normalise_of_the_kept_sentences():
+    """The dedup keys skip normalise's split and join (a sentence holds single spaces only):
+    no character casefolds to or from whitespace, and on random texts of spaces, tabs, NBSP,
+    ß, İ, Σ, ligatures and punctuation every key is normalise() of its sentence."""
+    from pipeline.corpus.documents import _build_paragraphs
+    from pipeline.corpus.filters import normalise
+
+    assert not [c for c in range(0x110000) if not chr(c).isspace() and any(x.isspace() for x in chr(c).casefold())]
+    rng, checked = random.Random(7), 0
+    alphabet = list("abcXYZ ßİΣςﬁŉ.!?,") + [" ", "  ", "\t", "\u00a0", "\u3000", "\n", ". ", "? "]
+    for i in range(300):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(20, 300)))
+        record = {"doc_id": f"wiki:{i}", "source": "books", "title": "T", "text": text}
+        paragraphs, norms, _ = _build_paragraphs(record, dataclasses.replace(CFG, min_alpha_ratio=0.0))
+        for sentences, keys in zip(paragraphs or [], norms or [], strict=True):
+            assert keys == [normalise(s) for s in sentences]
+            checked += len(keys)
+    assert checked > 300
+
+
 def test_paragraph_drops_keep_the_smallest_doc_id_in_any_order():
     occurrences = [("wiki:9", ("f2", 0), 1), ("books:a", ("f1", 3), 0), ("wiki:10", ("f1", 4), 2)]
     for _ in range(5):

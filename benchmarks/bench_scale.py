@@ -1,0 +1,216 @@
+"""Every data stage through the CLI on growing synthetic corpora: CPU-s per GB, peak RSS, the fit.
+
+    python benchmarks/bench_scale.py                                   # 0.5, 1, 2 GB; 1 and 2 workers
+    python benchmarks/bench_scale.py --sizes 50MB,100MB,200MB --work /tmp/scale   # what fits a busy box
+
+For each size: ``bertflow synth-corpus`` writes the corpus once (Wikipedia XML ``.bz2`` and book
+files; reused when present, not measured), then for each worker count, in a fresh root,
+``bertflow stage corpus``, ``vocab`` and ``examples`` run one after the other, each as its own
+command (``python -m flows.cli``, the console script's module), exactly as a user runs them: the
+command's start-up, Prefect's temporary server and MLflow's store are part of the figure. The
+worker count is set on the Beam stages (``corpus.beam.num_workers``, ``examples.beam.num_workers``);
+the vocab stage has no workers and runs with each root anyway (its rows are repeats).
+
+Per stage and size: the CPU-seconds of the whole process tree (user + system of every process
+reaped under the command: the CLI, Prefect's server, Beam's workers), CPU-s per GB of input text
+(the generator's ``bytes``: wiki text + book text), the peak resident size summed over the tree
+(sampled from /proc every 0.5 s), the wall time and the 1-minute load when the row started.
+Then, per stage and worker count, the least-squares line CPU-s = intercept + slope x GB over the
+sizes (the intercept is the command's fixed cost, the slope the marginal CPU-s per GB), the
+spread of the marginal cost per GB ((CPU-s - intercept) / GB) across sizes and the growth of peak
+RSS; and the paper-scale CPU-hours those slopes give (``--paper-gb`` GB of text: 3.3B words x ~6
+bytes, ``docs/scale.md``).
+
+CPU-seconds, not wall time, are the comparable figure on a machine shared with other jobs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+STAGES = ("corpus", "vocab", "examples")
+SAMPLE_S = 0.5
+"""Seconds between two reads of /proc for the tree's RSS: each read walks every process of the
+machine (a busy shared box has hundreds), so 10 Hz cost this script itself ~1 CPU-s a minute."""
+
+
+def parse_gb(size: str) -> float:
+    size = size.strip().upper()
+    for unit, scale in (("GB", 1.0), ("MB", 1e-3), ("KB", 1e-6)):
+        if size.endswith(unit):
+            return float(size[: -len(unit)]) * scale
+    return float(size)
+
+
+def tree_rss_bytes(root: int) -> int:
+    """Resident bytes of ``root`` and all its descendants, from /proc."""
+    children: dict[int, list[int]] = {}
+    rss: dict[int, int] = {}
+    page = os.sysconf("SC_PAGE_SIZE")
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            children.setdefault(int(fields[1]), []).append(int(name))
+            rss[int(name)] = int(fields[21]) * page
+        except (OSError, IndexError, ValueError):
+            continue
+    total, todo = 0, [root]
+    while todo:
+        pid = todo.pop()
+        total += rss.get(pid, 0)
+        todo += children.get(pid, [])
+    return total
+
+
+def run_measured(cmd: list[str], env: dict, log: Path) -> tuple[float, float, int]:
+    """(wall s, CPU s of the whole tree, peak tree RSS bytes) of one command; raises on failure."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
+        peak = [0]
+
+        def sample():
+            while proc.poll() is None:
+                peak[0] = max(peak[0], tree_rss_bytes(proc.pid))
+                time.sleep(SAMPLE_S)
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        proc.wait()
+        sampler.join()
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if proc.returncode:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}): {log.read_text()[-2000:]}")
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return wall, cpu, peak[0]
+
+
+def fit(points: list[tuple[float, float]]) -> tuple[float, float]:
+    """(intercept, slope) of the least-squares line through (x, y) points."""
+    n = len(points)
+    mx = sum(x for x, _ in points) / n
+    my = sum(y for _, y in points) / n
+    sxx = sum((x - mx) ** 2 for x, _ in points)
+    if n < 2 or sxx == 0:
+        return 0.0, my / mx if mx else 0.0
+    slope = sum((x - mx) * (y - my) for x, y in points) / sxx
+    return my - slope * mx, slope
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="0.5GB,1GB,2GB", help="corpus sizes (synth-corpus --size)")
+    parser.add_argument("--workers", default="1,2")
+    parser.add_argument("--preset", default="base", help="the config the stages run with")
+    parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="passed to every stage")
+    parser.add_argument("--work", default=None, help="folder for corpora and roots (kept; corpora reused)")
+    parser.add_argument("--paper-gb", type=float, default=19.8, help="text of the paper-scale corpus, GB")
+    parser.add_argument("--json", default=None, help="also write every row to this file")
+    args = parser.parse_args()
+
+    work = Path(args.work or tempfile.mkdtemp(prefix="bertflow-bench-scale-"))
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p),
+        "PREFECT_HOME": str(work / "prefect-home"),
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180",
+        "MLFLOW_DISABLE_TELEMETRY": "true",
+    }
+    cli = [sys.executable, "-m", "flows.cli"]
+    rows = []
+    print("| stage | workers | size | GB of text | CPU s | CPU s per GB | peak tree RSS MiB | wall s | load |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for size in args.sizes.split(","):
+        raw = work / f"raw-{size}"
+        meta = raw / "synth.json"
+        if not meta.exists():
+            out = subprocess.run(
+                [*cli, "synth-corpus", "--out", str(raw), "--size", size],
+                env=env,
+                cwd=ROOT,
+                check=True,
+                capture_output=True,
+                text=True,
+            ).stdout
+            meta.write_text(out[out.index("{") : out.rindex("}") + 1])
+        gb = json.loads(meta.read_text())["bytes"] / 1e9
+        for workers in (int(w) for w in args.workers.split(",")):
+            root = work / f"root-{size}-w{workers}"
+            sets = [
+                f"data.wiki={raw / 'wiki'}",
+                f"data.books={raw / 'books'}",
+                f"corpus.beam.num_workers={workers}",
+                f"examples.beam.num_workers={workers}",
+                *args.set,
+            ]
+            for stage in STAGES:
+                cmd = [*cli, "stage", stage, "--preset", args.preset, "--root", str(root)]
+                for s in sets:
+                    cmd += ["--set", s]
+                load = os.getloadavg()[0]
+                wall, cpu, rss = run_measured(cmd, env, work / f"{root.name}-{stage}.log")
+                row = {
+                    "stage": stage,
+                    "workers": workers,
+                    "size": size,
+                    "gb": gb,
+                    "cpu": cpu,
+                    "rss_mib": rss / 2**20,
+                    "wall": wall,
+                    "load": load,
+                }
+                rows.append(row)
+                print(
+                    f"| {stage} | {workers} | {size} | {gb:.3f} | {cpu:.1f} | {cpu / gb:.1f} | {rss / 2**20:,.0f} "
+                    f"| {wall:.1f} | {load:.1f} |",
+                    flush=True,
+                )
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+
+    print(
+        "\n| stage | workers | intercept CPU s | slope CPU s per GB | marginal CPU s per GB by size | spread |"
+        " peak RSS MiB by size |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    slopes: dict[tuple[str, int], float] = {}
+    for stage in STAGES:
+        for workers in sorted({r["workers"] for r in rows}):
+            mine = [r for r in rows if r["stage"] == stage and r["workers"] == workers]
+            if not mine:
+                continue
+            intercept, slope = fit([(r["gb"], r["cpu"]) for r in mine])
+            slopes[stage, workers] = slope
+            marginal = [(r["cpu"] - intercept) / r["gb"] for r in mine]
+            spread = (max(marginal) - min(marginal)) / slope if slope else 0.0
+            print(
+                f"| {stage} | {workers} | {intercept:.1f} | {slope:.1f} | "
+                + " / ".join(f"{m:.1f}" for m in marginal)
+                + f" | {spread:.0%} | "
+                + " / ".join(f"{r['rss_mib']:,.0f}" for r in mine)
+                + " |"
+            )
+    print(f"\nPaper scale ({args.paper_gb} GB of text), CPU-hours from the slopes (fixed costs left out):")
+    for (stage, workers), slope in slopes.items():
+        print(f"  {stage:<9} {workers} worker(s): {slope * args.paper_gb / 3600:8.1f} CPU-h")
+    print(f"\nwork folder: {work}")
+
+
+if __name__ == "__main__":
+    main()

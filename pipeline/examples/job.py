@@ -1,4 +1,5 @@
-"""Stage 3: the Beam job that turns documents into MLM + NSP pretraining examples (Parquet).
+"""Stage 3: the Beam job that turns documents into pretraining examples (Parquet), of the
+objective ``examples.objective`` names (its builder: ``pipeline.examples.objectives``).
 
     Create(corpus files) -> TokenizeToBuckets (one token file per corpus file x bucket)
     -> GroupByKey(bucket: file URLs only) -> CreateBucketExamples (sorted runs per length)
@@ -53,7 +54,8 @@ from pipeline.beam.io import (
 from pipeline.beam.shards import KEY, RunWriter, merge_runs_in_levels, use_lean_memory_pool
 from pipeline.examples.buckets import bucket_documents
 from pipeline.examples.config import ExamplesConfig
-from pipeline.examples.masking import VocabIds, create_instances_from_document, example_rng
+from pipeline.examples.masking import VocabIds
+from pipeline.examples.objectives import builder_of
 from pipeline.examples.tokens import (
     NAMESPACE,
     TokenizeToBuckets,
@@ -72,6 +74,7 @@ from pipeline.schema.manifest import (
     read_manifest,
     write_manifest,
 )
+from pipeline.schema.objectives import ExampleLength, get_objective, lengths_record, parse_seq_folder, seq_folder
 from pipeline.schema.parquet import READ_OPTIONS, example_schema
 from pipeline.schema.storage import join_url
 from pipeline.vocab.tokenizer import VOCAB_FILE, read_vocab, write_vocab
@@ -88,15 +91,13 @@ COUNTERS = (
     "unk_tokens",
     "document_tokens",
 )
-STATS = (
-    "examples",
-    "tokens",
-    "masked_tokens",
-    "random_next",
-    "multi_sentence_chunk",
-    "random_next_multi",
-    "eligible_tokens",
-)
+BASE_STATS = ("examples", "tokens", "masked_tokens", "eligible_tokens")
+
+
+def stats_of(objective: str) -> tuple[str, ...]:
+    """The per-length counters of an objective's examples (those of its sentence label too)."""
+    label = get_objective(objective).label_stat
+    return (*BASE_STATS, label, "multi_sentence_chunk", f"{label}_multi") if label else BASE_STATS
 
 
 def num_buckets_for(num_documents: int, num_chars: int = 0, config: ExamplesConfig | None = None) -> int:
@@ -113,8 +114,7 @@ def example_key(doc_id: str, copy: int, index: int) -> int:
     return int.from_bytes(hashlib.blake2b(ident.encode("utf-8"), digest_size=8).digest(), "big")
 
 
-def seq_name(max_seq_length: int) -> str:
-    return f"seq{max_seq_length}"
+seq_name = seq_folder
 
 
 class CreateBucketExamples(beam.DoFn):
@@ -130,8 +130,11 @@ class CreateBucketExamples(beam.DoFn):
         self.stats = {
             (n, stat): Metrics.counter(NAMESPACE, f"{seq_name(n)}.{stat}")
             for n in config.max_seq_lengths
-            for stat in STATS
+            for stat in stats_of(config.objective)
         }
+        objective = get_objective(config.objective)
+        self.label, self.label_stat = objective.sentence_label, objective.label_stat
+        self.build = builder_of(config.objective)
         self.hist = {
             n: [Metrics.counter(NAMESPACE, f"{seq_name(n)}.length_hist.{lo:04d}") for lo in histogram_bins(n)]
             for n in config.max_seq_lengths
@@ -145,54 +148,39 @@ class CreateBucketExamples(beam.DoFn):
         doc_ids, docs, duplicates = bucket_documents(list(urls))
         self.duplicates.inc(duplicates)
         cfg = self.config
-        special = (self.vocab.cls_id, self.vocab.sep_id)
         marked = self.marked
         vocab = word_marked_vocab(self.vocab, self.vocab_size) if marked else self.vocab
-        for length, max_predictions in zip(cfg.max_seq_lengths, cfg.max_predictions_per_seq, strict=True):
+        for length in cfg.max_seq_lengths:
             name = seq_name(length)
             writer = RunWriter(
-                example_schema(self.vocab_size, length),
+                example_schema(self.vocab_size, length, cfg.objective),
                 lambda r, name=name: join_url(self.work_url, name, f"b{bucket:05d}-r{r:04d}.parquet"),
             )
-            for index, doc_id in enumerate(doc_ids):
-                for copy in range(cfg.dupe_factor):
-                    rng = example_rng(cfg.seed, doc_id, copy, length)
-                    instances = create_instances_from_document(
-                        index,
-                        docs,
-                        max_seq_length=length,
-                        short_seq_prob=cfg.short_seq_prob,
-                        masked_lm_prob=cfg.masked_lm_prob,
-                        max_predictions_per_seq=max_predictions,
-                        random_next_prob=cfg.random_next_prob,
-                        vocab=vocab,
-                        rng=rng,
-                        whole_word_mask=cfg.whole_word_mask,
-                        mask=cfg.masking == "static",
-                    )
-                    for k, row in enumerate(instances):
-                        if marked:
-                            unmark(row, self.vocab_size)
-                        self._count(length, row, special)
-                        row[KEY] = example_key(doc_id, copy, k)
-                        writer.add(row)
+            for doc_id, copy, k, row in self.build(doc_ids, docs, length, cfg.max_predictions(length), cfg, vocab):
+                if marked:
+                    unmark(row, self.vocab_size)
+                self._count(length, row)
+                row[KEY] = example_key(doc_id, copy, k)
+                writer.add(row)
             for run in writer.close():
                 yield name, run
 
-    def _count(self, length: int, row: dict[str, Any], special: tuple[int, int]) -> None:
+    def _count(self, length: int, row: dict[str, Any]) -> None:
         stats = self.stats
         n = len(row["input_ids"])
         stats[length, "examples"].inc()
         stats[length, "tokens"].inc(n)
-        stats[length, "eligible_tokens"].inc(n - 3)  # all but [CLS] and the two [SEP]
+        stats[length, "eligible_tokens"].inc(n - row["special_tokens"])  # all but [CLS] and the [SEP]s
         stats[length, "masked_tokens"].inc(len(row["masked_positions"]))
         self.hist[length][histogram_bin(n, length)].inc()
-        if row["is_random_next"]:
-            stats[length, "random_next"].inc()
+        if not self.label:
+            return
+        if row[self.label]:
+            stats[length, self.label_stat].inc()
         if row["multi_sentence_chunk"]:
             stats[length, "multi_sentence_chunk"].inc()
-            if row["is_random_next"]:
-                stats[length, "random_next_multi"].inc()
+            if row[self.label]:
+                stats[length, f"{self.label_stat}_multi"].inc()
 
 
 class MergeShards(beam.DoFn):
@@ -209,7 +197,7 @@ class MergeShards(beam.DoFn):
 
     def process(self, element):
         name, runs = element
-        length = int(name[3:])
+        length = parse_seq_folder(name)
         rows = merge_runs_in_levels(
             sorted(runs),
             join_url(self.work_url, "merge", name),
@@ -247,7 +235,7 @@ class ExamplesFromDocuments(beam.PTransform):
     def expand(self, parts):
         cfg = self.config
         work = join_url(self.output_url, WORK_DIR)
-        schemas = {seq_name(n): example_schema(len(self.vocab), n) for n in cfg.max_seq_lengths}
+        schemas = {seq_name(n): example_schema(len(self.vocab), n, cfg.objective) for n in cfg.max_seq_lengths}
         marked = marks_words(cfg.segmenter, self.word_tokenizer, self.subword, cfg.whole_word_mask)
         tokenize = TokenizeToBuckets(
             self.vocab, self.lowercase, self.num_buckets, work, cfg.segmenter, self.word_tokenizer, self.subword, marked
@@ -350,14 +338,15 @@ def run_examples(config: ExamplesConfig, corpus_url: str, vocab_url: str, output
     files = [describe_file(output_url, VOCAB_FILE)]
     for n in config.max_seq_lengths:
         name = seq_name(n)
-        fill_empty_shards(join_url(output_url, name), example_schema(len(vocab), n), config.num_shards)
+        schema = example_schema(len(vocab), n, config.objective)
+        fill_empty_shards(join_url(output_url, name), schema, config.num_shards)
         rows = 0
         for rel in list_files(output_url):
             if rel.startswith(name + "/"):
                 file_rows = parquet_rows(join_url(output_url, rel))
                 files.append(describe_file(output_url, rel, rows=file_rows))
                 rows += file_rows
-        counts.update(shard_counts(name, n, rows, beam_counts))
+        counts.update(shard_counts(name, n, rows, beam_counts, config.objective))
         if rows == 0:  # a phase at this length would have no data: never "done"
             raise ValueError(
                 f"examples: 0 examples of length {n} from the {num_documents} documents of {corpus_url} "
@@ -373,20 +362,37 @@ def run_examples(config: ExamplesConfig, corpus_url: str, vocab_url: str, output
         counts=counts,
         files=files,
         seconds=time.time() - start,
+        outputs=lengths_record(example_lengths_of(config)),
     )
 
 
-def shard_counts(name: str, length: int, rows: int, beam_counts: dict[str, int]) -> dict[str, float]:
+def example_lengths_of(config: ExamplesConfig) -> list[ExampleLength]:
+    """What each length of ``config``'s examples is, as the manifest records it."""
+    return [
+        ExampleLength(
+            max_seq_length=n,
+            max_predictions=config.max_predictions(n),
+            masking=config.masking,
+            masked_lm_prob=config.masked_lm_prob,
+            whole_word_mask=config.whole_word_mask,
+            objective=config.objective,
+        )
+        for n in config.max_seq_lengths
+    ]
+
+
+def shard_counts(name: str, length: int, rows: int, beam_counts: dict[str, int], objective: str) -> dict[str, float]:
     """The manifest figures of one sequence length, from the Beam counters."""
     out: dict[str, float] = {f"{name}.examples": rows}
-    for stat in STATS[1:]:
+    for stat in stats_of(objective)[1:]:
         out[f"{name}.{stat}"] = beam_counts.get(f"{name}.{stat}", 0)
     for lo in histogram_bins(length):
         key = f"{name}.length_hist.{lo:04d}"
         out[key] = beam_counts.get(key, 0)
-    out[f"{name}.random_next_share"] = out[f"{name}.random_next"] / rows if rows else 0.0
-    multi = out[f"{name}.multi_sentence_chunk"]
-    out[f"{name}.random_next_share_multi_sentence"] = out[f"{name}.random_next_multi"] / multi if multi else 0.0
+    if label := get_objective(objective).label_stat:
+        out[f"{name}.{label}_share"] = out[f"{name}.{label}"] / rows if rows else 0.0
+        multi = out[f"{name}.multi_sentence_chunk"]
+        out[f"{name}.{label}_share_multi_sentence"] = out[f"{name}.{label}_multi"] / multi if multi else 0.0
     tokens, eligible = out[f"{name}.tokens"], out[f"{name}.eligible_tokens"]
     out[f"{name}.masked_share"] = out[f"{name}.masked_tokens"] / tokens if tokens else 0.0
     out[f"{name}.masked_share_of_eligible"] = out[f"{name}.masked_tokens"] / eligible if eligible else 0.0

@@ -251,9 +251,7 @@ def _paper(name: str, layers: int, hidden: int, heads: int, parallel: str = "ddp
         data=DataConfig(required=True),
         corpus=CorpusConfig(num_shards=256),
         vocab=VocabConfig(vocab_size=30522),
-        examples=ExamplesConfig(
-            max_seq_lengths=(128, 512), dupe_factor=10, num_shards=1024
-        ),
+        examples=ExamplesConfig(max_seq_lengths=(128, 512), dupe_factor=10, num_shards=1024),
         model=BertConfig(
             vocab_size=30522,
             hidden_size=hidden,

@@ -9,6 +9,7 @@ Beam jobs write and the loader and fine-tuning read.
 
 from pipeline.schema import config as _config
 from pipeline.schema import manifest as _manifest
+from pipeline.schema import objectives as _objectives
 from pipeline.schema import parquet as _parquet
 from pipeline.schema import storage as _storage
 from pipeline.schema import tokenization as _tokenization
@@ -16,6 +17,16 @@ from pipeline.schema import tokenization as _tokenization
 # the Parquet columns of the examples stage and how its files are read (pipeline/schema/parquet.py)
 EXAMPLE_COLUMNS = _parquet.EXAMPLE_COLUMNS
 PARQUET_READ_OPTIONS = _parquet.READ_OPTIONS
+example_columns = _parquet.example_columns
+
+# the pretraining objectives and what the examples stage produced (pipeline/schema/objectives.py)
+DEFAULT_OBJECTIVE = _objectives.DEFAULT_OBJECTIVE
+ExampleLength = _objectives.ExampleLength
+Objective = _objectives.Objective
+example_lengths = _objectives.example_lengths
+get_objective = _objectives.get_objective
+objective_of = _objectives.objective_of
+seq_folder = _objectives.seq_folder
 
 # the stage manifest (pipeline/schema/manifest.py)
 Manifest = _manifest.Manifest
@@ -47,7 +58,15 @@ WordTokenizer = _tokenization.WordTokenizer
 word_tokenizer_of = _tokenization.word_tokenizer_of
 
 __all__ = [
+    "DEFAULT_OBJECTIVE",
     "EXAMPLE_COLUMNS",
+    "ExampleLength",
+    "Objective",
+    "example_columns",
+    "example_lengths",
+    "get_objective",
+    "objective_of",
+    "seq_folder",
     "LIMITS",
     "PARQUET_READ_OPTIONS",
     "ConfigError",

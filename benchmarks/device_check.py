@@ -217,7 +217,8 @@ def write_example_shards(folder: str, n: int, seq: int, vocab: int, shards: int 
     import pyarrow.parquet as pq
 
     from pipeline.schema.manifest import write_manifest
-    from pipeline.schema.objectives import DEFAULT_OBJECTIVE, ExampleLength, lengths_record
+    from pipeline.schema.objectives import DEFAULT_OBJECTIVE
+    from pipeline.schema.outputs import ExampleLength, lengths_record
     from pipeline.schema.parquet import example_schema
 
     rng = np.random.default_rng(seed)

@@ -159,7 +159,7 @@ def examples_preview(folder: str, url: str, n: int) -> str:
     """``[CLS] A [SEP] B [SEP]`` with each masked position as ``[MASK]→orig`` (or ``<shown>→orig``
     for the 10% random / 10% kept), of ``examples`` or one length (``examples/seq128``)."""
     from pipeline.examples.view import decode_examples
-    from pipeline.schema.objectives import parse_seq_folder
+    from pipeline.schema.outputs import parse_seq_folder
 
     sub = url.rstrip("/").rsplit("/", 1)[-1]
     try:

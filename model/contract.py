@@ -10,6 +10,7 @@ Beam jobs write and the loader and fine-tuning read.
 from pipeline.schema import config as _config
 from pipeline.schema import manifest as _manifest
 from pipeline.schema import objectives as _objectives
+from pipeline.schema import outputs as _outputs
 from pipeline.schema import parquet as _parquet
 from pipeline.schema import storage as _storage
 from pipeline.schema import tokenization as _tokenization
@@ -19,14 +20,15 @@ EXAMPLE_COLUMNS = _parquet.EXAMPLE_COLUMNS
 PARQUET_READ_OPTIONS = _parquet.READ_OPTIONS
 example_columns = _parquet.example_columns
 
-# the pretraining objectives and what the examples stage produced (pipeline/schema/objectives.py)
+# the pretraining objectives (pipeline/schema/objectives.py) and what the examples stage produced
+# (pipeline/schema/outputs.py)
 DEFAULT_OBJECTIVE = _objectives.DEFAULT_OBJECTIVE
-ExampleLength = _objectives.ExampleLength
+ExampleLength = _outputs.ExampleLength
 Objective = _objectives.Objective
-example_lengths = _objectives.example_lengths
+example_lengths = _outputs.example_lengths
 get_objective = _objectives.get_objective
-objective_of = _objectives.objective_of
-seq_folder = _objectives.seq_folder
+objective_of = _outputs.objective_of
+seq_folder = _outputs.seq_folder
 
 # the stage manifest (pipeline/schema/manifest.py)
 Manifest = _manifest.Manifest

@@ -91,7 +91,7 @@ def masking_from(spec: dict) -> tuple[MaskRule | None, int | None]:
     if not spec.get("vocab_url"):
         return None, None
     from pipeline.schema.manifest import read_manifest
-    from pipeline.schema.objectives import example_lengths
+    from pipeline.schema.outputs import example_lengths
 
     vocab = read_vocab(spec["vocab_url"])
     if "[PAD]" not in vocab:

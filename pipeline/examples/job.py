@@ -74,7 +74,8 @@ from pipeline.schema.manifest import (
     read_manifest,
     write_manifest,
 )
-from pipeline.schema.objectives import ExampleLength, get_objective, lengths_record, parse_seq_folder, seq_folder
+from pipeline.schema.objectives import get_objective
+from pipeline.schema.outputs import ExampleLength, lengths_record, parse_seq_folder, seq_folder, vocab_output
 from pipeline.schema.parquet import READ_OPTIONS, example_schema
 from pipeline.schema.storage import join_url
 from pipeline.vocab.tokenizer import VOCAB_FILE, read_vocab, write_vocab
@@ -299,9 +300,8 @@ def run_examples(config: ExamplesConfig, corpus_url: str, vocab_url: str, output
     vocab_manifest = read_manifest(vocab_url)
     inputs = {"corpus": fingerprint_input(corpus_url), "vocab": fingerprint_input(vocab_url)}
     vocab = read_vocab(join_url(vocab_url, VOCAB_FILE))
-    lowercase = bool(vocab_manifest.config.get("lowercase", True))
-    word_tokenizer = vocab_manifest.config.get("word_tokenizer", "none")
-    subword = vocab_manifest.config.get("subword", "wordpiece")
+    produced = vocab_output(vocab_manifest, vocab)
+    lowercase, word_tokenizer, subword = produced.lowercase, produced.word_tokenizer, produced.subword
     if word_tokenizer != "none" and config.segmenter != "none":
         raise ValueError(
             f"examples.segmenter={config.segmenter!r} with a vocabulary segmented by {word_tokenizer!r}: its words"

@@ -12,7 +12,8 @@ import fsspec
 import pyarrow.parquet as pq
 
 from pipeline.schema.manifest import read_manifest
-from pipeline.schema.objectives import DEFAULT_OBJECTIVE, example_lengths, get_objective, seq_folder
+from pipeline.schema.objectives import DEFAULT_OBJECTIVE, get_objective
+from pipeline.schema.outputs import example_lengths, seq_folder
 from pipeline.schema.storage import join_url
 
 HIST_BINS = 16
@@ -45,7 +46,7 @@ def render_example(row: dict, vocab: list[str], objective: str = DEFAULT_OBJECTI
             token = f"[MASK]→{original}" if token == "[MASK]" else f"<{token}>→{original}"
         words.append(token)
     o = get_objective(objective)
-    head = [f"{o.sentence_label}={row[o.sentence_label]}"] if o.sentence_label else []
+    head = [o.label_words[bool(row[o.sentence_label])]] if o.sentence_label else []
     head += [f"len_a={row['len_a']}"] if o.segments else []
     return f"({', '.join([*head, f'{len(labels)} masked'])}) " + " ".join(words)
 

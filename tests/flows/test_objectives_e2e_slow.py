@@ -39,7 +39,7 @@ SHORT = [
 )
 def test_tiny_chain_with_each_objective(tmp_path, objective, extra, columns, losses):
     from pipeline.schema.manifest import read_manifest
-    from pipeline.schema.objectives import example_lengths
+    from pipeline.schema.outputs import example_lengths
 
     root = tmp_path / objective
     sets = [x for o in (*SHORT, f"examples.objective={objective}", *extra) for x in ("--set", o)]

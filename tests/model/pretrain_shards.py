@@ -13,7 +13,8 @@ import pyarrow.parquet as pq
 from model.config import BertConfig
 from pipeline.examples.masking import VocabIds, create_masked_lm_predictions
 from pipeline.schema.manifest import write_manifest
-from pipeline.schema.objectives import DEFAULT_OBJECTIVE, ExampleLength, get_objective, lengths_record
+from pipeline.schema.objectives import DEFAULT_OBJECTIVE, get_objective
+from pipeline.schema.outputs import ExampleLength, lengths_record
 from pipeline.schema.parquet import WRITE_OPTIONS, example_schema
 
 V, PAD, CLS, SEP, MASK, FIRST = 99, 0, 2, 3, 4, 5

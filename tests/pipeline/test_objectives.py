@@ -15,24 +15,25 @@ from pipeline.examples.objectives import builder_of, full_sentences, sentence_or
 from pipeline.examples.view import decode_examples
 from pipeline.schema.config import ConfigError
 from pipeline.schema.manifest import read_manifest
-from pipeline.schema.objectives import (
-    DEFAULT_OBJECTIVE,
-    OBJECTIVES,
-    derive_max_predictions,
+from pipeline.schema.objectives import DEFAULT_OBJECTIVE, OBJECTIVES, derive_max_predictions, get_objective
+from pipeline.schema.outputs import (
+    VocabOutput,
     example_lengths,
-    get_objective,
     objective_of,
     parse_seq_folder,
     seq_folder,
+    vocab_output,
 )
 from pipeline.schema.parquet import example_schema
 from pipeline.vocab.config import VocabConfig
 from pipeline.vocab.job import run_vocab
+from pipeline.vocab.tokenizer import read_vocab
 from tests.pipeline.test_examples import NUM_DOCS, make_docs, write_corpus
 
 VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(5, 2000)]
 IDS = VocabIds.from_vocab(VOCAB)
 CLS, SEP = IDS.cls_id, IDS.sep_id
+SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 
 
 def numbered_docs(num_docs: int, sentences: int = 6, words: int = 5):
@@ -162,11 +163,25 @@ def objective_stages(tmp_path_factory):
             objective=name, max_seq_lengths=(32,), masked_lm_prob=0.3, dupe_factor=1, num_shards=2, seed=7
         )
         out[name] = run_examples(cfg, corpus, vocab, str(root / f"examples-{name.replace('+', '_')}"))
+    out["vocab"] = read_manifest(vocab)
     return out
 
 
+def test_the_vocab_stage_records_what_it_produced_and_it_is_read_back_once(objective_stages):
+    manifest = objective_stages["vocab"]
+    vocab = read_vocab(manifest.url + "/vocab.txt")
+    produced = vocab_output(manifest)
+    assert produced == VocabOutput(True, "none", "wordpiece", len(vocab), *(vocab.index(t) for t in SPECIALS))
+    assert vocab_output(read_manifest(manifest.url)) == produced
+    older = dataclasses.replace(manifest, outputs={})  # written before outputs existed: read from its config
+    assert vocab_output(older, vocab) == produced
+    with pytest.raises(ValueError, match="without outputs; pass its vocab.txt"):
+        vocab_output(older)
+
+
 def test_each_objectives_shards_carry_its_columns_and_the_manifest_its_lengths(objective_stages):
-    for name, manifest in objective_stages.items():
+    for name in ("mlm", "sop"):
+        manifest = objective_stages[name]
         o = get_objective(name)
         rows = 0
         for url in manifest.file_urls(".parquet"):
@@ -190,7 +205,10 @@ def test_each_objectives_shards_carry_its_columns_and_the_manifest_its_lengths(o
         assert decode_examples(manifest.url, 2) and all("[CLS]" in line for line in decode_examples(manifest.url, 2))
     assert "seq32.random_next_share" not in objective_stages["mlm"].counts
     assert 0.4 < objective_stages["sop"].counts["seq32.swapped_share"] < 0.6
-    assert "is_swapped=" in decode_examples(objective_stages["sop"].url, 1)[0]
+    assert decode_examples(objective_stages["sop"].url, 1)[0].startswith(("(in-order, len_a=", "(swapped, len_a="))
+    line = decode_examples(objective_stages["mlm"].url, 1)[0]
+    assert line.startswith("(") and line.split(" ", 2)[1:] == ["masked)", line.split(" ", 2)[2]]
+    assert "len_a" not in line and line.split(" ", 2)[2].startswith("[CLS]")
 
 
 def test_a_manifest_without_outputs_reads_as_mlm_nsp(objective_stages):

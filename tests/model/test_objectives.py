@@ -2,6 +2,8 @@
 (padded and packed), and an MLM-only export as transformers loads it (BertForMaskedLM)."""
 
 import logging
+import os
+import signal
 
 import pytest
 import safetensors.torch
@@ -11,7 +13,7 @@ from pretrain_shards import MODEL, VOCAB, MaskRule, write_example_stage
 from model.bert import BertForMaskedLM, BertForPreTraining, BertModel
 from model.config import BertConfig, PhaseConfig, PretrainConfig
 from model.export import load_pretrained, run_export
-from model.train import run_pretrain
+from model.train import Preempted, run_pretrain
 
 
 def config(**kw) -> PretrainConfig:
@@ -120,3 +122,34 @@ def test_mlm_export_loads_as_transformers_masked_lm_and_fills_masks(stages, tmp_
     assert len(out) == 5 and all(o["token_str"] for o in out)
     backbone = load_pretrained(str(export), BertModel)  # fine-tuning: the pooler starts untrained
     assert backbone.pooler is not None
+
+
+@pytest.mark.parametrize("name", ["mlm", "sop"])
+def test_sigterm_then_resume_is_exact_with_each_objective(stages, tmp_path, name):
+    cfg = config(phases=(PhaseConfig("p1", 16, 10, 8),), checkpoint_every=100, log_every=2)
+    run_pretrain(cfg, MODEL, stages[name], str(tmp_path / "straight"))
+    run = str(tmp_path / "run")
+
+    def term_at_4(metrics, step):
+        if step == 4:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    with pytest.raises(Preempted):
+        run_pretrain(cfg, MODEL, stages[name], run, log_fn=term_at_4)
+    run_pretrain(cfg, MODEL, stages[name], run)
+    a = safetensors.torch.load_file(f"{run}/final/model.safetensors")
+    b = safetensors.torch.load_file(f"{tmp_path}/straight/final/model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_pretraining_on_examples_of_another_objective_shape_is_refused_naming_shard_and_row(stages, tmp_path):
+    import shutil
+
+    bad = tmp_path / "bad"
+    shutil.copytree(stages["mlm"], bad)
+    manifest = (bad / "_manifest.json").read_text().replace('"objective": "mlm"', '"objective": "sop"')
+    (bad / "_manifest.json").write_text(manifest)  # says sop; its shards have no len_a, no is_swapped
+    with pytest.raises(
+        ValueError, match=r"part-0000[01]-of-00002.parquet missing example columns \['len_a', 'is_swapped'\]"
+    ):
+        run_pretrain(config(), MODEL, str(bad), str(tmp_path / "run"))

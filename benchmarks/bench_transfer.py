@@ -151,8 +151,12 @@ def main() -> None:
         counts = read_manifest(pretrain).counts
         print(
             f"  pretraining: {counts['steps']:.0f} steps, {counts['seconds']:.0f} s, MLM loss "
-            f"{counts['first_mlm_loss']:.3f} -> {counts['last_mlm_loss']:.3f}, MLM acc {counts['mlm_accuracy']:.3f}, "
-            f"NSP acc {counts['nsp_accuracy']:.3f}"
+            f"{counts['first_mlm_loss']:.3f} -> {counts['last_mlm_loss']:.3f}, MLM acc {counts['mlm_accuracy']:.3f}"
+            + "".join(  # the objective's sentence-level task, if it has one (NSP, SOP)
+                f", {k.split('_')[0].upper()} acc {v:.3f}"
+                for k, v in counts.items()
+                if k.endswith("_accuracy") and not k.startswith(("mlm", "eval"))
+            )
             + (f", held-out MLM acc {counts['eval_mlm_accuracy']:.3f}" if "eval_mlm_accuracy" in counts else "")
         )
 

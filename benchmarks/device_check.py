@@ -217,6 +217,8 @@ def write_example_shards(folder: str, n: int, seq: int, vocab: int, shards: int 
     import pyarrow.parquet as pq
 
     from pipeline.schema.manifest import write_manifest
+    from pipeline.schema.objectives import DEFAULT_OBJECTIVE
+    from pipeline.schema.outputs import ExampleLength, lengths_record
     from pipeline.schema.parquet import example_schema
 
     rng = np.random.default_rng(seed)
@@ -261,7 +263,9 @@ def write_example_shards(folder: str, n: int, seq: int, vocab: int, shards: int 
         os.makedirs(path, exist_ok=True)
         table = pa.table(columns, schema=example_schema(vocab, seq))
         pq.write_table(table, os.path.join(path, f"part-{s:05d}-of-{shards:05d}.parquet"))
-    write_manifest("examples", folder, {"max_seq_lengths": [seq], "max_predictions_per_seq": [20]}, {}, {"examples": n})
+    lengths = lengths_record([ExampleLength(seq, 20, "static", 0.15, False, DEFAULT_OBJECTIVE)])
+    config = {"max_seq_lengths": [seq], "max_predictions_per_seq": [20]}
+    write_manifest("examples", folder, config, {}, {"examples": n}, outputs=lengths)
     return folder
 
 

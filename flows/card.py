@@ -137,7 +137,7 @@ def card_facts(cfg: RunConfig, model_url: str, sources: CardSources,
     pretraining = {
         "phases": [dataclasses.asdict(p) for p in cfg.pretrain.phases],
         "learning_rate": cfg.pretrain.learning_rate,
-        **{k: counts[k] for k in ("steps", "last_mlm_loss", "last_nsp_loss") if k in counts},
+        **{k: counts[k] for k in counts if k == "steps" or (k.startswith("last_") and k.endswith("_loss"))},
     }
     pretraining = {k: v for k, v in pretraining.items() if not (isinstance(v, float) and math.isnan(v))}
     scores = [s for s in (card_score(t, r) for t, r in downstream) if s is not None]

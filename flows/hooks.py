@@ -155,9 +155,13 @@ def examples_preview(folder: str, url: str, n: int) -> str:
     """``[CLS] A [SEP] B [SEP]`` with each masked position as ``[MASK]→orig`` (or ``<shown>→orig``
     for the 10% random / 10% kept), of ``examples`` or one length (``examples/seq128``)."""
     from pipeline.examples.view import decode_examples
+    from pipeline.schema.outputs import parse_seq_folder
 
     sub = url.rstrip("/").rsplit("/", 1)[-1]
-    length = int(sub[3:]) if sub.startswith("seq") and sub[3:].isdigit() else None
+    try:
+        length = parse_seq_folder(sub)
+    except ValueError:  # the stage folder itself: its first length
+        length = None
     return "\n".join(decode_examples(folder, n, max_seq_length=length))
 
 
@@ -222,7 +226,10 @@ def loss_curve_artifact(tracker: Any, run_id: str, result: StageResult) -> None:
 
     fig, ax = plt.subplots(figsize=(7, 4))
     plotted = False
-    for name in ("mlm_loss", "nsp_loss", "eval_mlm_loss"):
+    from pipeline.schema.objectives import OBJECTIVES
+
+    sentence = sorted({f"{o.sentence_loss}_loss" for o in OBJECTIVES.values() if o.sentence_loss})
+    for name in ("mlm_loss", *sentence, "eval_mlm_loss"):
         history = sorted(tracker.client.get_metric_history(run_id, name), key=lambda m: m.step)
         if history:
             ax.plot([m.step for m in history], [m.value for m in history], label=name)

@@ -170,8 +170,7 @@ def _tiny() -> RunConfig:
         corpus=CorpusConfig(num_shards=2, beam=BeamConfig(num_workers=1)),
         vocab=VocabConfig(vocab_size=4096, min_frequency=2),
         examples=ExamplesConfig(
-            max_seq_lengths=(64, 128),
-            max_predictions_per_seq=(10, 20),
+            max_seq_lengths=(64, 128),  # masked positions at most 10 and 20: derived from the 15% rate
             dupe_factor=5,
             num_shards=2,
         ),
@@ -215,8 +214,7 @@ def _small() -> RunConfig:
         corpus=CorpusConfig(num_shards=4, beam=BeamConfig(num_workers=2)),
         vocab=VocabConfig(vocab_size=8192, min_frequency=2),
         examples=ExamplesConfig(
-            max_seq_lengths=(64, 128),
-            max_predictions_per_seq=(10, 20),
+            max_seq_lengths=(64, 128),  # masked positions at most 10 and 20: derived from the 15% rate
             dupe_factor=5,
             num_shards=8,
         ),
@@ -278,9 +276,7 @@ def _paper(name: str, layers: int, hidden: int, heads: int, parallel: str = "ddp
         data=DataConfig(required=True),
         corpus=CorpusConfig(num_shards=256),
         vocab=VocabConfig(vocab_size=30522),
-        examples=ExamplesConfig(
-            max_seq_lengths=(128, 512), max_predictions_per_seq=(20, 80), dupe_factor=10, num_shards=1024
-        ),
+        examples=ExamplesConfig(max_seq_lengths=(128, 512), dupe_factor=10, num_shards=1024),
         model=BertConfig(
             vocab_size=30522,
             hidden_size=hidden,

@@ -316,10 +316,10 @@ STAGES: dict[str, Stage] = {
             config=lambda cfg, inputs: output_config(cfg.examples),
             run=_run_examples, provides="examples",
             code=("pipeline.examples", "pipeline.vocab.tokenizer", "pipeline.beam", "pipeline.schema"),
-            figures=("*.examples", "*.masked_share_of_eligible", "*.random_next_share_multi_sentence"),
+            figures=("*.examples", "*.masked_share_of_eligible", "*_share_multi_sentence"),
             retries=1, timeout_s=48 * 3600, preview=hooks.examples_preview, artifacts=hooks.examples_sample_artifact,
             preflight=hooks.examples_preflight,
-            doc="Beam: masked A/B pretraining examples, Parquet shards per sequence length",
+            doc="Beam: masked pretraining examples of examples.objective, Parquet shards per sequence length",
         ),
         Stage(
             "pretrain", "checkpoints",
@@ -329,7 +329,7 @@ STAGES: dict[str, Stage] = {
             code=("model", "pipeline.examples.masking", "pipeline.schema"), resumable=True,
             figures=("steps", "first_mlm_loss", "last_mlm_loss"), retries=3, timeout_s=30 * 24 * 3600,
             preflight=hooks.backend_preflight, preview=hooks.counts_preview, artifacts=hooks.loss_curve_artifact,
-            doc="MLM + NSP pretraining in phases; resumes from its last checkpoint (also on retry)",
+            doc="pretraining in phases with the examples' objective; resumes from its last checkpoint (also on retry)",
         ),
         Stage(
             "export", "model",

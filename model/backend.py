@@ -49,7 +49,7 @@ import torch
 from torch import nn
 
 from model import xla
-from model.bert import BertForPreTraining
+from model.bert import pretraining_class
 from model.checkpoint import to_cpu
 from model.config import BertConfig
 from model.data import IGNORE_INDEX
@@ -351,7 +351,7 @@ class XlaBackend(Backend):
         weights = to_cpu(unwrap(model).state_dict())
         if not self.is_main:
             return None
-        whole = BertForPreTraining(config)
+        whole = pretraining_class(unwrap(model).cls.seq_relationship is not None)(config)  # the same heads
         whole.load_state_dict(weights)
         whole.tie_weights()
         return whole

@@ -316,18 +316,20 @@ def init_bert_weights(module: nn.Module, std: float) -> None:
 @dataclass
 class BertOutput:
     last_hidden_state: torch.Tensor  # (B, T, H); (B, M, H) when given rows
-    pooler_output: torch.Tensor  # (B, H)
+    pooler_output: torch.Tensor | None  # (B, H); None without a pooler
 
 
 class BertModel(nn.Module):
-    """The encoder: embeddings -> L transformer layers -> pooler. Keys match HF's BertModel."""
+    """The encoder: embeddings -> L transformer layers -> pooler. Keys match HF's BertModel.
 
-    def __init__(self, config: BertConfig):
+    ``add_pooling_layer=False`` (HF's argument): no pooler (``BertForMaskedLM``'s backbone)."""
+
+    def __init__(self, config: BertConfig, add_pooling_layer: bool = True):
         super().__init__()
         self.config = config
         self.embeddings = BertEmbeddings(config)
         self.encoder = BertEncoder(config)
-        self.pooler = BertPooler(config)
+        self.pooler = BertPooler(config) if add_pooling_layer else None
         self.apply(lambda m: init_bert_weights(m, config.initializer_range))
 
     def forward(
@@ -345,13 +347,14 @@ class BertModel(nn.Module):
         if packing is not None:
             x = self.embeddings(input_ids, token_type_ids, packing.position_ids)  # (N, H)
             x = self.encoder(x, None, packing=packing)  # (R, H)
-            return BertOutput(last_hidden_state=x, pooler_output=self.pooler(x, packing.cls_slots))
+            pooled = self.pooler(x, packing.cls_slots) if self.pooler is not None else None
+            return BertOutput(last_hidden_state=x, pooler_output=pooled)
         mask = None
         if attention_mask is not None:
             mask = attention_mask.bool()[:, None, None, :]  # (B, 1, 1, T): True = real key
         x = self.embeddings(input_ids, token_type_ids)  # (B, T, H)
         x = self.encoder(x, mask, rows)
-        return BertOutput(last_hidden_state=x, pooler_output=self.pooler(x))
+        return BertOutput(last_hidden_state=x, pooler_output=self.pooler(x) if self.pooler is not None else None)
 
 
 # -- pretraining heads ------------------------------------------------------------------------
@@ -380,10 +383,13 @@ class BertLMPredictionHead(nn.Module):
 
 
 class BertPreTrainingHeads(nn.Module):
-    def __init__(self, config: BertConfig):
+    """The MLM head, and (``sentence_head``) the two-way sentence-level head on the pooled [CLS]:
+    NSP's (0 = actual next, 1 = random), or SOP's on the same weights (0 = in order, 1 = swapped)."""
+
+    def __init__(self, config: BertConfig, sentence_head: bool = True):
         super().__init__()
         self.predictions = BertLMPredictionHead(config)
-        self.seq_relationship = Linear(config.hidden_size, 2)  # 0 = actual next, 1 = random
+        self.seq_relationship = Linear(config.hidden_size, 2) if sentence_head else None
 
     def forward(
         self,
@@ -391,16 +397,17 @@ class BertPreTrainingHeads(nn.Module):
         pooled: torch.Tensor,
         labels: torch.Tensor | None = None,
         next_sentence_label: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-        """MLM logits of ``hidden`` (N, H) or (B, T, H), NSP logits of ``pooled`` (B, H), and their
-        mean cross-entropies (in float32) against ``labels`` (-100: not predicted) when given."""
-        seq_logits = self.seq_relationship(pooled)  # (B, 2)
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+        """MLM logits of ``hidden`` (N, H) or (B, T, H), sentence-level logits of ``pooled`` (B, H)
+        (None without that head), and their mean cross-entropies (in float32) against ``labels``
+        (-100: not predicted) when given."""
+        seq_logits = self.seq_relationship(pooled) if self.seq_relationship is not None else None  # (B, 2)
         logits = self.predictions(hidden)  # (N, V) or (B, T, V)
         mlm_loss = nsp_loss = None
         if labels is not None:
             flat = logits.float().view(-1, logits.size(-1))
             mlm_loss = F.cross_entropy(flat, labels.view(-1), ignore_index=IGNORE_INDEX)
-        if next_sentence_label is not None:
+        if next_sentence_label is not None and seq_logits is not None:
             nsp_loss = F.cross_entropy(seq_logits.float(), next_sentence_label.view(-1))
         return logits, seq_logits, mlm_loss, nsp_loss
 
@@ -409,20 +416,22 @@ class BertPreTrainingHeads(nn.Module):
 class PreTrainingOutput:
     loss: torch.Tensor | None  # mlm_loss + nsp_loss, when both labels are given
     mlm_loss: torch.Tensor | None
-    nsp_loss: torch.Tensor | None
+    nsp_loss: torch.Tensor | None  # the sentence-level loss (NSP's or SOP's); None without that head
     prediction_logits: torch.Tensor  # (N, V) with labels and sparse_prediction (or packed), else (B, T, V)
-    seq_relationship_logits: torch.Tensor  # (B, 2)
+    seq_relationship_logits: torch.Tensor | None  # (B, 2); None without a sentence-level head
     mlm_labels: torch.Tensor | None = None  # the labels of prediction_logits' rows: (N,) or (B, T)
 
 
 class BertForPreTraining(nn.Module):
-    """BERT with the masked-LM and next-sentence heads. Keys match HF's BertForPreTraining."""
+    """BERT with the masked-LM and next-sentence heads. Keys match HF's BertForPreTraining.
 
-    def __init__(self, config: BertConfig):
+    ``sentence_head=False`` (:class:`BertForMaskedLM`): the MLM head only, no pooler."""
+
+    def __init__(self, config: BertConfig, sentence_head: bool = True):
         super().__init__()
         self.config = config
-        self.bert = BertModel(config)
-        self.cls = BertPreTrainingHeads(config)
+        self.bert = BertModel(config, add_pooling_layer=sentence_head)
+        self.cls = BertPreTrainingHeads(config, sentence_head)
         self.cls.apply(lambda m: init_bert_weights(m, config.initializer_range))
         self.tie_weights()
         self.sparse_prediction = True
@@ -463,6 +472,19 @@ class BertForPreTraining(nn.Module):
         return PreTrainingOutput(loss, mlm_loss, nsp_loss, logits, seq_logits, mlm_labels)
 
 
+class BertForMaskedLM(BertForPreTraining):
+    """BERT with the masked-LM head only (no pooler, no sentence-level head): the network of the
+    one-segment objectives. Keys match HF's BertForMaskedLM."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__(config, sentence_head=False)
+
+
+def pretraining_class(sentence_head: bool) -> type[BertForPreTraining]:
+    """The network an objective trains: with its sentence-level head, or the MLM head alone."""
+    return BertForPreTraining if sentence_head else BertForMaskedLM
+
+
 def count_parameters(model: nn.Module) -> int:
     """Distinct parameters (the tied decoder weight counted once)."""
     return sum(p.numel() for p in model.parameters())
@@ -484,8 +506,10 @@ def mlm_correct(prediction_logits: torch.Tensor, labels: torch.Tensor) -> tuple[
 __all__ = [
     "BertModel",
     "BertOutput",
+    "BertForMaskedLM",
     "BertForPreTraining",
     "PreTrainingOutput",
+    "pretraining_class",
     "count_parameters",
     "mlm_correct",
     "IGNORE_INDEX",

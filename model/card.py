@@ -230,9 +230,9 @@ def render(facts: CardFacts) -> str:
     done = []
     if p.get("steps") is not None:
         done.append(f"{int(p['steps']):,} steps done")
-    for key, label in (("last_mlm_loss", "final MLM loss"), ("last_nsp_loss", "final NSP loss")):
+    for key in sorted(k for k in p if k.startswith("last_") and k.endswith("_loss")):  # the objective's losses
         if p.get(key) is not None:
-            done.append(f"{label} {p[key]:.3f}")
+            done.append(f"final {key[len('last_') : -len('_loss')].upper()} loss {p[key]:.3f}")
     limits = [
         "- Pretrained from scratch by bertflow on the data above only: it knows what that text holds, "
         "and its biases (Wikipedia's and the books' coverage, their time and their authors).",

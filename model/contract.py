@@ -8,6 +8,18 @@ Beam jobs write and the loader and fine-tuning read.
 """
 
 from pipeline.schema import config as _config  # the standard library only: eager
+from pipeline.schema import objectives as _objectives  # the standard library only: eager
+from pipeline.schema import outputs as _outputs  # the standard library only: eager
+
+# the pretraining objectives (pipeline/schema/objectives.py) and what the examples stage produced
+# (pipeline/schema/outputs.py)
+DEFAULT_OBJECTIVE = _objectives.DEFAULT_OBJECTIVE
+ExampleLength = _outputs.ExampleLength
+Objective = _objectives.Objective
+example_lengths = _outputs.example_lengths
+get_objective = _objectives.get_objective
+objective_of = _outputs.objective_of
+seq_folder = _outputs.seq_folder
 
 # configuration: the one error type and check(), digests (pipeline/schema/config.py)
 ConfigError = _config.ConfigError
@@ -22,6 +34,7 @@ config_digest = _config.config_digest
 _PARQUET = {
     "EXAMPLE_COLUMNS": "EXAMPLE_COLUMNS",  # the Parquet columns of the examples stage (pipeline/schema/parquet.py)
     "PARQUET_READ_OPTIONS": "READ_OPTIONS",  # and how its files are read
+    "example_columns": "example_columns",  # the columns an objective's shards carry
 }
 _MANIFEST = {  # the stage manifest (pipeline/schema/manifest.py)
     n: n
@@ -60,7 +73,8 @@ def __getattr__(name: str):
     return value
 
 
-__all__ = sorted(["ConfigError", "LIMITS", "check", "check_at_most", "config_digest",
+__all__ = sorted(["ConfigError", "LIMITS", "check", "check_at_most", "config_digest", "DEFAULT_OBJECTIVE",
+                  "ExampleLength", "Objective", "example_lengths", "get_objective", "objective_of", "seq_folder",
                   *_PARQUET, *_MANIFEST, *_STORAGE, *_TOKENIZATION])  # fmt: skip
 
 

@@ -34,7 +34,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from model.contract import EXAMPLE_COLUMNS, Manifest
+from model.contract import DEFAULT_OBJECTIVE, Manifest, Objective, get_objective, seq_folder
 from model.packing import pack
 
 IGNORE_INDEX = -100
@@ -64,7 +64,7 @@ class ShardError(ValueError):
 def shard_urls(manifest: Manifest, max_seq_length: int, check_sizes: bool = True) -> list[str]:
     """The Parquet shards of one sequence length listed in the example stage's manifest; each
     must have the size the manifest lists (``check_sizes``: one ``info`` per shard, no read)."""
-    prefix = f"seq{max_seq_length}/"
+    prefix = seq_folder(max_seq_length) + "/"
     listed = sorted(
         ((u, f) for f, u in zip(manifest.files, manifest.file_urls()) if f.path.startswith(prefix)),
         key=lambda uf: uf[0],
@@ -103,7 +103,7 @@ class ExampleArrays:
     pos: np.ndarray  # all masked_positions, concatenated
     pos_offsets: np.ndarray  # (n + 1,)
     masked_ids: np.ndarray  # aligned with pos: the ORIGINAL tokens
-    is_random_next: np.ndarray  # (n,) bool
+    sentence_label: np.ndarray  # (n,) bool: the objective's sentence-level label (all False without one)
     keys: np.ndarray  # (n, 2) int64: (shard index, row in shard)
 
     def __len__(self) -> int:
@@ -116,7 +116,7 @@ class ExampleArrays:
         pos, pos_off = _take_ragged(self.pos, self.pos_offsets, rows)
         mids, _ = _take_ragged(self.masked_ids, self.pos_offsets, rows)
         return ExampleArrays(
-            ids, ids_off, self.len_a[rows], pos, pos_off, mids, self.is_random_next[rows], self.keys[rows]
+            ids, ids_off, self.len_a[rows], pos, pos_off, mids, self.sentence_label[rows], self.keys[rows]
         )
 
     @staticmethod
@@ -140,7 +140,7 @@ class ExampleArrays:
             cat("pos"),
             offsets("pos_offsets"),
             cat("masked_ids"),
-            cat("is_random_next"),
+            cat("sentence_label"),
             cat("keys"),
         )
 
@@ -162,19 +162,22 @@ def _flat(column: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndarray]:
     return values[offsets[0] : offsets[-1]], offsets - offsets[0]
 
 
-def arrays_from_table(table: pa.Table, shard_index: int, first_row: int) -> ExampleArrays:
-    """Rows of an example shard (``first_row`` = the row in its shard of the table's row 0)."""
-    missing = [c for c in EXAMPLE_COLUMNS if c not in table.column_names]
+def arrays_from_table(
+    table: pa.Table, shard_index: int, first_row: int, objective: Objective | None = None
+) -> ExampleArrays:
+    """Rows of an example shard of ``objective`` (``first_row`` = the row in its shard of the
+    table's row 0). One-segment examples get ``len_a`` = their length (token type 0 throughout);
+    without a sentence-level label, ``sentence_label`` is all False (and no batch carries it)."""
+    objective = objective or get_objective(DEFAULT_OBJECTIVE)
+    missing = [c for c in objective.columns if c not in table.column_names]
     if missing:
-        raise ValueError(f"missing example columns {missing}")
-    kinds = {
-        "input_ids": "list",
-        "masked_positions": "list",
-        "masked_ids": "list",
-        "len_a": "int",
-        "is_random_next": "bool",
-    }
+        raise ValueError(f"missing example columns {missing} (objective {objective.name})")
+    kinds = {"input_ids": "list", "masked_positions": "list", "masked_ids": "list", "len_a": "int"}
+    if objective.sentence_label:
+        kinds[objective.sentence_label] = "bool"
     for name, kind in kinds.items():
+        if name not in objective.columns:
+            continue
         t = table.schema.field(name).type
         ok = {"list": pa.types.is_list(t) and pa.types.is_integer(t.value_type), "int": pa.types.is_integer(t),
               "bool": pa.types.is_boolean(t)}[kind]  # fmt: skip
@@ -190,14 +193,22 @@ def arrays_from_table(table: pa.Table, shard_index: int, first_row: int) -> Exam
         r = int(np.flatnonzero(np.diff(pos_off) != np.diff(mids_off))[0])
         raise ValueError(f"row {first_row + r}: masked_positions and masked_ids differ in length")
     keys = np.stack([np.full(n, shard_index, dtype=np.int64), first_row + np.arange(n, dtype=np.int64)], 1)
+    if objective.segments:
+        len_a = table.column("len_a").to_numpy().astype(np.int64)
+    else:
+        len_a = np.diff(ids_off).astype(np.int64)
+    if objective.sentence_label:
+        label = table.column(objective.sentence_label).to_numpy(zero_copy_only=False).astype(bool)
+    else:
+        label = np.zeros(n, dtype=bool)
     return ExampleArrays(
         ids=ids,
         ids_offsets=ids_off,
-        len_a=table.column("len_a").to_numpy().astype(np.int64),
+        len_a=len_a,
         pos=pos.astype(np.int64),
         pos_offsets=pos_off,
         masked_ids=mids,
-        is_random_next=table.column("is_random_next").to_numpy(zero_copy_only=False).astype(bool),
+        sentence_label=label,
         keys=keys,
     )
 
@@ -208,16 +219,18 @@ def validate_examples(
     vocab_size: int | None,
     where: Callable[[int], str],
     max_predictions: int | None = None,
+    segments: bool = True,
 ) -> None:
     """Raise ValueError naming ``where(row)`` for the first example that breaks the contract:
-    "[CLS] A [SEP] B [SEP]" of at most ``max_seq_length`` tokens with ``2 <= len_a < length``;
+    "[CLS] A [SEP] B [SEP]" of at most ``max_seq_length`` tokens with ``2 <= len_a < length``
+    (``segments``; else one segment, ``len_a`` = length);
     masked positions strictly increasing, never on [CLS] (0) or either [SEP] (``len_a - 1``,
     ``length - 1``), at most ``max_predictions`` of them; every id below ``vocab_size``."""
     lengths = np.diff(data.ids_offsets)
     if (bad := np.flatnonzero(lengths > max_seq_length)).size:
         r = int(bad[0])
         raise ValueError(f"{where(r)}: input_ids has {lengths[r]} tokens > max_seq_length {max_seq_length}")
-    if (bad := np.flatnonzero((data.len_a < 2) | (data.len_a >= lengths))).size:
+    if segments and (bad := np.flatnonzero((data.len_a < 2) | (data.len_a >= lengths))).size:
         r = int(bad[0])
         raise ValueError(f"{where(r)}: len_a={data.len_a[r]} outside [2, {lengths[r]})")
     counts = np.diff(data.pos_offsets)
@@ -281,7 +294,7 @@ def apply_dynamic_masking(
         cat(pos_out),
         np.asarray(pos_off, dtype=np.int64),
         cat(lab_out),
-        data.is_random_next,
+        data.sentence_label,
         data.keys,
     )
 
@@ -305,14 +318,17 @@ def _gather(values: np.ndarray, starts: np.ndarray, lengths: np.ndarray, width: 
     return out, valid
 
 
-def collate_packed(data: ExampleArrays) -> dict:
-    """The unpadded batch of ``data``: real tokens only, laid out for the packed path (``model/packing.py``)."""
+def collate_packed(data: ExampleArrays, sentence: bool = True) -> dict:
+    """The unpadded batch of ``data``: real tokens only, laid out for the packed path (``model/packing.py``);
+    ``sentence``: with the sentence-level label (``next_sentence_label``)."""
     d = data
-    return pack(d.ids, d.ids_offsets, d.len_a, d.pos, d.pos_offsets, d.masked_ids, d.is_random_next)
+    label = d.sentence_label if sentence else None
+    return pack(d.ids, d.ids_offsets, d.len_a, d.pos, d.pos_offsets, d.masked_ids, label)
 
 
-def collate(data: ExampleArrays, width: int, pad_id: int = 0) -> dict[str, torch.Tensor]:
-    """MLM + NSP tensors of shape (B, width): ids, segments, attention, labels (-100 unmasked), NSP."""
+def collate(data: ExampleArrays, width: int, pad_id: int = 0, sentence: bool = True) -> dict[str, torch.Tensor]:
+    """Tensors of shape (B, width): ids, segments, attention, labels (-100 unmasked), and with
+    ``sentence`` the sentence-level label (B,) (``next_sentence_label``: NSP's or SOP's)."""
     n = len(data)
     starts = data.ids_offsets[:-1]
     lengths = data.ids_offsets[1:] - starts
@@ -324,10 +340,12 @@ def collate(data: ExampleArrays, width: int, pad_id: int = 0) -> dict[str, torch
     if plengths.sum():
         rows = np.repeat(np.arange(n), plengths)
         labels[rows, data.pos] = data.masked_ids
-    return {
+    batch = {
         "input_ids": torch.from_numpy(input_ids.astype(np.int64)),
         "token_type_ids": torch.from_numpy(token_type.astype(np.int64)),
         "attention_mask": torch.from_numpy(attention.astype(np.int64)),
         "labels": torch.from_numpy(labels),
-        "next_sentence_label": torch.from_numpy(data.is_random_next.astype(np.int64)),
     }
+    if sentence:
+        batch["next_sentence_label"] = torch.from_numpy(data.sentence_label.astype(np.int64))
+    return batch

@@ -1,7 +1,8 @@
 """Export and import in Hugging Face layout: config.json + model.safetensors (+ tokenizer files).
 
 A folder written here loads with ``transformers.BertForPreTraining.from_pretrained`` (or
-``BertModel``/``AutoModel``), and a folder written by transformers loads here. Key convention:
+``BertModel``/``AutoModel``; an MLM-only model, ``BertForMaskedLM``, with no pooler and no
+sentence-level head, as ``AutoModelForMaskedLM``), and a folder written by transformers loads here. Key convention:
 every file stores HF ``BertForPreTraining`` names, "bert.*" for the backbone and "cls.*" for the
 heads; a bare ``BertModel`` is saved with the "bert." prefix too (transformers strips it when
 loading a ``BertModel``). The tied MLM decoder weight is stored once, as
@@ -25,7 +26,7 @@ import safetensors.torch
 import torch
 from torch import nn
 
-from model.bert import BertForPreTraining, BertModel, count_parameters
+from model.bert import BertForMaskedLM, BertForPreTraining, BertModel, count_parameters
 from model.config import BertConfig
 from model.contract import (
     Manifest,
@@ -99,7 +100,12 @@ def load_hf_state_dict(model: nn.Module, state: dict[str, torch.Tensor], source:
     own = model.state_dict()
     own.pop("cls.predictions.decoder.weight", None)  # tied: comes with the word embeddings
     missing = sorted(set(own) - set(wanted))
-    backbone_missing = [k for k in missing if isinstance(model, BertModel) or k.startswith("bert.")]
+    # an MLM-only export has no pooler (HF's BertForMaskedLM): a backbone built on it starts its pooler untrained
+    backbone_missing = [
+        k
+        for k in missing
+        if (isinstance(model, BertModel) or k.startswith("bert.")) and not k.startswith(("pooler.", "bert.pooler."))
+    ]
     if backbone_missing:
         raise KeyError(
             f"{source} lacks backbone weights: {backbone_missing[:5]}"
@@ -228,12 +234,22 @@ def load_bert_config(model_url: str) -> BertConfig:
 
 
 def load_pretrained(model_url: str, cls: type[nn.Module] = BertModel) -> nn.Module:
-    """A ``cls`` (BertModel or BertForPreTraining) built from ``model_url``'s config and weights."""
-    if cls not in (BertModel, BertForPreTraining):
-        raise TypeError(f"cls must be BertModel or BertForPreTraining, got {cls!r}")
+    """A ``cls`` (BertModel, BertForPreTraining or BertForMaskedLM) built from ``model_url``'s
+    config and weights. ``BertForPreTraining`` asks for the pretraining network the folder holds:
+    a ``BertForMaskedLM`` when its ``config.json`` says so (an MLM-only objective)."""
+    if cls not in (BertModel, BertForPreTraining, BertForMaskedLM):
+        raise TypeError(f"cls must be BertModel, BertForPreTraining or BertForMaskedLM, got {cls!r}")
+    if cls is BertForPreTraining and _architectures(model_url) == ["BertForMaskedLM"]:
+        cls = BertForMaskedLM
     model = cls(load_bert_config(model_url))
     load_hf_state_dict(model, read_weights(join_url(model_url, WEIGHTS_NAME)), source=model_url)
     return model
+
+
+def _architectures(model_url: str) -> list[str]:
+    fs, path = fsspec.core.url_to_fs(join_url(model_url, CONFIG_NAME))
+    with fs.open(path, "r") as f:
+        return list(json.load(f).get("architectures") or [])
 
 
 def run_export(checkpoint_url: str, vocab_url: str, output_url: str) -> Manifest:

@@ -33,11 +33,19 @@ import numpy as np
 import torch
 
 from model.backend import Backend
+from model.contract import get_objective
 from model.data import IGNORE_INDEX
 from model.stream import StreamingLoader
 
 BATCH_DIMS = {"input_ids": 2, "token_type_ids": 2, "attention_mask": 2, "labels": 2, "next_sentence_label": 1}
 """The tensors of a batch (``model.data.collate``) and their number of dimensions."""
+
+
+def batch_dims(objective: str) -> dict[str, int]:
+    """:data:`BATCH_DIMS` of an objective's batches (no ``next_sentence_label`` without a sentence-level label)."""
+    if get_objective(objective).sentence_label:
+        return dict(BATCH_DIMS)
+    return {k: v for k, v in BATCH_DIMS.items() if k != "next_sentence_label"}
 
 
 @dataclass(frozen=True)
@@ -58,7 +66,7 @@ def micro_info(batch: dict) -> MicroInfo:
     if packing is not None:
         lengths = packing.lengths.long()
         n = int(batch["input_ids"].numel())
-        rows = int(batch["next_sentence_label"].numel())
+        rows = int(packing.cu_seqlens.numel()) - 1
         masked = int(batch["labels"].numel())
         return MicroInfo(rows, packing.max_seqlen, masked, n, n, int((lengths * lengths).sum()))
     rows, width = batch["input_ids"].shape
@@ -79,6 +87,7 @@ class StepFeed:
         ahead: bool = False,
     ):
         self.loader, self.backend, self.ahead = loader, backend, ahead
+        self._dims = batch_dims(loader.spec.objective)
         self._next = None  # (keys, [(prefetched batch, info)]) of the step after the one handed out
         self.position = loader.position
         self.last_keys: np.ndarray | None = None
@@ -92,7 +101,7 @@ class StepFeed:
             self._mp = pl.MpDeviceLoader(
                 self._host_batches(),
                 backend.device,
-                input_sharding=backend.input_sharding(BATCH_DIMS),
+                input_sharding=backend.input_sharding(self._dims),
                 loader_prefetch_size=loader_prefetch,
                 device_prefetch_size=device_prefetch,
             )
@@ -104,8 +113,8 @@ class StepFeed:
             while True:
                 micro = self.loader.next_step()
                 for b in micro:
-                    if {k: v.dim() for k, v in b.items()} != BATCH_DIMS:
-                        raise ValueError(f"a batch has tensors {sorted(b)} of ranks other than BATCH_DIMS {BATCH_DIMS}")
+                    if {k: v.dim() for k, v in b.items()} != self._dims:
+                        raise ValueError(f"a batch has tensors {sorted(b)} of ranks other than {self._dims}")
                 self._pending.append((self.loader.last_keys, [micro_info(b) for b in micro]))
                 yield from micro
         except Exception as exc:  # handed to the loop by next_step

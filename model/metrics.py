@@ -54,9 +54,13 @@ class Window:
     """Metric sums over the steps since the last log, kept on the device."""
 
     KEYS = ("loss", "mlm_loss", "nsp_loss", "mlm_correct", "mlm_total", "nsp_correct", "nsp_total", "grad_norm")
+    """The sums kept; ``nsp_*`` hold the sentence-level loss of the objective (NSP's, SOP's), which
+    :func:`summary` names by ``sentence_loss``."""
 
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device, sentence_loss: str = "nsp"):
         self.device = device
+        self.sentence_loss = sentence_loss
+        """The objective's sentence-level loss ("nsp", "sop"), or "" (MLM only)."""
         self.reset()
 
     def reset(self) -> None:
@@ -73,21 +77,29 @@ class Window:
         the device ``batch`` is the global one and the host's share is passed in."""
         labels = out.mlm_labels if out.mlm_labels is not None else batch["labels"]
         correct, total = mlm_correct(out.prediction_logits.detach(), labels)
-        label = batch["next_sentence_label"]
-        nsp_correct = (out.seq_relationship_logits.detach().argmax(-1) == label).sum()
+        if out.nsp_loss is None:  # no sentence-level head
+            rows = int(batch["input_ids"].size(0)) if "packing" not in batch else len(batch["packing"].lengths)
+            zero = torch.zeros((), dtype=torch.float64, device=self.device)
+            sentence, sentence_correct, rows_t = zero, zero, zero
+        else:
+            label = batch["next_sentence_label"]
+            rows = int(label.numel())
+            sentence = out.nsp_loss.detach().double()
+            sentence_correct = (out.seq_relationship_logits.detach().argmax(-1) == label).sum().double()
+            rows_t = torch.full((), float(rows), dtype=torch.float64, device=self.device)  # no copy, no sync
         self.sums[:7] += torch.stack(
             [
                 out.loss.detach().double(),
                 out.mlm_loss.detach().double(),
-                out.nsp_loss.detach().double(),
+                sentence,
                 correct.double(),
                 total.double(),
-                nsp_correct.double(),
-                torch.full((), float(label.numel()), dtype=torch.float64, device=self.device),  # no copy, no sync
+                sentence_correct,
+                rows_t,
             ]
         )
         self.micro += 1
-        self.examples += int(label.numel()) if examples is None else int(examples)
+        self.examples += rows if examples is None else int(examples)
         self.tokens += tokens
         self.flops += flops
 
@@ -108,12 +120,13 @@ def summary(window: Window, backend, lr: float, phase_index: int, peak: float) -
     s = dict(zip(Window.KEYS, backend.all_reduce_sum(window.sums).tolist()))
     w = backend.world_size
     micro = max(window.micro * w, 1)
-    out = {
-        "loss": s["loss"] / micro,
-        "mlm_loss": s["mlm_loss"] / micro,
-        "nsp_loss": s["nsp_loss"] / micro,
-        "mlm_accuracy": s["mlm_correct"] / max(s["mlm_total"], 1.0),
-        "nsp_accuracy": s["nsp_correct"] / max(s["nsp_total"], 1.0),
+    out = {"loss": s["loss"] / micro, "mlm_loss": s["mlm_loss"] / micro}
+    if name := window.sentence_loss:
+        out[f"{name}_loss"] = s["nsp_loss"] / micro
+    out["mlm_accuracy"] = s["mlm_correct"] / max(s["mlm_total"], 1.0)
+    if name:
+        out[f"{name}_accuracy"] = s["nsp_correct"] / max(s["nsp_total"], 1.0)
+    out |= {
         "grad_norm": s["grad_norm"] / max(window.steps * w, 1),  # the same on every rank
         "lr": lr,
         "examples_per_sec": window.examples * backend.data_world / elapsed,

@@ -68,7 +68,7 @@ def pack(
     pos: np.ndarray,
     pos_offsets: np.ndarray,
     masked_ids: np.ndarray,
-    is_random_next: np.ndarray,
+    sentence_label: np.ndarray | None,
 ) -> dict[str, torch.Tensor | Packing]:
     """A packed MLM + NSP batch from examples in Arrow list layout (``model.data.ExampleArrays``).
 
@@ -97,13 +97,15 @@ def pack(
         mlm_slots=torch.from_numpy(np.searchsorted(rows, flat).astype(np.int64)),
         cls_slots=torch.from_numpy(cu_rows[:-1].astype(np.int64)),
     )
-    return {
+    batch = {
         "input_ids": torch.from_numpy(np.asarray(ids, dtype=np.int64)),
         "token_type_ids": torch.from_numpy(token_type),
         "labels": torch.from_numpy(labels),
-        "next_sentence_label": torch.from_numpy(is_random_next.astype(np.int64)),
-        "packing": packing,
     }
+    if sentence_label is not None:  # the objective's sentence-level label (NSP, SOP)
+        batch["next_sentence_label"] = torch.from_numpy(sentence_label.astype(np.int64))
+    batch["packing"] = packing
+    return batch
 
 
 def pack_padded(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor | Packing]:
@@ -120,5 +122,5 @@ def pack_padded(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor | Pack
         cols.astype(np.int64),
         _offsets(np.bincount(rows_, minlength=len(lengths))),
         labels[rows_, cols],
-        batch["next_sentence_label"].numpy().astype(bool),
+        batch["next_sentence_label"].numpy().astype(bool) if "next_sentence_label" in batch else None,
     )

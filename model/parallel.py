@@ -25,7 +25,7 @@ import contextlib
 import torch
 from torch import nn
 
-from model.bert import BertForPreTraining
+from model.bert import pretraining_class
 from model.config import BertConfig
 
 
@@ -152,7 +152,7 @@ class Sharded(Replicated):
         full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         if not is_main:
             return None
-        whole = BertForPreTraining(config)
+        whole = pretraining_class(unwrap(model).cls.seq_relationship is not None)(config)  # the same heads
         whole.load_state_dict(full, strict=False)  # the tied decoder weight comes with the embeddings
         whole.tie_weights()
         return whole

@@ -46,7 +46,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from model.contract import EXAMPLE_COLUMNS, PARQUET_READ_OPTIONS
+from model.contract import DEFAULT_OBJECTIVE, PARQUET_READ_OPTIONS, get_objective
 from model.data import (
     ExampleArrays,
     MaskFn,
@@ -131,12 +131,14 @@ class PartStream:
         vocab_size: int | None = None,
         shuffle: bool = True,
         max_predictions: int | None = None,
+        objective: str = DEFAULT_OBJECTIVE,
     ):
         if not units:
             raise ValueError(f"data part {part} has no examples")
         self.urls, self.units, self.part = urls, units, part
         self.seed, self.key, self.shuffle = seed, key, shuffle
         self.max_seq_length, self.vocab_size, self.max_predictions = max_seq_length, vocab_size, max_predictions
+        self.objective = get_objective(objective)
         self.epoch_rows = sum(u.rows for u in units)
         self.buffer_size = max(1, min(buffer_size, self.epoch_rows))
         self._window_key: tuple[int, int] | None = None
@@ -184,18 +186,19 @@ class PartStream:
             except (OSError, ValueError, pa.ArrowException) as exc:
                 raise ShardError.of(url, exc) from exc
         try:
-            table = self._files[u.shard].read_row_group(u.row_group, columns=list(EXAMPLE_COLUMNS))
+            table = self._files[u.shard].read_row_group(u.row_group, columns=list(self.objective.columns))
         except (OSError, ValueError, pa.ArrowException) as exc:  # a failed page checksum, a garbled page
             raise ShardError.of(url, exc, f"row group {u.row_group}") from exc
         table = table.slice(u.start, u.rows)
         try:
-            arrays = arrays_from_table(table, u.shard, u.shard_row)
+            arrays = arrays_from_table(table, u.shard, u.shard_row, self.objective)
             validate_examples(
                 arrays,
                 self.max_seq_length,
                 self.vocab_size,
                 lambda r: f"row {u.shard_row + r}",
                 max_predictions=self.max_predictions,
+                segments=self.objective.segments,
             )
         except ValueError as exc:
             raise ShardError(f"{url} {exc}") from None
@@ -239,6 +242,9 @@ class LoaderSpec:
     shuffle: bool = True
     max_predictions: int = 20
     """Masked positions per example under dynamic masking (the examples stage's cap)."""
+    objective: str = DEFAULT_OBJECTIVE
+    """The examples' objective (``pipeline.schema.objectives``): their columns, and whether a batch
+    carries a sentence-level label."""
 
     def __post_init__(self):
         if self.batch_size % self.num_parts:
@@ -287,6 +293,7 @@ def _stream(spec: LoaderSpec, units: list[list[Unit]], p: int) -> PartStream:
         spec.vocab_size,
         spec.shuffle,
         spec.max_predictions,
+        spec.objective,
     )
 
 
@@ -366,11 +373,12 @@ class StreamingLoader:
         return data
 
     def to_batch(self, data: ExampleArrays) -> dict[str, torch.Tensor]:
+        sentence = bool(get_objective(self.spec.objective).sentence_label)
         if self.spec.unpad:
-            return collate_packed(data)
+            return collate_packed(data, sentence)
         longest = int(np.diff(data.ids_offsets).max()) if len(data) else 0
         width = padded_length(longest, self.spec.max_seq_length, self.spec.buckets)
-        return collate(data, width, self.spec.pad_id)
+        return collate(data, width, self.spec.pad_id, sentence)
 
     def next_step(self) -> list[dict[str, torch.Tensor]]:
         """The micro-batches of the next optimizer step (one when not accumulating)."""

@@ -46,17 +46,22 @@ import fsspec
 import torch
 
 from model.backend import Backend, choose, setup_backend
-from model.bert import BertForPreTraining, count_parameters, mlm_correct
+from model.bert import BertForPreTraining, count_parameters, mlm_correct, pretraining_class
 from model.callbacks import Callbacks
 from model.checkpoint import checkpoint_url, load_latest_good, prune_checkpoints, save_checkpoint
 from model.config import BertConfig, PhaseConfig, PretrainConfig
 from model.contract import (
+    DEFAULT_OBJECTIVE,
     Manifest,
+    Objective,
     clear_stage,
     describe_file,
+    example_lengths,
     fingerprint_input,
+    get_objective,
     join_url,
     manifest_url,
+    objective_of,
     read_manifest,
     write_attempt,
     write_manifest,
@@ -132,6 +137,8 @@ class Session:
     """Training seconds of the sessions before this one (from the checkpoint)."""
     vocab_fp: str = ""
     """The fingerprint of the vocabulary the embeddings are sized by (empty: none given)."""
+    objective: Objective = dataclasses.field(default_factory=lambda: get_objective(DEFAULT_OBJECTIVE))
+    """The examples' pretraining objective: their columns, the heads and the losses trained."""
 
     @property
     def inputs(self) -> dict[str, str]:
@@ -191,16 +198,11 @@ def run_pretrain(
 
 # -- setup ----------------------------------------------------------------------------------------
 def _dynamic(config: PretrainConfig, examples: Manifest) -> bool:
-    return config.dynamic_masking or examples.config.get("masking") == "dynamic"
+    return config.dynamic_masking or any(x.masking == "dynamic" for x in example_lengths(examples).values())
 
 
 def _max_predictions(examples: Manifest, length: int) -> int:
-    cfg = examples.config
-    lengths, caps = cfg.get("max_seq_lengths") or [], cfg.get("max_predictions_per_seq") or []
-    for n, cap in zip(lengths, caps):
-        if n == length:
-            return int(cap)
-    return max(1, round(length * float(cfg.get("masked_lm_prob", 0.15))))
+    return example_lengths(examples)[length].max_predictions
 
 
 def setup(
@@ -264,7 +266,8 @@ def setup(
 
     random.seed(config.seed)
     torch.manual_seed(config.seed)
-    model = BertForPreTraining(model_config)
+    objective = objective_of(examples)
+    model = pretraining_class(bool(objective.sentence_loss))(model_config)
     if init_from:  # shared tokens' rows carried over when the vocabulary differs (model/warmstart.py)
         init_weights(model, init_from, vocab_url)
         log.info("initialised from %s", init_from)
@@ -329,6 +332,7 @@ def setup(
         unpad,
         t_start,
         vocab_fp=fingerprint_input(vocab_url) if vocab_url else "",
+        objective=objective,
     )
 
 
@@ -365,6 +369,7 @@ def make_loader(s: Session, phase: PhaseConfig, held_out: bool = False) -> Strea
         unpad=s.unpad,
         shuffle=not held_out,
         max_predictions=_max_predictions(s.examples, phase.max_seq_length),
+        objective=s.objective.name,
     )
     mask_fn = s.mask_fn if _dynamic(s.config, s.examples) else None
     be = s.backend
@@ -420,7 +425,7 @@ def fit(s: Session) -> None:
             )
             feed = StepFeed(loader, be, ahead=be.feed_ahead)
             try:
-                _fit_phase(s, PhaseRun(phase, phase_index, feed, Window(be.device), stop))
+                _fit_phase(s, PhaseRun(phase, phase_index, feed, Window(be.device, s.objective.sentence_loss), stop))
             finally:
                 feed.close()
     st.seconds = s.training_seconds()
@@ -466,7 +471,9 @@ def _train_step(s: Session, run: PhaseRun) -> None:
         with be.grad_sync(s.train_model, last=i == len(micro) - 1):
             with be.autocast():
                 out = s.train_model(**batch)
-            loss = out.mlm_loss * weights[i] + out.nsp_loss / len(micro)
+            loss = out.mlm_loss * weights[i]
+            if out.nsp_loss is not None:  # the sentence-level loss (NSP, SOP), when the objective has one
+                loss = loss + out.nsp_loss / len(micro)
             loss.backward()
         flops = step_flops(s.model_config, info.rows, info.width, info.masked, info.packed_tokens, info.pairs)
         run.window.add_micro(out, batch, flops, info.tokens, examples=info.rows)
@@ -493,36 +500,31 @@ def evaluate(s: Session, phase: PhaseConfig) -> dict[str, float]:
                     out = s.train_model(**batch)
                 labels = out.mlm_labels if out.mlm_labels is not None else batch["labels"]
                 correct, total = mlm_correct(out.prediction_logits, labels)
-                label = batch["next_sentence_label"]
-                sums += torch.stack(
-                    [
-                        out.mlm_loss.double() * total,
-                        total.double(),
-                        correct.double(),
-                        out.nsp_loss.double() * label.numel(),
-                        (out.seq_relationship_logits.argmax(-1) == label).sum().double(),
-                        torch.tensor(float(label.numel()), dtype=torch.float64, device=be.device),
-                    ]
-                )
+                sums[:3] += torch.stack([out.mlm_loss.double() * total, total.double(), correct.double()])
+                if out.nsp_loss is not None:
+                    label = batch["next_sentence_label"]
+                    sums[3:] += torch.stack(
+                        [
+                            out.nsp_loss.double() * label.numel(),
+                            (out.seq_relationship_logits.argmax(-1) == label).sum().double(),
+                            torch.tensor(float(label.numel()), dtype=torch.float64, device=be.device),
+                        ]
+                    )
     s.train_model.train()
-    mlm_sum, n_mlm, mlm_ok, nsp_sum, nsp_ok, n = be.all_reduce_sum(sums).tolist()
-    metrics = {
-        "eval_mlm_loss": mlm_sum / max(n_mlm, 1),
-        "eval_nsp_loss": nsp_sum / max(n, 1),
-        "eval_mlm_accuracy": mlm_ok / max(n_mlm, 1),
-        "eval_nsp_accuracy": nsp_ok / max(n, 1),
-    }
-    metrics["eval_loss"] = metrics["eval_mlm_loss"] + metrics["eval_nsp_loss"]
+    mlm_sum, n_mlm, mlm_ok, sent_sum, sent_ok, n = be.all_reduce_sum(sums).tolist()
+    metrics = {"eval_mlm_loss": mlm_sum / max(n_mlm, 1), "eval_mlm_accuracy": mlm_ok / max(n_mlm, 1)}
+    metrics["eval_loss"] = metrics["eval_mlm_loss"]
+    if name := s.objective.sentence_loss:
+        metrics[f"eval_{name}_loss"] = sent_sum / max(n, 1)
+        metrics[f"eval_{name}_accuracy"] = sent_ok / max(n, 1)
+        metrics["eval_loss"] = metrics["eval_mlm_loss"] + metrics[f"eval_{name}_loss"]
     if be.is_main:
         log.info(
-            "held-out %s step %d: loss %.4f (mlm %.4f, nsp %.4f) mlm_acc %.3f nsp_acc %.3f",
+            "held-out %s step %d: loss %.4f (%s)",
             phase.name,
             s.state.global_step,
             metrics["eval_loss"],
-            metrics["eval_mlm_loss"],
-            metrics["eval_nsp_loss"],
-            metrics["eval_mlm_accuracy"],
-            metrics["eval_nsp_accuracy"],
+            ", ".join(f"{k[5:]} {v:.4f}" for k, v in metrics.items() if k != "eval_loss"),
         )
     return metrics
 
@@ -536,15 +538,14 @@ def _report(s: Session, metrics: dict[str, float], phase: PhaseConfig) -> None:
     st.last_window = metrics
     if not s.backend.is_main:
         return
+    losses = ", ".join(f"{name} {metrics[f'{name}_loss']:.4f}" for name in s.objective.losses)
     log.info(
-        "phase %s step %d/%d loss %.4f (mlm %.4f, nsp %.4f) mlm_acc %.3f |g| %.3g lr %.3g "
-        "%.1f seq/s %.0f tok/s %.3g TFLOP/s%s",
+        "phase %s step %d/%d loss %.4f (%s) mlm_acc %.3f |g| %.3g lr %.3g %.1f seq/s %.0f tok/s %.3g TFLOP/s%s",
         phase.name,
         st.global_step,
         s.config.total_steps,
         metrics["loss"],
-        metrics["mlm_loss"],
-        metrics["nsp_loss"],
+        losses,
         metrics["mlm_accuracy"],
         metrics["grad_norm"],
         metrics["lr"],
@@ -590,12 +591,12 @@ def finish(s: Session) -> Manifest:
     counts: dict[str, float] = {
         "steps": st.global_step,
         "examples_seen": st.examples_seen,
-        "first_mlm_loss": first.get("mlm_loss", float("nan")),
-        "last_mlm_loss": last.get("mlm_loss", float("nan")),
-        "first_nsp_loss": first.get("nsp_loss", float("nan")),
-        "last_nsp_loss": last.get("nsp_loss", float("nan")),
-        "mlm_accuracy": last.get("mlm_accuracy", float("nan")),
-        "nsp_accuracy": last.get("nsp_accuracy", float("nan")),
+        **{
+            f"{when}_{name}_loss": window.get(f"{name}_loss", float("nan"))
+            for name in s.objective.losses
+            for when, window in (("first", first), ("last", last))
+        },
+        **{f"{name}_accuracy": last.get(f"{name}_accuracy", float("nan")) for name in s.objective.losses},
         "seconds": st.seconds,
         "parameters": count_parameters(s.model),  # DTensor numel is the global size
         **(st.last_eval or {}),

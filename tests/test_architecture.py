@@ -147,3 +147,33 @@ def test_no_file_is_too_long_to_read_in_one_sitting():
         if (n := len(p.read_text().splitlines())) > 650
     }
     assert not long, f"split these by responsibility: {long}"
+
+
+def objective_name_uses(files: dict[str, str], names: set[str]) -> list[str]:
+    """``file:line`` of every string constant that is exactly an objective's name."""
+    return [
+        f"{path}:{node.lineno}"
+        for path, source in files.items()
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in names
+    ]
+
+
+def test_the_objective_checker_sees_a_name_outside_the_table():
+    files = {"a.py": 'x = get_objective("sop")\n', "b.py": 'y = f"{name}_loss"\nz = "sop_loss"\n'}
+    assert objective_name_uses(files, {"sop", "mlm"}) == ["a.py:1"]
+
+
+def test_objective_names_appear_in_their_table_only():
+    """Adding an objective is a builder function and a row of pipeline/schema/objectives.py: no
+    other module of ours names one (they read the row: columns, heads, losses)."""
+    from pipeline.schema.objectives import OBJECTIVES
+
+    table = "pipeline/schema/objectives.py"
+    files = {
+        str(p.relative_to(REPO)): p.read_text()
+        for package in ("flows", "pipeline", "model", "tasks", "synth")
+        for p in sorted((REPO / package).rglob("*.py"))
+    }
+    assert objective_name_uses({table: files[table]}, set(OBJECTIVES))  # the table itself does
+    assert [u for u in objective_name_uses(files, set(OBJECTIVES)) if not u.startswith(table + ":")] == []

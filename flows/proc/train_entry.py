@@ -91,13 +91,14 @@ def masking_from(spec: dict) -> tuple[MaskRule | None, int | None]:
     if not spec.get("vocab_url"):
         return None, None
     from pipeline.schema.manifest import read_manifest
+    from pipeline.schema.outputs import example_lengths
 
     vocab = read_vocab(spec["vocab_url"])
     if "[PAD]" not in vocab:
         raise ValueError(f"{spec['vocab_url']}/vocab.txt has no [PAD] token")
-    examples = read_manifest(spec["examples_url"]).config
-    rule = MaskRule(vocab, float(examples.get("masked_lm_prob", 0.15)), bool(examples.get("whole_word_mask", False)))
-    return rule, vocab.index("[PAD]")
+    lengths = example_lengths(read_manifest(spec["examples_url"]))
+    first = lengths[min(lengths)]  # every length of one examples stage shares its masking rule
+    return MaskRule(vocab, first.masked_lm_prob, first.whole_word_mask), vocab.index("[PAD]")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,4 +1,5 @@
-"""Stage 3: the Beam job that turns documents into MLM + NSP pretraining examples (Parquet).
+"""Stage 3: the Beam job that turns documents into pretraining examples (Parquet), of the
+objective ``examples.objective`` names (its builder: ``pipeline.examples.objectives``).
 
     Create(corpus files) -> TokenizeToBuckets (one token file per corpus file x bucket)
     -> GroupByKey(bucket: file URLs only) -> CreateBucketExamples (sorted runs per length)
@@ -53,7 +54,8 @@ from pipeline.beam.io import (
 from pipeline.beam.shards import KEY, RunWriter, merge_runs_in_levels, use_lean_memory_pool
 from pipeline.examples.buckets import bucket_documents
 from pipeline.examples.config import ExamplesConfig
-from pipeline.examples.masking import VocabIds, create_instances_from_document, example_rng
+from pipeline.examples.masking import VocabIds
+from pipeline.examples.objectives import builder_of
 from pipeline.examples.tokens import (
     NAMESPACE,
     TokenizeToBuckets,
@@ -72,6 +74,8 @@ from pipeline.schema.manifest import (
     read_manifest,
     write_manifest,
 )
+from pipeline.schema.objectives import get_objective
+from pipeline.schema.outputs import ExampleLength, lengths_record, parse_seq_folder, seq_folder, vocab_output
 from pipeline.schema.parquet import READ_OPTIONS, example_schema
 from pipeline.schema.storage import join_url
 from pipeline.vocab.tokenizer import VOCAB_FILE, read_vocab, write_vocab
@@ -88,15 +92,13 @@ COUNTERS = (
     "unk_tokens",
     "document_tokens",
 )
-STATS = (
-    "examples",
-    "tokens",
-    "masked_tokens",
-    "random_next",
-    "multi_sentence_chunk",
-    "random_next_multi",
-    "eligible_tokens",
-)
+BASE_STATS = ("examples", "tokens", "masked_tokens", "eligible_tokens")
+
+
+def stats_of(objective: str) -> tuple[str, ...]:
+    """The per-length counters of an objective's examples (those of its sentence label too)."""
+    label = get_objective(objective).label_stat
+    return (*BASE_STATS, label, "multi_sentence_chunk", f"{label}_multi") if label else BASE_STATS
 
 
 def num_buckets_for(num_documents: int, num_chars: int = 0, config: ExamplesConfig | None = None) -> int:
@@ -113,8 +115,7 @@ def example_key(doc_id: str, copy: int, index: int) -> int:
     return int.from_bytes(hashlib.blake2b(ident.encode("utf-8"), digest_size=8).digest(), "big")
 
 
-def seq_name(max_seq_length: int) -> str:
-    return f"seq{max_seq_length}"
+seq_name = seq_folder
 
 
 class CreateBucketExamples(beam.DoFn):
@@ -130,8 +131,11 @@ class CreateBucketExamples(beam.DoFn):
         self.stats = {
             (n, stat): Metrics.counter(NAMESPACE, f"{seq_name(n)}.{stat}")
             for n in config.max_seq_lengths
-            for stat in STATS
+            for stat in stats_of(config.objective)
         }
+        objective = get_objective(config.objective)
+        self.label, self.label_stat = objective.sentence_label, objective.label_stat
+        self.build = builder_of(config.objective)
         self.hist = {
             n: [Metrics.counter(NAMESPACE, f"{seq_name(n)}.length_hist.{lo:04d}") for lo in histogram_bins(n)]
             for n in config.max_seq_lengths
@@ -147,36 +151,19 @@ class CreateBucketExamples(beam.DoFn):
         cfg = self.config
         marked = self.marked
         vocab = word_marked_vocab(self.vocab, self.vocab_size) if marked else self.vocab
-        for length, max_predictions in zip(cfg.max_seq_lengths, cfg.max_predictions_per_seq, strict=True):
+        for length in cfg.max_seq_lengths:
             name = seq_name(length)
             writer = RunWriter(
-                example_schema(self.vocab_size, length),
+                example_schema(self.vocab_size, length, cfg.objective),
                 lambda r, name=name: join_url(self.work_url, name, f"b{bucket:05d}-r{r:04d}.parquet"),
             )
-            tally = _Tally(length)
-            for index, doc_id in enumerate(doc_ids):
-                view = docs.with_current(index)  # its sentences as lists once, not per copy and read
-                for copy in range(cfg.dupe_factor):
-                    rng = example_rng(cfg.seed, doc_id, copy, length)
-                    instances = create_instances_from_document(
-                        index,
-                        view,
-                        max_seq_length=length,
-                        short_seq_prob=cfg.short_seq_prob,
-                        masked_lm_prob=cfg.masked_lm_prob,
-                        max_predictions_per_seq=max_predictions,
-                        random_next_prob=cfg.random_next_prob,
-                        vocab=vocab,
-                        rng=rng,
-                        whole_word_mask=cfg.whole_word_mask,
-                        mask=cfg.masking == "static",
-                    )
-                    for k, row in enumerate(instances):
-                        if marked:
-                            unmark(row, self.vocab_size)
-                        tally.add(row)
-                        row[KEY] = example_key(doc_id, copy, k)
-                        writer.add(row)
+            tally = _Tally(length, self.label, self.label_stat)
+            for doc_id, copy, k, row in self.build(doc_ids, docs, length, cfg.max_predictions(length), cfg, vocab):
+                if marked:
+                    unmark(row, self.vocab_size)
+                tally.add(row)
+                row[KEY] = example_key(doc_id, copy, k)
+                writer.add(row)
             self._count(length, tally)
             for run in writer.close():
                 yield name, run
@@ -193,38 +180,41 @@ class CreateBucketExamples(beam.DoFn):
 
 
 class _Tally:
-    """The figures of the examples of one length, counted in plain ints (see :data:`STATS`)."""
+    """The figures of the examples of one length, counted in plain ints (see :func:`stats_of`)."""
 
-    def __init__(self, length: int):
+    def __init__(self, length: int, label: str | None, label_stat: str | None):
         self.width = histogram_width(length)
         self.last_bin = len(histogram_bins(length)) - 1
         self.hist = [0] * (self.last_bin + 1)
-        self.examples = self.tokens = self.masked = self.random_next = self.multi = self.random_multi = 0
+        self.label, self.label_stat = label, label_stat
+        self.examples = self.tokens = self.eligible = self.masked = self.labelled = self.multi = 0
+        self.labelled_multi = 0
 
     def add(self, row: dict[str, Any]) -> None:
         n = len(row["input_ids"])
         self.examples += 1
         self.tokens += n
+        self.eligible += n - row["special_tokens"]  # all but [CLS] and the [SEP]s
         self.masked += len(row["masked_positions"])
         self.hist[min(n // self.width, self.last_bin)] += 1  # view.histogram_bin, its sizes kept
-        if row["is_random_next"]:
-            self.random_next += 1
+        if not self.label:
+            return
+        if row[self.label]:
+            self.labelled += 1
         if row["multi_sentence_chunk"]:
             self.multi += 1
-            if row["is_random_next"]:
-                self.random_multi += 1
+            if row[self.label]:
+                self.labelled_multi += 1
 
     @property
     def stats(self) -> dict[str, int]:
-        return {
-            "examples": self.examples,
-            "tokens": self.tokens,
-            "masked_tokens": self.masked,
-            "random_next": self.random_next,
-            "multi_sentence_chunk": self.multi,
-            "random_next_multi": self.random_multi,
-            "eligible_tokens": self.tokens - 3 * self.examples,  # all but [CLS] and the two [SEP]
-        }
+        stats = {"examples": self.examples, "tokens": self.tokens, "masked_tokens": self.masked,
+                 "eligible_tokens": self.eligible}  # fmt: skip
+        if self.label:
+            stats[self.label_stat] = self.labelled
+            stats["multi_sentence_chunk"] = self.multi
+            stats[f"{self.label_stat}_multi"] = self.labelled_multi
+        return stats
 
 
 class MergeShards(beam.DoFn):
@@ -241,7 +231,7 @@ class MergeShards(beam.DoFn):
 
     def process(self, element):
         name, runs = element
-        length = int(name[3:])
+        length = parse_seq_folder(name)
         rows = merge_runs_in_levels(
             sorted(runs),
             join_url(self.work_url, "merge", name),
@@ -279,7 +269,7 @@ class ExamplesFromDocuments(beam.PTransform):
     def expand(self, parts):
         cfg = self.config
         work = join_url(self.output_url, WORK_DIR)
-        schemas = {seq_name(n): example_schema(len(self.vocab), n) for n in cfg.max_seq_lengths}
+        schemas = {seq_name(n): example_schema(len(self.vocab), n, cfg.objective) for n in cfg.max_seq_lengths}
         marked = marks_words(cfg.segmenter, self.word_tokenizer, self.subword, cfg.whole_word_mask)
         tokenize = TokenizeToBuckets(
             self.vocab, self.lowercase, self.num_buckets, work, cfg.segmenter, self.word_tokenizer, self.subword, marked
@@ -343,9 +333,8 @@ def run_examples(config: ExamplesConfig, corpus_url: str, vocab_url: str, output
     vocab_manifest = read_manifest(vocab_url)
     inputs = {"corpus": fingerprint_input(corpus_url), "vocab": fingerprint_input(vocab_url)}
     vocab = read_vocab(join_url(vocab_url, VOCAB_FILE))
-    lowercase = bool(vocab_manifest.config.get("lowercase", True))
-    word_tokenizer = vocab_manifest.config.get("word_tokenizer", "none")
-    subword = vocab_manifest.config.get("subword", "wordpiece")
+    produced = vocab_output(vocab_manifest, vocab)
+    lowercase, word_tokenizer, subword = produced.lowercase, produced.word_tokenizer, produced.subword
     if word_tokenizer != "none" and config.segmenter != "none":
         raise ValueError(
             f"examples.segmenter={config.segmenter!r} with a vocabulary segmented by {word_tokenizer!r}: its words"
@@ -382,14 +371,15 @@ def run_examples(config: ExamplesConfig, corpus_url: str, vocab_url: str, output
     files = [describe_file(output_url, VOCAB_FILE)]
     for n in config.max_seq_lengths:
         name = seq_name(n)
-        fill_empty_shards(join_url(output_url, name), example_schema(len(vocab), n), config.num_shards)
+        schema = example_schema(len(vocab), n, config.objective)
+        fill_empty_shards(join_url(output_url, name), schema, config.num_shards)
         rows = 0
         for rel in list_files(output_url):
             if rel.startswith(name + "/"):
                 file_rows = parquet_rows(join_url(output_url, rel))
                 files.append(describe_file(output_url, rel, rows=file_rows))
                 rows += file_rows
-        counts.update(shard_counts(name, n, rows, beam_counts))
+        counts.update(shard_counts(name, n, rows, beam_counts, config.objective))
         if rows == 0:  # a phase at this length would have no data: never "done"
             raise ValueError(
                 f"examples: 0 examples of length {n} from the {num_documents} documents of {corpus_url} "
@@ -405,20 +395,37 @@ def run_examples(config: ExamplesConfig, corpus_url: str, vocab_url: str, output
         counts=counts,
         files=files,
         seconds=time.time() - start,
+        outputs=lengths_record(example_lengths_of(config)),
     )
 
 
-def shard_counts(name: str, length: int, rows: int, beam_counts: dict[str, int]) -> dict[str, float]:
+def example_lengths_of(config: ExamplesConfig) -> list[ExampleLength]:
+    """What each length of ``config``'s examples is, as the manifest records it."""
+    return [
+        ExampleLength(
+            max_seq_length=n,
+            max_predictions=config.max_predictions(n),
+            masking=config.masking,
+            masked_lm_prob=config.masked_lm_prob,
+            whole_word_mask=config.whole_word_mask,
+            objective=config.objective,
+        )
+        for n in config.max_seq_lengths
+    ]
+
+
+def shard_counts(name: str, length: int, rows: int, beam_counts: dict[str, int], objective: str) -> dict[str, float]:
     """The manifest figures of one sequence length, from the Beam counters."""
     out: dict[str, float] = {f"{name}.examples": rows}
-    for stat in STATS[1:]:
+    for stat in stats_of(objective)[1:]:
         out[f"{name}.{stat}"] = beam_counts.get(f"{name}.{stat}", 0)
     for lo in histogram_bins(length):
         key = f"{name}.length_hist.{lo:04d}"
         out[key] = beam_counts.get(key, 0)
-    out[f"{name}.random_next_share"] = out[f"{name}.random_next"] / rows if rows else 0.0
-    multi = out[f"{name}.multi_sentence_chunk"]
-    out[f"{name}.random_next_share_multi_sentence"] = out[f"{name}.random_next_multi"] / multi if multi else 0.0
+    if label := get_objective(objective).label_stat:
+        out[f"{name}.{label}_share"] = out[f"{name}.{label}"] / rows if rows else 0.0
+        multi = out[f"{name}.multi_sentence_chunk"]
+        out[f"{name}.{label}_share_multi_sentence"] = out[f"{name}.{label}_multi"] / multi if multi else 0.0
     tokens, eligible = out[f"{name}.tokens"], out[f"{name}.eligible_tokens"]
     out[f"{name}.masked_share"] = out[f"{name}.masked_tokens"] / tokens if tokens else 0.0
     out[f"{name}.masked_share_of_eligible"] = out[f"{name}.masked_tokens"] / eligible if eligible else 0.0

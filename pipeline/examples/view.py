@@ -12,6 +12,8 @@ import fsspec
 import pyarrow.parquet as pq
 
 from pipeline.schema.manifest import read_manifest
+from pipeline.schema.objectives import DEFAULT_OBJECTIVE, get_objective
+from pipeline.schema.outputs import example_lengths, seq_folder
 from pipeline.schema.storage import join_url
 
 HIST_BINS = 16
@@ -31,9 +33,10 @@ def histogram_bin(num_tokens: int, max_seq_length: int) -> int:
     return min(num_tokens // histogram_width(max_seq_length), len(histogram_bins(max_seq_length)) - 1)
 
 
-def render_example(row: dict, vocab: list[str]) -> str:
+def render_example(row: dict, vocab: list[str], objective: str = DEFAULT_OBJECTIVE) -> str:
     """One example as text: ``[CLS] a b [SEP] c d [SEP]``; a masked position shows what the model
-    sees and the label, ``[MASK]→word``; the NSP label leads the line."""
+    sees and the label, ``[MASK]→word``; the sentence-level label (its column) and ``len_a`` lead
+    the line when the objective has them."""
     labels = dict(zip(row["masked_positions"], row["masked_ids"], strict=True))
     words = []
     for pos, tid in enumerate(row["input_ids"]):
@@ -42,8 +45,10 @@ def render_example(row: dict, vocab: list[str]) -> str:
             original = vocab[labels[pos]]
             token = f"[MASK]→{original}" if token == "[MASK]" else f"<{token}>→{original}"
         words.append(token)
-    nsp = "random-next" if row["is_random_next"] else "actual-next"
-    return f"({nsp}, len_a={row['len_a']}, {len(labels)} masked) " + " ".join(words)
+    o = get_objective(objective)
+    head = [o.label_words[bool(row[o.sentence_label])]] if o.sentence_label else []
+    head += [f"len_a={row['len_a']}"] if o.segments else []
+    return f"({', '.join([*head, f'{len(labels)} masked'])}) " + " ".join(words)
 
 
 def decode_examples(url: str, n: int = 5, max_seq_length: int | None = None) -> list[str]:
@@ -54,9 +59,11 @@ def decode_examples(url: str, n: int = 5, max_seq_length: int | None = None) -> 
     kept cases); dynamic-masking shards show their unmasked pairs.
     """
     manifest = read_manifest(url)
-    lengths = manifest.config.get("max_seq_lengths") or []
+    produced = example_lengths(manifest)
+    lengths = list(produced)
     length = max_seq_length or (lengths[0] if lengths else None)
-    prefix = f"seq{length}/"
+    prefix = f"{seq_folder(length)}/" if length else "-"
+    objective = produced[length].objective if length in produced else DEFAULT_OBJECTIVE
     shard_urls = [join_url(manifest.url, f.path) for f in manifest.files if f.path.startswith(prefix)]
     if not shard_urls:
         raise ValueError(f"{url}: no shards of length {length} (lengths: {lengths})")
@@ -69,7 +76,7 @@ def decode_examples(url: str, n: int = 5, max_seq_length: int | None = None) -> 
         with fs.open(path, "rb") as f:
             for batch in pq.ParquetFile(f).iter_batches(batch_size=max(1, n)):
                 for row in batch.to_pylist():
-                    out.append(render_example(row, vocab))
+                    out.append(render_example(row, vocab, objective))
                     if len(out) >= n:
                         return out
     return out

@@ -59,6 +59,9 @@ class Manifest:
     version: int = MANIFEST_VERSION
     code_version: str = ""
     """Digest of the source of the code that wrote it (stamped by the orchestrator)."""
+    outputs: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """Typed records of what the stage produced, for the stages after it (the examples stage's
+    lengths: ``pipeline.schema.objectives.example_lengths`` reads them back)."""
 
     @property
     def fingerprint(self) -> str:
@@ -191,6 +194,7 @@ def write_manifest(
     counts: dict[str, float],
     files: Iterable[OutputFile] | None = None,
     seconds: float = 0.0,
+    outputs: dict[str, Any] | None = None,
 ) -> Manifest:
     """Describe every file under ``stage_url`` (unless given) and write the manifest last."""
     if files is None:
@@ -204,6 +208,7 @@ def write_manifest(
         counts=dict(counts),
         files=list(files),
         seconds=seconds,
+        outputs=dict(outputs or {}),
     )
     save_manifest(manifest)
     return manifest

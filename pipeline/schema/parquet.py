@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import pyarrow as pa
 
+from pipeline.schema.objectives import DEFAULT_OBJECTIVE, get_objective
+
 WRITE_OPTIONS: dict = {"compression": "zstd", "write_page_checksum": True}
 """Keyword arguments of every ``pq.write_table`` / ``pq.ParquetWriter`` of a stage's output."""
 READ_OPTIONS: dict = {"page_checksum_verification": True}
@@ -33,21 +35,27 @@ DOCUMENT_SCHEMA = pa.schema(
 
 
 # -- pretraining examples: {root}/examples/seq{N}/part-*.parquet -------------------------------
-# input_ids is "[CLS] A [SEP] B [SEP]" unpadded; segment ids derive from len_a (the number of
-# tokens of "[CLS] A [SEP]"). masked_ids hold the ORIGINAL tokens at masked_positions.
-def example_schema(vocab_size: int, max_seq_length: int) -> pa.Schema:
-    """The example schema with the narrowest integer types that fit this vocabulary and length."""
+# input_ids is "[CLS] A [SEP] B [SEP]" unpadded for a pair objective; segment ids derive from
+# len_a (the number of tokens of "[CLS] A [SEP]"). One-segment objectives (mlm) have no len_a and
+# no sentence label. masked_ids hold the ORIGINAL tokens at masked_positions. Which columns an
+# objective carries is its row's (pipeline/schema/objectives.py).
+def example_schema(vocab_size: int, max_seq_length: int, objective: str = DEFAULT_OBJECTIVE) -> pa.Schema:
+    """The example schema of ``objective`` with the narrowest integer types that fit this vocabulary and length."""
     id_type = pa.uint16() if vocab_size <= 1 << 16 else pa.uint32()
     pos_type = pa.uint16() if max_seq_length <= 1 << 16 else pa.uint32()
-    return pa.schema(
-        [
-            pa.field("input_ids", pa.list_(id_type), nullable=False),
-            pa.field("len_a", pos_type, nullable=False),
-            pa.field("masked_positions", pa.list_(pos_type), nullable=False),
-            pa.field("masked_ids", pa.list_(id_type), nullable=False),
-            pa.field("is_random_next", pa.bool_(), nullable=False),
-        ]
-    )
+    types = {
+        "input_ids": pa.list_(id_type),
+        "len_a": pos_type,
+        "masked_positions": pa.list_(pos_type),
+        "masked_ids": pa.list_(id_type),
+    }
+    return pa.schema([pa.field(c, types.get(c, pa.bool_()), nullable=False) for c in get_objective(objective).columns])
 
 
-EXAMPLE_COLUMNS = ("input_ids", "len_a", "masked_positions", "masked_ids", "is_random_next")
+EXAMPLE_COLUMNS = get_objective(DEFAULT_OBJECTIVE).columns
+"""The columns of the default objective's shards (``example_columns`` gives any objective's)."""
+
+
+def example_columns(objective: str) -> tuple[str, ...]:
+    """The Parquet columns of ``objective``'s example shards."""
+    return get_objective(objective).columns

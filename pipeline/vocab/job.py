@@ -12,6 +12,7 @@ import pyarrow.parquet as pq
 
 from pipeline.beam.config import to_dict
 from pipeline.schema.manifest import Manifest, clear_stage, fingerprint_input, read_manifest, write_manifest
+from pipeline.schema.outputs import VocabOutput, vocab_record
 from pipeline.schema.parquet import READ_OPTIONS
 from pipeline.schema.storage import join_url, write_atomically
 from pipeline.schema.tokenization import WordTokenizer, hf_tokenizer_config, segmented_text
@@ -128,4 +129,5 @@ def run_vocab(config: VocabConfig, corpus_url: str, output_url: str) -> Manifest
         inputs=inputs,
         counts=counts,
         seconds=time.time() - start,
+        outputs=vocab_record(VocabOutput.of(vocab, config.lowercase, config.word_tokenizer, config.subword)),
     )

@@ -13,6 +13,8 @@ from tiny_bert import tiny_bert_config
 
 from pipeline.examples.masking import VocabIds, create_masked_lm_predictions
 from pipeline.schema.manifest import write_manifest
+from pipeline.schema.objectives import DEFAULT_OBJECTIVE, get_objective
+from pipeline.schema.outputs import ExampleLength, lengths_record
 from pipeline.schema.parquet import WRITE_OPTIONS, example_schema
 
 V, PAD, CLS, SEP, MASK, FIRST = 99, 0, 2, 3, 4, 5
@@ -63,23 +65,40 @@ def make_example(rng: random.Random, max_len: int) -> dict:
     }
 
 
-def write_example_stage(root, lengths=(16, 32), n=240, shards=2, seed=0, row_group_size=None) -> str:
+def as_objective(row: dict, objective: str) -> dict:
+    """``row`` (a pair, ``make_example``'s) in ``objective``'s columns: one segment (the [SEP]
+    between A and B stays, as between packed documents) or its sentence label under its name."""
+    o = get_objective(objective)
+    out = {"input_ids": row["input_ids"], "masked_positions": row["masked_positions"], "masked_ids": row["masked_ids"]}
+    if o.segments:
+        out["len_a"] = row["len_a"]
+    if o.sentence_label:
+        out[o.sentence_label] = row["is_random_next"]
+    return out
+
+
+def write_example_stage(
+    root, lengths=(16, 32), n=240, shards=2, seed=0, row_group_size=None, objective=DEFAULT_OBJECTIVE
+) -> str:
     rng = random.Random(seed)
     for T in lengths:
-        rows = [make_example(rng, T) for _ in range(n)]
+        rows = [as_objective(make_example(rng, T), objective) for _ in range(n)]
         folder = root / f"seq{T}"
         folder.mkdir(parents=True)
         for s in range(shards):
             part = rows[s::shards]
-            table = pa.Table.from_pylist(part, schema=example_schema(V, T))
+            table = pa.Table.from_pylist(part, schema=example_schema(V, T, objective))
             # as the examples stage writes its shards: zstd pages with checksums
             path = folder / f"part-{s:05d}-of-{shards:05d}.parquet"
             pq.write_table(table, path, row_group_size=row_group_size, **WRITE_OPTIONS)
+    caps = dict(zip(lengths, [3, 5, 20], strict=False))
+    record = [ExampleLength(T, caps.get(T, 20), "static", 0.15, False, objective) for T in lengths]
     write_manifest(
         "examples",
         str(root),
-        {"max_seq_lengths": list(lengths), "max_predictions_per_seq": [3, 5]},
+        {"max_seq_lengths": list(lengths), "max_predictions_per_seq": [caps.get(T, 20) for T in lengths]},
         {},
         {"examples": n},
+        outputs=lengths_record(record),
     )
     return str(root)

@@ -217,7 +217,7 @@ def test_reads_through_fsspec_urls(examples):
 def _arrays(url: str):
     stream = PartStream([url], plan_units([url]), 0, 1, "k", 10**6, 32, V, shuffle=False, max_predictions=5)
     a = stream.examples(0, stream.epoch_rows)[0]
-    return [a.ids, a.ids_offsets, a.len_a, a.pos, a.pos_offsets, a.masked_ids, a.is_random_next]
+    return [a.ids, a.ids_offsets, a.len_a, a.pos, a.pos_offsets, a.masked_ids, a.sentence_label]
 
 
 def test_bit_flips_in_a_shard_never_decode_silently(tmp_path):
@@ -267,7 +267,7 @@ def test_the_example_contract_is_checked_row_by_row():
         return ExampleArrays(
             ids=np.full(length, 10, dtype=np.int64), ids_offsets=np.asarray([0, length]), len_a=np.asarray([len_a]),
             pos=pos, pos_offsets=np.asarray([0, len(pos)]), masked_ids=np.full(len(pos), 11, dtype=np.int64),
-            is_random_next=np.asarray([False]), keys=np.zeros((1, 2), dtype=np.int64),
+            sentence_label=np.asarray([False]), keys=np.zeros((1, 2), dtype=np.int64),
         )  # fmt: skip
 
     where = lambda r: f"shard.parquet row {r}"

@@ -390,6 +390,9 @@ def _run(args, cfg, overrides) -> int:
     kwargs = dict(preset=args.preset, root=root, overrides=public, mlflow_uri=tracking_uri)
     failure = None
     try:
+        from flows.prefect_db import prepare_prefect_database
+
+        prepare_prefect_database()  # before the flow starts Prefect's temporary server: one migration at a time
         with _progress_bars(console):
             if args.command == "run":
                 from flows.pretrain_flow import pretrain

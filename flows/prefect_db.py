@@ -1,0 +1,69 @@
+"""Prefect's own SQLite database, created or migrated under a lock before a run starts its
+temporary server.
+
+Without a ``PREFECT_API_URL`` each ``bertflow run`` starts Prefect's temporary server, and each
+such server migrates ``$PREFECT_HOME/prefect.db`` as it starts. Two runs started together on a
+new machine (or a new ``PREFECT_HOME``) migrated it at once, and one of them failed in alembic
+(``index ix_block_document__block_type_name_name already exists``, ``duplicate column name``;
+reproduced with three plain Prefect flows started together on one new home). So the run migrates
+it first, under an exclusive lock on ``<database>.lock`` beside it (as ``flows.tracking`` does
+for MLflow's store); a second run waits for the first, then finds the database at its head and
+its server's own migration has nothing to do.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+LOCK_WAIT_S = 300.0
+"""How long a run waits for another one's migration of the same database."""
+
+
+def prefect_sqlite_path() -> str | None:
+    """The SQLite file of the temporary server a flow will start, or ``None``: a Prefect server
+    (``PREFECT_API_URL``) or another database keeps its own migrations."""
+    from prefect.settings import get_current_settings
+
+    settings = get_current_settings()
+    if settings.api.url:
+        return None
+    url = settings.server.database.connection_url
+    url = url.get_secret_value() if url is not None else ""
+    prefix = "sqlite+aiosqlite:///"
+    if not url.startswith(prefix) or ":memory:" in url:
+        return None
+    return url.removeprefix(prefix)
+
+
+def prepare_prefect_database(wait_s: float = LOCK_WAIT_S) -> str | None:
+    """Create or migrate the temporary server's SQLite database under ``<database>.lock``;
+    returns the database's path (``None`` when there is none to prepare)."""
+    import fcntl
+
+    path = prefect_sqlite_path()
+    if path is None:
+        return None
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(f"{path}.lock", "a") as lock:
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(
+                        f"Prefect's database {path} stayed locked for {wait_s:.0f} s by another run "
+                        f"creating or migrating it ({path}.lock)"
+                    ) from None
+                time.sleep(0.2)
+        try:
+            import asyncio
+
+            from prefect.server.database import provide_database_interface
+
+            asyncio.run(provide_database_interface().create_db())  # alembic upgrade to head
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+    return path

@@ -14,7 +14,6 @@ its server's own migration has nothing to do.
 from __future__ import annotations
 
 import os
-import time
 
 LOCK_WAIT_S = 300.0
 """How long a run waits for another one's migration of the same database."""
@@ -39,31 +38,20 @@ def prefect_sqlite_path() -> str | None:
 def prepare_prefect_database(wait_s: float = LOCK_WAIT_S) -> str | None:
     """Create or migrate the temporary server's SQLite database under ``<database>.lock``;
     returns the database's path (``None`` when there is none to prepare)."""
-    import fcntl
-
     path = prefect_sqlite_path()
     if path is None:
         return None
+    import asyncio
+
+    from prefect.server.database import provide_database_interface
+
+    from flows.filelock import exclusive
+
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    with open(f"{path}.lock", "a") as lock:
-        deadline = time.monotonic() + wait_s
-        while True:
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise TimeoutError(
-                        f"Prefect's database {path} stayed locked for {wait_s:.0f} s by another run "
-                        f"creating or migrating it ({path}.lock)"
-                    ) from None
-                time.sleep(0.2)
-        try:
-            import asyncio
-
-            from prefect.server.database import provide_database_interface
-
-            asyncio.run(provide_database_interface().create_db())  # alembic upgrade to head
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+    busy = (
+        f"Prefect's database {path} stayed locked for {wait_s:.0f} s by another run creating or migrating it "
+        f"({path}.lock)"
+    )
+    with exclusive(f"{path}.lock", wait_s, busy, poll=0.2):
+        asyncio.run(provide_database_interface().create_db())  # alembic upgrade to head
     return path

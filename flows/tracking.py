@@ -202,30 +202,18 @@ def prepare_store(uri: str, seconds: float = BUSY_SECONDS) -> None:
     path = sqlite_path(uri)
     if path is None or uri in _PREPARED:
         return
-    import fcntl
-
     from mlflow.tracking import MlflowClient
 
+    from flows.filelock import exclusive
+
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    fd = os.open(path + ".lock", os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        deadline = time.monotonic() + seconds
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise TimeoutError(
-                        f"MLflow store {path}: another process has held {path}.lock for {seconds:.0f} s while "
-                        "creating or migrating it"
-                    ) from None
-                time.sleep(0.1)
+    busy = (
+        f"MLflow store {path}: another process has held {path}.lock for {seconds:.0f} s while creating or migrating it"
+    )
+    with exclusive(path + ".lock", seconds, busy):
         client = MlflowClient(tracking_uri=uri, registry_uri=uri)
         client.search_experiments(max_results=1)  # builds the tracking store: creates and migrates its tables
         client.search_registered_models(max_results=1)  # and the registry's
-    finally:
-        os.close(fd)  # closing drops the flock
     _PREPARED.add(uri)
 
 

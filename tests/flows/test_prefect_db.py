@@ -69,3 +69,17 @@ def test_a_prefect_server_or_another_database_is_left_to_itself():
     for name, (env, expected) in cases.items():
         out = subprocess.run([sys.executable, "-c", probe], env={**base, **env}, capture_output=True, text=True)
         assert out.returncode == 0 and out.stdout.strip() == expected, (name, out.stdout, out.stderr[-2000:])
+
+
+def test_the_mlflow_store_is_prepared_under_the_same_kind_of_lock(tmp_path):
+    from flows.tracking import prepare_store
+
+    db = tmp_path / "team" / "mlflow.db"
+    db.parent.mkdir()
+    with open(f"{db}.lock", "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # another run is creating the store
+        with pytest.raises(TimeoutError, match=r"MLflow store .*mlflow\.db: another process has held .*\.lock for 0 s"):
+            prepare_store(f"sqlite:///{db}", seconds=0.3)
+    assert not db.exists()  # nothing created while another held the lock
+    prepare_store(f"sqlite:///{db}", seconds=5)  # released: created and migrated
+    assert db.stat().st_size > 0

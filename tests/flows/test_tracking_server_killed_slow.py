@@ -22,7 +22,7 @@ import time
 
 import pytest
 
-pytestmark = [pytest.mark.slow, pytest.mark.ci]  # ~12 min for both cases: fits in CI
+pytestmark = pytest.mark.slow  # ~12 min for both cases: out of CI while .ci/run is not measured under 45 min
 
 WAIT_S = 10
 """``BERTFLOW_TRACKING_WAIT_S`` of the runs: how long a call waits for the killed server."""

@@ -43,8 +43,9 @@ import fsspec
 import torch
 
 from model.backend import Backend
+from model.checkpoint import load_latest_good
 from model.config import BertConfig, PretrainConfig
-from model.contract import config_digest, join_url
+from model.contract import config_digest, join_url, write_attempt
 from model.data import stable_seed
 from model.stage_configs import FREE
 
@@ -154,6 +155,33 @@ def remove_set_aside(run_url: str) -> list[str]:
     for p in gone:
         fs.rm(p, recursive=True)
     return gone
+
+
+def resume_point(output_url: str, record: dict[str, Any], examples_fp: str, backend: Backend):
+    """The latest good checkpoint under ``output_url`` to continue from (``load_latest_good``'s
+    tuple), or ``None`` to start: none there, or one made from other examples (new data upstream),
+    which is set aside (:func:`set_aside`) until this run finishes. Every host must find the same
+    step; the attempt's examples fingerprint is written either way."""
+    found = load_latest_good(output_url)
+    if not backend.same_everywhere(-1 if found is None else int(found[2]["train"]["global_step"])):
+        raise RuntimeError(
+            f"the hosts of the pod slice found different checkpoints to resume under {output_url} "
+            f"(this host: {found[0] if found else 'none'}); rerun: they must continue the same step"
+        )
+    old_examples = inputs_changed(found[2], record) if found is not None else ""
+    if old_examples:  # made from other examples (new data upstream): start over, the old run kept aside
+        if backend.is_main:
+            aside = set_aside(output_url, old_examples)
+            log.warning(
+                "the checkpoints under %s were made from other examples (%s, now %s): starting over; "
+                "the old run is kept at %s until this one finishes",
+                output_url, old_examples[:16], examples_fp[:16], aside,
+            )  # fmt: skip
+        backend.barrier()
+        found = None
+    if backend.is_main:
+        write_attempt(output_url, {"examples": examples_fp})
+    return found
 
 
 def check_resume(url: str, saved: dict, fresh: TrainState) -> TrainState:

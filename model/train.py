@@ -48,7 +48,7 @@ import torch
 from model.backend import Backend, choose, setup_backend
 from model.bert import BertForPreTraining, count_parameters, mlm_correct, pretraining_class
 from model.callbacks import Callbacks
-from model.checkpoint import checkpoint_url, load_latest_good, prune_checkpoints, save_checkpoint
+from model.checkpoint import checkpoint_url, prune_checkpoints, save_checkpoint
 from model.config import BertConfig, PhaseConfig, PretrainConfig
 from model.contract import (
     DEFAULT_OBJECTIVE,
@@ -63,7 +63,6 @@ from model.contract import (
     manifest_url,
     objective_of,
     read_manifest,
-    write_attempt,
     write_manifest,
 )
 from model.data import MaskFn, shard_urls, stable_seed
@@ -76,11 +75,10 @@ from model.resume import (
     TrainState,
     check_resume,
     exact_digest,
-    inputs_changed,
     remove_set_aside,
     restore,
+    resume_point,
     run_record,
-    set_aside,
 )
 from model.signals import Preempted, StopSignals
 from model.stage_configs import pretrain_manifest_config as manifest_config
@@ -279,25 +277,7 @@ def setup(
     # what binds is what was asked for: init_from=previous stays "previous" as the root's export changes
     record = run_record(config, model_config, examples_fp, data_parts, config.init_from or init_from)
     state = TrainState(run_digest=exact_digest(record), record=record)
-    found = load_latest_good(output_url)
-    if not backend.same_everywhere(-1 if found is None else int(found[2]["train"]["global_step"])):
-        raise RuntimeError(
-            f"the hosts of the pod slice found different checkpoints to resume under {output_url} "
-            f"(this host: {found[0] if found else 'none'}); rerun: they must continue the same step"
-        )
-    old_examples = inputs_changed(found[2], record) if found is not None else ""
-    if old_examples:  # made from other examples (new data upstream): start over, the old run kept aside
-        if backend.is_main:
-            aside = set_aside(output_url, old_examples)
-            log.warning(
-                "the checkpoints under %s were made from other examples (%s, now %s): starting over; "
-                "the old run is kept at %s until this one finishes",
-                output_url, old_examples[:16], examples_fp[:16], aside,
-            )  # fmt: skip
-        backend.barrier()
-        found = None
-    if backend.is_main:
-        write_attempt(output_url, {"examples": examples_fp})
+    found = resume_point(output_url, record, examples_fp, backend)  # None: start (over)
     if found is not None:  # weights before wrapping: DDP broadcasts rank 0's, FSDP shards them
         state = check_resume(found[0], found[2], state)
         load_hf_state_dict(model, found[1], source=found[0])

@@ -291,14 +291,7 @@ class SpanQa(squad.Unit):
         texts, self.scores = self.dev_scores(*predictions)
         write_json(join_url(self.output_url, "predictions.json"), texts)
         counts = {f"eval_{k}": float(v) for k, v in self.scores.items()}
-        counts.update(
-            train_examples=float(len(self.train_examples)),
-            train_features=float(self.num_train_features),
-            train_skipped=float(self.skipped),
-            dev_examples=float(len(self.dev_examples)),
-            dev_features=float(len(self.dev_features)),
-        )
-        return counts
+        return {**counts, **self.feature_counts()}
 
     def saved(self):
         return "BertForQuestionAnswering", {"finetuning_task": self.task.name}

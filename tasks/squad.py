@@ -490,14 +490,17 @@ class Unit(Family):
         if self.version == "2.0":
             write_json(join_url(self.output_url, "null_odds.json"), predictions[1])
         counts = {f"eval_{k}": float(v) for k, v in self.scores.items() if not k.endswith("total")}
-        counts.update(
-            train_examples=float(len(self.train_examples)),
-            train_features=float(self.num_train_features),
-            train_skipped=float(self.skipped),
-            dev_examples=float(len(self.dev_examples)),
-            dev_features=float(len(self.dev_features)),
-        )
-        return counts
+        return {**counts, **self.feature_counts()}
+
+    def feature_counts(self) -> dict[str, float]:
+        """How many examples and windows (features) were read, trained on and skipped."""
+        return {
+            "train_examples": float(len(self.train_examples)),
+            "train_features": float(self.num_train_features),
+            "train_skipped": float(self.skipped),
+            "dev_examples": float(len(self.dev_examples)),
+            "dev_features": float(len(self.dev_features)),
+        }
 
     def saved(self):
         return "BertForQuestionAnswering", {"finetuning_task": f"squad-v{self.version}"}

@@ -7,8 +7,8 @@ new machine (or a new ``PREFECT_HOME``) migrated it at once, and one of them fai
 (``index ix_block_document__block_type_name_name already exists``, ``duplicate column name``;
 reproduced with three plain Prefect flows started together on one new home). So the run migrates
 it first, under an exclusive lock on ``<database>.lock`` beside it (as ``flows.tracking`` does
-for MLflow's store); a second run waits for the first, then finds the database at its head and
-its server's own migration has nothing to do.
+for MLflow's store); a second run waits for the first, then finds the database there and its
+server's own migration has nothing to do.
 """
 
 from __future__ import annotations
@@ -36,15 +36,13 @@ def prefect_sqlite_path() -> str | None:
 
 
 def prepare_prefect_database(wait_s: float = LOCK_WAIT_S) -> str | None:
-    """Create or migrate the temporary server's SQLite database under ``<database>.lock``;
-    returns the database's path (``None`` when there is none to prepare)."""
+    """Create the temporary server's SQLite database under ``<database>.lock`` when it is not
+    there yet; returns the database's path (``None`` when there is none to prepare). One that
+    exists is left to the server's own migration on start (a Prefect upgrade's, rare and usually
+    one run's), so a run on a machine that has run before pays for no Prefect server import here."""
     path = prefect_sqlite_path()
     if path is None:
         return None
-    import asyncio
-
-    from prefect.server.database import provide_database_interface
-
     from flows.filelock import exclusive
 
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
@@ -53,5 +51,11 @@ def prepare_prefect_database(wait_s: float = LOCK_WAIT_S) -> str | None:
         f"({path}.lock)"
     )
     with exclusive(f"{path}.lock", wait_s, busy, poll=0.2):
+        if os.path.exists(path) and os.path.getsize(path) > 0:
+            return path  # created, under this lock, by an earlier run (or by Prefect before)
+        import asyncio
+
+        from prefect.server.database import provide_database_interface
+
         asyncio.run(provide_database_interface().create_db())  # alembic upgrade to head
     return path

@@ -7,8 +7,11 @@ Hugging Face folder (artifact ``hf_model``), stored once. So a fresh environment
 those requirements loads and serves it; bertflow need not be installed
 (``tests/flows/test_served_model_slow.py`` does exactly that in a separate venv).
 
-Input: a DataFrame (its ``text`` column, else its first), a list of strings, or one string, in
-every shape MLflow's scoring server hands over (``{"inputs": "one text"}`` arrives as a 0-d array).
+Input: a DataFrame's ``text`` column, a list of strings, or one string, in every shape MLflow's
+scoring server hands over (``{"inputs": "one text"}`` arrives as a 0-d array). The signature's
+check (``flows/mlflow_model.py``) keeps a request's first column only, before the model sees it,
+so a lone column named otherwise is refused: a ``dataframe_split`` of columns ``id, text`` would
+otherwise be answered for the ids.
 Each request is bounded before any text is tokenised: at most ``BERTFLOW_SERVE_MAX_BATCH`` texts
 (default 64) of at most ``BERTFLOW_SERVE_MAX_CHARS`` characters each (default 20,000: about 80
 windows of the tiny model), both read from the serving process's environment when the model is
@@ -111,7 +114,13 @@ def _values(model_input) -> list:
             raise RequestRefused(
                 f"the request has {len(model_input.columns)} columns and none is 'text': send one text a row"
             )
-        return model_input[model_input.columns[0]]
+        (column,) = model_input.columns
+        if isinstance(column, str):  # a named column, not 'text': MLflow's check kept only the first one
+            raise RequestRefused(
+                f"the request's column is {reprlib.repr(column)}, not 'text': the signature's check hands the "
+                "model a request's first column only, so name the texts' column 'text' (or send a list)"
+            )
+        return model_input[column]
     if isinstance(model_input, dict):
         if "text" not in model_input:
             raise RequestRefused(f"the request's keys are {sorted(map(str, model_input))[:5]}: send 'text'")

@@ -42,7 +42,6 @@ from flows.served_model import (
         ["one text"],
         np.array(["one text"]),
         pd.DataFrame({"text": ["one text"], "id": [7]}),
-        pd.DataFrame({"body": ["one text"]}),  # no text column: the first
         {"text": ["one text"]},
     ],
 )
@@ -59,6 +58,8 @@ def test_every_request_shape_gives_its_texts(request_):
         ([["x"]], "text 0 is list"),
         (np.array(["a", None], dtype=object), "text 1 is NoneType"),
         (pd.DataFrame({"text": [3]}), "text 0 is int"),
+        # what the signature's check leaves of columns (id, text): the ids, which are not the texts
+        (pd.DataFrame({"id": ["a7"]}), "the request's column is 'id', not 'text'"),
         (None, "the request is NoneType"),
         ([], "holds no text"),
         ("x" * 20_001, "text 0 has 20,001 characters, more than the limit of 20,000 (BERTFLOW_SERVE_MAX_CHARS)"),
@@ -268,12 +269,17 @@ def test_mlflow_models_serve_refuses_oversize_and_non_text_requests_with_flat_me
             ({"inputs": [[["x"]]]}, "text 0 is list"),
             ({"dataframe_split": {"columns": ["text"], "data": [[1.5]]}}, "text 0 is float"),
             ({"dataframe_split": {"columns": ["text"], "data": [[None]]}}, "text 0 is NoneType"),
+            # the signature's check hands the model the first column only: the ids, not answered as texts
+            ({"dataframe_split": {"columns": ["id", "text"], "data": [["a7", "the river"]]}}, "column is 'id'"),
         ):
             status, answer = _post(port, json.dumps(body).encode())
             assert status == 400 and named in answer["stack_trace"], (body, answer)
         status, answer = _post(port, json.dumps({"inputs": None}).encode())  # refused by MLflow's own parser
         assert status == 400 and "NoneType" in answer["message"], answer
         status, answer = _post(port, json.dumps({"inputs": [["the river"]]}).encode())  # one text a row
+        assert status == 200 and answer["predictions"][0]["text"] == "the river"
+        body = {"dataframe_split": {"columns": ["text", "id"], "data": [["the river", "a7"]]}}  # 'text' first
+        status, answer = _post(port, json.dumps(body).encode())
         assert status == 200 and answer["predictions"][0]["text"] == "the river"
     finally:
         os.killpg(server.pid, 15)

@@ -502,9 +502,10 @@ def check_tracking_uri(uri: str, timeout: float = 5.0) -> None:
 
 def ui_url(tracking_uri: str, experiment_id: str) -> str:
     """The MLflow UI's page of the experiment's training runs. MLflow 3.17's UI opens every
-    experiment on its GenAI view (traces, latency) unless the URL (or the browser's last choice)
-    says ``workflowType=machine_learning``: its ``mlflow.experimentKind`` tag no longer decides
-    (checked in headless Chromium). A tracking server's own address, else ``mlflow ui``'s."""
+    experiment on its GenAI view (traces, latency) unless the URL (or the sidebar's switch, turned
+    in that browser) says ``workflowType=machine_learning``: its ``mlflow.experimentKind`` tag no
+    longer decides (tests/flows/test_mlflow_ui_browser.py, headless Chromium). A tracking server's
+    own address, else ``mlflow ui``'s."""
     base = tracking_uri.rstrip("/") if tracking_uri.startswith(("http://", "https://")) else UI_DEFAULT
     return f"{base}/#/experiments/{experiment_id}/runs?workflowType=machine_learning"
 

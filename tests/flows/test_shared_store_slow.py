@@ -1,7 +1,9 @@
-"""Two runs on two roots sharing one new tracking store, started together (slow tier:
-``python -m pytest -m slow tests/flows/test_shared_store_slow.py``): a SQLite file, and an
-``mlflow server`` as a team shares it.
+"""Two runs on two roots sharing one new tracking store, started together, on a new Prefect home
+(in CI's default tier, marked ``ci``; alone: ``python -m pytest -m slow
+tests/flows/test_shared_store_slow.py``): a SQLite file, and an ``mlflow server`` as a team shares it.
 
+Each root starts from the shared chain's data stages (corpus, vocab, examples copied in), so the
+two runs pretrain, export, fine-tune and register at once, which is where they share the store.
 Both finish and register their own version; the store's artifacts live beside it (the server's
 under its artifact root), so moving one root away breaks no model; lineage tags name absolute
 paths though the roots were given relative.
@@ -10,11 +12,10 @@ paths though the roots were given relative.
 import os
 import shutil
 import subprocess
-import sys
 
 import pytest
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.ci]
 
 SHORT = [
     "pretrain.phases.0.steps=60",
@@ -27,7 +28,7 @@ SHORT = [
 
 
 @pytest.mark.parametrize("store", ["sqlite", "server"])
-def test_two_runs_on_one_new_store_both_register_and_keep_their_artifacts(tmp_path, store, servers):
+def test_two_runs_on_one_new_store_both_register_and_keep_their_artifacts(tmp_path, store, servers, chain, cli):
     env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect-home"), "MLFLOW_DISABLE_TELEMETRY": "true"}
     server = None
     if store == "sqlite":
@@ -37,7 +38,7 @@ def test_two_runs_on_one_new_store_both_register_and_keep_their_artifacts(tmp_pa
         server, uri = servers.start_mlflow_server(tmp_path / "team")  # as a team runs it: store, artifacts
         artifacts = "mlflow-artifacts:/"  # the server's: stored under its --artifacts-destination
     try:
-        _two_runs(tmp_path, uri, env, artifacts)
+        _two_runs(tmp_path, uri, env, artifacts, chain[0], cli)
     finally:
         if server is not None:
             server.terminate()
@@ -46,12 +47,13 @@ def test_two_runs_on_one_new_store_both_register_and_keep_their_artifacts(tmp_pa
         assert any((tmp_path / "team" / "artifacts").rglob("model.safetensors"))
 
 
-def _two_runs(tmp_path, uri: str, env: dict, artifacts: str) -> None:
+def _two_runs(tmp_path, uri: str, env: dict, artifacts: str, chain_root, cli) -> None:
     runs = []
     for name in ("concA", "concB"):
-        cmd = [sys.executable, "-m", "flows.cli", "run", "--preset", "tiny", "--root", f"runs/{name}",
-               "--mlflow-uri", uri]  # fmt: skip
-        for o in SHORT:
+        for folder in ("corpus", "vocab", "examples"):  # the data stages done: skipped by both runs
+            shutil.copytree(chain_root / folder, tmp_path / "runs" / name / folder)
+        cmd = [*cli(["run", "--preset", "tiny"], f"runs/{name}"), "--mlflow-uri", uri]
+        for o in SHORT:  # after the chain's own: a shorter pretraining and fine-tuning
             cmd += ["--set", o]
         runs.append(subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      text=True))  # fmt: skip

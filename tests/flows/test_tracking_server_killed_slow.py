@@ -9,7 +9,7 @@ registers exactly one version, leaving no run ``RUNNING``.
 
 The wait for a refusing server is cut to a few seconds through ``BERTFLOW_TRACKING_WAIT_S`` (the
 default is 120 s); the bound asserted is that wait plus generous room for the flow's own ending
-on a loaded 2-core machine. Slow tier:
+on a loaded 2-core machine. In CI's default tier (marked ``ci``); alone:
 ``python3 -m pytest -m slow tests/flows/test_tracking_server_killed_slow.py``.
 """
 
@@ -22,7 +22,7 @@ import time
 
 import pytest
 
-pytestmark = pytest.mark.slow  # ~12 min for both cases: out of CI while .ci/run is not measured under 45 min
+pytestmark = [pytest.mark.slow, pytest.mark.ci]  # in CI's default tier (README, "Slow cases")
 
 WAIT_S = 10
 """``BERTFLOW_TRACKING_WAIT_S`` of the runs: how long a call waits for the killed server."""

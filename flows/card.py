@@ -17,8 +17,10 @@ from dataclasses import dataclass
 
 from flows.calls import StageResult
 from flows.presets import RunConfig
-from model.card import CardFacts, CardScore, write_card
+from model.card import CardFacts, CardPretraining, CardScore, CardVocabulary, write_card
 from pipeline.schema.manifest import Manifest, ManifestError, fingerprint_input, read_manifest
+from pipeline.schema.objectives import get_objective
+from pipeline.schema.outputs import VOCAB_KEY, example_lengths, objective_of, vocab_output
 
 log = logging.getLogger("bertflow.flow")
 
@@ -37,11 +39,12 @@ _METRICS = {"mcc": "matthews_correlation", "pearson": "pearsonr", "spearman": "s
 
 @dataclass(frozen=True)
 class CardSources:
-    """Where a card's facts are: the corpus, vocab and pretrain stages' folders, and the corpus's
+    """Where a card's facts are: the corpus, vocab, examples and pretrain stages' folders, and the corpus's
     raw inputs (source -> URL). Made from the stage table (``flows.table.card_sources``)."""
 
     corpus: str
     vocab: str
+    examples: str
     pretrain: str
     raw: dict[str, str]
 
@@ -121,6 +124,21 @@ def card_score(task_name: str, result: StageResult) -> CardScore | None:
     )
 
 
+def card_vocabulary(cfg: RunConfig, url: str, network_size: int) -> CardVocabulary:
+    """The vocabulary of the vocab stage's folder ``url``, from its typed output (the run's config
+    and the network's size for a model from elsewhere, with no vocab stage)."""
+    manifest = _manifest_or_none(url)
+    if manifest is None:
+        return CardVocabulary(network_size, cfg.vocab.lowercase, cfg.vocab.word_tokenizer)
+    if VOCAB_KEY in (manifest.outputs or {}):
+        vocab = vocab_output(manifest)
+    else:  # a vocab manifest from before typed outputs: its config and vocab.txt
+        from pipeline.vocab.tokenizer import read_vocab
+
+        vocab = vocab_output(manifest, read_vocab(f"{url.rstrip('/')}/vocab.txt"))
+    return CardVocabulary(vocab.vocab_size, vocab.lowercase, vocab.word_tokenizer)
+
+
 def card_facts(cfg: RunConfig, model_url: str, sources: CardSources,
                downstream: list[tuple[str, StageResult]] = ()) -> CardFacts:  # fmt: skip
     """Everything the card of the model at ``model_url`` says, read from the run's manifests
@@ -131,28 +149,31 @@ def card_facts(cfg: RunConfig, model_url: str, sources: CardSources,
     network = dataclasses.asdict(load_bert_config(model_url))
     if export is not None:
         network["parameters"] = export.counts.get("parameters")
-    vocab = _manifest_or_none(sources.vocab)
     pretrain = _manifest_or_none(sources.pretrain)
     counts = pretrain.counts if pretrain else {}
-    pretraining = {
-        "phases": [dataclasses.asdict(p) for p in cfg.pretrain.phases],
-        "learning_rate": cfg.pretrain.learning_rate,
-        **{k: counts[k] for k in counts if k == "steps" or (k.startswith("last_") and k.endswith("_loss"))},
-    }
-    pretraining = {k: v for k, v in pretraining.items() if not (isinstance(v, float) and math.isnan(v))}
+    examples = _manifest_or_none(sources.examples)
+    # what the examples were made with, from their manifest (the run's config for a model from elsewhere)
+    lengths = list(example_lengths(examples).values()) if examples else []
+    objective = objective_of(examples) if examples else get_objective(cfg.examples.objective)
+    losses = {loss: counts.get(f"last_{loss}_loss") for loss in objective.losses}
+    pretraining = CardPretraining(
+        phases=tuple(dataclasses.asdict(p) for p in cfg.pretrain.phases),
+        learning_rate=cfg.pretrain.learning_rate,
+        objective=objective.card,
+        losses=objective.short,
+        masked_lm_prob=lengths[0].masked_lm_prob if lengths else cfg.examples.masked_lm_prob,
+        steps=int(counts["steps"]) if "steps" in counts else None,
+        last_losses={k: float(v) for k, v in losses.items() if v is not None and not math.isnan(v)},
+        heads=bool(objective.sentence_loss),
+    )
     scores = [s for s in (card_score(t, r) for t, r in downstream) if s is not None]
-    trained = int(vocab.counts.get("vocab_size", network["vocab_size"])) if vocab else network["vocab_size"]
     return CardFacts(
         name=cfg.model_name,
         preset=cfg.preset,
         card=cfg.card,
         network=network,
         data=data_lines(sources.corpus, sources.raw),
-        vocabulary={
-            "vocab_size": trained,
-            "lowercase": cfg.vocab.lowercase,
-            "word_tokenizer": cfg.vocab.word_tokenizer,
-        },
+        vocabulary=card_vocabulary(cfg, sources.vocab, network["vocab_size"]),
         pretraining=pretraining,
         scores=scores,
         sample_data=not any(cfg.data.source_urls().values()),

@@ -44,12 +44,16 @@ def gb(n: float) -> str:
     return f"{n / 1e9:,.1f} GB" if n >= 1e8 else f"{n / 1e6:,.1f} MB"
 
 
-def bert_parameters(model: Any) -> int:
-    """Parameters of ``BertForPreTraining`` for a ``BertConfig`` (tied decoder counted once)."""
+def bert_parameters(model: Any, sentence_head: bool = True) -> int:
+    """Parameters of the pretraining network for a ``BertConfig`` (tied decoder counted once):
+    ``BertForPreTraining``, or ``BertForMaskedLM`` (no pooler, no sentence-level head) for an
+    objective without a sentence-level loss."""
     h, f, v = model.hidden_size, model.intermediate_size, model.vocab_size
     embeddings = (v + model.max_position_embeddings + model.type_vocab_size) * h + 2 * h
     layer = 4 * (h * h + h) + 2 * h + (h * f + f) + (f * h + h) + 2 * h
-    heads = (h * h + h) + 2 * h + v + (h * h + h) + (2 * h + 2)  # MLM transform, bias; pooler; NSP
+    heads = (h * h + h) + 2 * h + v  # MLM transform, its bias
+    if sentence_head:
+        heads += (h * h + h) + (2 * h + 2)  # pooler; NSP / SOP
     return embeddings + model.num_hidden_layers * layer + heads
 
 
@@ -79,7 +83,9 @@ def check_training_memory(cfg: Any, available: int | None) -> None:
     the model with its gradients and AdamW state (16 bytes a parameter), plus the loader."""
     if available is None or cfg.pretrain.backend != "cpu":
         return
-    params = bert_parameters(cfg.model)
+    from pipeline.schema.objectives import get_objective
+
+    params = bert_parameters(cfg.model, bool(get_objective(cfg.examples.objective).sentence_loss))
     replicas = 1 if cfg.pretrain.parallel == "fsdp" else cfg.pretrain.nproc
     model_bytes = params * TRAIN_BYTES_PER_PARAMETER * replicas
     need = model_bytes + loader_bytes(cfg.pretrain)

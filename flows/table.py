@@ -441,7 +441,7 @@ def card_sources(cfg: RunConfig, root: str):
     """What the model card of the run under ``root`` reads (``flows.card.CardSources``)."""
     from flows.card import CardSources
 
-    urls = [stage_url(root, name) for name in ("corpus", "vocab", "pretrain")]
+    urls = [stage_url(root, name) for name in ("corpus", "vocab", "examples", "pretrain")]
     return CardSources(*urls, raw=stage_inputs("corpus", cfg, root))
 
 

@@ -67,6 +67,36 @@ class CardScore:
 
 
 @dataclass(frozen=True)
+class CardVocabulary:
+    """The vocabulary as the card names it (from the vocab stage's typed output)."""
+
+    size: int
+    lowercase: bool
+    word_tokenizer: str
+    """How words are split before their pieces: "none" (whitespace and punctuation), "mecab", "jieba"."""
+
+
+@dataclass(frozen=True)
+class CardPretraining:
+    """The pretraining as the card names it: the run's config and the pretrain stage's counts."""
+
+    phases: tuple[dict[str, Any], ...]
+    """(name, steps, max_seq_length, batch_size) per phase."""
+    learning_rate: float | None
+    objective: str
+    """The objective's words (``pipeline.schema.objectives.Objective.card``)."""
+    losses: str
+    """Its losses as written short: ``MLM + NSP``, ``MLM``."""
+    masked_lm_prob: float
+    steps: int | None = None
+    """Steps done, when pretraining finished."""
+    last_losses: dict[str, float] = field(default_factory=dict)
+    """The last value of each loss trained (``mlm``, ``nsp``/``sop``)."""
+    heads: bool = True
+    """Whether the export has the sentence-level head (``BertForPreTraining`` loads it whole)."""
+
+
+@dataclass(frozen=True)
 class CardFacts:
     """Everything a card says, as plain values."""
 
@@ -77,9 +107,8 @@ class CardFacts:
     """The network's config (config.json's BERT fields) and ``parameters``."""
     data: list[tuple[str, str]]
     """(source, what it is: file names, documents, sentences) per pretraining source."""
-    vocabulary: dict[str, Any]
-    pretraining: dict[str, Any]
-    """phases (name, steps, max_seq_length, batch), learning rate, steps done, last losses."""
+    vocabulary: CardVocabulary
+    pretraining: CardPretraining
     scores: list[CardScore] = field(default_factory=list)
     sample_data: bool = False
     """The bundled synthetic sample was the pretraining corpus."""
@@ -200,7 +229,8 @@ def _how_to_load(facts: CardFacts) -> list[str]:
         "from transformers import AutoModelForMaskedLM, AutoTokenizer, pipeline",
         "",
         'tokenizer = AutoTokenizer.from_pretrained("path/to/this/folder")',
-        'model = AutoModelForMaskedLM.from_pretrained("path/to/this/folder")  # or BertForPreTraining, AutoModel',
+        'model = AutoModelForMaskedLM.from_pretrained("path/to/this/folder")  # or '
+        + ("BertForPreTraining, AutoModel" if facts.pretraining.heads else "AutoModel (no pooler was trained)"),
         'print(pipeline("fill-mask", model=model, tokenizer=tokenizer)("the capital of france is [MASK]."))',
         "```",
     ]
@@ -225,19 +255,15 @@ def render(facts: CardFacts) -> str:
     phases = [
         f"- phase `{ph['name']}`: {ph['steps']:,} steps at sequence length {ph['max_seq_length']}, "
         f"batch {ph['batch_size']}"
-        for ph in p.get("phases", [])
+        for ph in p.phases
     ]
-    done = []
-    if p.get("steps") is not None:
-        done.append(f"{int(p['steps']):,} steps done")
-    for key in sorted(k for k in p if k.startswith("last_") and k.endswith("_loss")):  # the objective's losses
-        if p.get(key) is not None:
-            done.append(f"final {key[len('last_') : -len('_loss')].upper()} loss {p[key]:.3f}")
+    done = [f"{p.steps:,} steps done"] if p.steps is not None else []
+    done += [f"final {loss.upper()} loss {value:.3f}" for loss, value in sorted(p.last_losses.items())]
     limits = [
         "- Pretrained from scratch by bertflow on the data above only: it knows what that text holds, "
         "and its biases (Wikipedia's and the books' coverage, their time and their authors).",
         f"- Inputs longer than {n.get('max_position_embeddings')} tokens are cut; the tokenizer "
-        + ("lower-cases its input." if v.get("lowercase", True) else "keeps case."),
+        + ("lower-cases its input." if v.lowercase else "keeps case."),
         "- A pretrained encoder, not a generator: fine-tune it for a task before use; the scores above are "
         "for the tasks named, on their dev splits.",
     ]
@@ -249,26 +275,25 @@ def render(facts: CardFacts) -> str:
     body = [
         f"# {facts.name}",
         "",
-        f"BERT (masked language model + next sentence prediction) pretrained from scratch by "
-        f"bertflow with the `{facts.preset}` preset.",
+        f"BERT ({p.objective}) pretrained from scratch by bertflow with the `{facts.preset}` preset.",
         "",
         "## Training data",
         "",
         *data,
         "",
-        f"Vocabulary: WordPiece, {int(v['vocab_size']):,} entries"
-        + (f", words split by {v['word_tokenizer']} first" if v.get("word_tokenizer", "none") != "none" else "")
-        + (", lower-cased" if v.get("lowercase", True) else ", cased")
+        f"Vocabulary: WordPiece, {v.size:,} entries"
+        + (f", words split by {v.word_tokenizer} first" if v.word_tokenizer != "none" else "")
+        + (", lower-cased" if v.lowercase else ", cased")
         + ".",
         "",
         "## Configuration",
         "",
         *_network_table(n),
         "",
-        "Pretraining (MLM + NSP, AdamW, linear warm-up then decay):",
+        f"Pretraining ({p.losses}, {p.masked_lm_prob * 100:g}% of tokens masked, AdamW, linear warm-up then decay):",
         "",
         *phases,
-        *([f"- learning rate {p['learning_rate']:g}"] if p.get("learning_rate") is not None else []),
+        *([f"- learning rate {p.learning_rate:g}"] if p.learning_rate is not None else []),
         *([f"- {', '.join(done)}"] if done else []),
         "",
         "## Downstream results",

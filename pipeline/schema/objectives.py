@@ -38,6 +38,8 @@ class Objective:
     label_stat: str
     """The examples stage's counter of positive sentence labels (``seq{N}.<label_stat>_share``), or ""."""
     doc: str
+    card: str = ""
+    """How the model card names what the model was pretrained with."""
 
     @property
     def columns(self) -> tuple[str, ...]:
@@ -45,6 +47,11 @@ class Objective:
         pair = ("len_a",) if self.segments else ()
         label = (self.sentence_label,) if self.sentence_label else ()
         return ("input_ids", *pair, "masked_positions", "masked_ids", *label)
+
+    @property
+    def short(self) -> str:
+        """The losses as a card writes them: ``MLM + NSP``, ``MLM``."""
+        return " + ".join(loss.upper() for loss in self.losses)
 
     @property
     def losses(self) -> tuple[str, ...]:
@@ -60,16 +67,19 @@ OBJECTIVES: dict[str, Objective] = {
             "mlm+nsp", builder="nsp_pairs", segments=True, sentence_label="is_random_next", sentence_loss="nsp",
             label_stat="random_next", label_words=("actual-next", "random-next"),
             doc="BERT: masked LM + next-sentence prediction (B the real next span, or another document's)",
+            card="masked language model + next sentence prediction",
         ),
         Objective(
             "mlm", builder="full_sentences", segments=False, sentence_label="", sentence_loss="",
             label_stat="", label_words=(),
             doc="RoBERTa FULL-SENTENCES: masked LM only, sentences packed across documents ([SEP] between)",
+            card="masked language model only, over full sentences packed across documents as RoBERTa's FULL-SENTENCES",
         ),
         Objective(
             "sop", builder="sentence_order", segments=True, sentence_label="is_swapped", sentence_loss="sop",
             label_stat="swapped", label_words=("in-order", "swapped"),
             doc="ALBERT: masked LM + sentence-order prediction (two consecutive spans, swapped half the time)",
+            card="masked language model + sentence-order prediction, as ALBERT",
         ),
     )
 }  # fmt: skip

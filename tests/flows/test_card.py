@@ -16,27 +16,36 @@ from flows.table import card_sources, get_stage, stage_inputs, stage_url
 from model.bert import BertForPreTraining
 from model.export import save_pretrained
 from pipeline.schema.manifest import read_manifest, write_manifest
+from pipeline.schema.objectives import derive_max_predictions, get_objective
+from pipeline.schema.outputs import ExampleLength, VocabOutput, lengths_record, vocab_record
 
 
 @pytest.fixture
-def exported(tmp_path):
-    """A root whose corpus, vocab and pretrain stages finished (small stand-ins), exported by the
-    export row as a run does."""
+def exported(tmp_path, request):
+    """A root whose corpus, vocab, examples and pretrain stages finished (small stand-ins), exported
+    by the export row as a run does (``objective``: the examples' objective and masking rate)."""
+    objective, rate = getattr(request, "param", ("mlm+nsp", 0.15))
     cfg = load_config("tiny")
     root = str(tmp_path / "root")
     write_manifest("corpus", f"{root}/corpus", {}, {}, {"wiki_documents": 12.0, "wiki_sentences": 340.0,
                                                          "books_documents": 3.0, "books_sentences": 99.0})  # fmt: skip
     vocab = tmp_path / "root" / "vocab"
     vocab.mkdir(parents=True)
-    (vocab / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *"abcdefghij"]) + "\n")
-    write_manifest("vocab", str(vocab), {}, {}, {"vocab_size": 15.0})
+    pieces = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *"abcdefghij"]
+    (vocab / "vocab.txt").write_text("\n".join(pieces) + "\n")
+    outputs = vocab_record(VocabOutput.of(pieces, lowercase=False, word_tokenizer="none", subword="wordpiece"))
+    write_manifest("vocab", str(vocab), {}, {}, {"vocab_size": 15.0}, outputs=outputs)
+    lengths = [ExampleLength(64, derive_max_predictions(64, rate), "static", rate, False, objective)]
+    write_manifest("examples", stage_url(root, "examples"), {}, {}, {}, files=[], outputs=lengths_record(lengths))
     torch.manual_seed(0)
     net = tiny_bert_config(
         vocab_size=15, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=24
     )
     pretrain = stage_url(root, "pretrain")
     save_pretrained(BertForPreTraining(net), f"{pretrain}/final")
-    write_manifest("pretrain", pretrain, {}, {}, {"steps": 900.0, "last_mlm_loss": 5.0, "last_nsp_loss": 0.6})
+    losses = {f"last_{loss}_loss": value for loss, value in (("mlm", 5.0), ("nsp", 0.6), ("sop", 0.69))}
+    losses = {k: v for k, v in losses.items() if k[len("last_") : -len("_loss")] in get_objective(objective).losses}
+    write_manifest("pretrain", pretrain, {}, {}, {"steps": 900.0, **losses})
     url = stage_url(root, "export")
     manifest = get_stage("export").run(StageCall("export", cfg, root, url, stage_inputs("export", cfg, root)))
     return cfg, root, url, manifest
@@ -54,6 +63,11 @@ def test_the_export_writes_a_card_the_hub_reads_and_no_local_path(exported, tmp_
         assert part in text
     assert "synthwiki-0-pages-articles.xml.bz2" in text and "12 documents, 340 sentences kept" in text
     assert "Not evaluated yet" in text and "| layers | 1 |" in text and "900 steps done" in text
+    # what the vocab and examples stages recorded, not the run's config (whose tiny vocab lower-cases)
+    assert "WordPiece, 15 entries, cased." in text and "keeps case" in text
+    assert "BERT (masked language model + next sentence prediction) pretrained" in text
+    assert "Pretraining (MLM + NSP, 15% of tokens masked," in text
+    assert "final MLM loss 5.000" in text and "final NSP loss 0.600" in text
     # the card is not one of the export's files: rewriting it never makes the export stale
     assert "README.md" not in {f.path for f in manifest.files}
     config = json.loads(open(f"{url}/config.json").read())
@@ -88,6 +102,20 @@ def test_the_registry_step_completes_the_card_with_the_scores(exported):
     # the export is the same export: same fingerprint, every file it lists as it was
     assert read_manifest(url).fingerprint == manifest.fingerprint
     assert read_manifest(url).missing_files(checksums=True) == []
+
+
+@pytest.mark.parametrize("exported", [("mlm", 0.3), ("sop", 0.15)], indirect=True)
+def test_the_card_names_the_examples_objective_and_masking_rate(exported):
+    cfg, root, url, manifest = exported  # the run's config says mlm+nsp: the examples' manifest decides
+    text = ModelCard.load(f"{url}/README.md").text
+    objective = read_manifest(stage_url(root, "examples")).outputs["lengths"]["seq64"]["objective"]
+    if objective == "mlm":
+        assert "BERT (masked language model only, over full sentences" in text
+        assert "Pretraining (MLM, 30% of tokens masked," in text and "NSP" not in text
+        assert "AutoModel (no pooler was trained)" in text and "BertForPreTraining" not in text
+    else:
+        assert "BERT (masked language model + sentence-order prediction, as ALBERT)" in text
+        assert "Pretraining (MLM + SOP, 15% of tokens masked," in text and "final SOP loss 0.690" in text
 
 
 def test_a_language_preset_says_its_language():

@@ -43,11 +43,13 @@ def test_the_cli_refuses_a_size_past_its_bound_before_any_work(tmp_path, capsys)
 
 
 def test_the_parameter_estimate_is_the_models_count():
-    from model.bert import BertForPreTraining, count_parameters
+    from model.bert import BertForMaskedLM, BertForPreTraining, count_parameters
 
     cfg = load_config("tiny").model
     for m in (cfg, dataclasses.replace(cfg, vocab_size=99, hidden_size=32, intermediate_size=37, num_hidden_layers=3)):
         assert bert_parameters(m) == count_parameters(BertForPreTraining(m))
+        # the one-segment objective's network (examples.objective=mlm): no pooler, no sentence head
+        assert bert_parameters(m, sentence_head=False) == count_parameters(BertForMaskedLM(m))
 
 
 def test_a_model_too_large_for_this_hosts_memory_is_refused_with_the_estimate(tmp_path, capsys):

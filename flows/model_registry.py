@@ -1,10 +1,15 @@
 """The model registry as an outcome: the root's exported model always has a registered version.
 
-Registration is keyed on the export's manifest fingerprint (tag ``bertflow.export_fingerprint``),
-not on "the export stage ran in this run": whenever the root's export is not a registered
-version's, a version is registered, whatever happened in between (a run killed after the export,
-a store that was locked while it ran). An export already registered gets no second version; its
-score is filled in when downstream results arrive later.
+Registration is keyed on the export's manifest fingerprint (tag ``bertflow.export_fingerprint``)
+and its folder (tag ``bertflow.model_url``), not on "the export stage ran in this run": whenever
+the root's export is not a registered version's, a version is registered, whatever happened in
+between (a run killed after the export, a store that was locked while it ran). An export already
+registered gets no second version; its score is filled in when downstream results arrive later.
+Two roots sharing a store register a version each, with its own lineage, even when their exports
+are byte-identical (the same data and config): a version's tags lead to one root's files, and
+moving or refreshing one root must not change what the other's version says. A root-local store
+moved with its root is rewritten to the new folder (``flows.tracking.relocate_store``), so the
+moved root still finds its version.
 
 The score (``bertflow.score``) is on one scale, percent: the mean over the downstream tasks of
 each task's headline dev metric (the median over seeds of the grid's best point, in percent as
@@ -26,6 +31,7 @@ from flows.tracking import Tracker, quoted, tag_filter
 log = logging.getLogger("bertflow.flow")
 
 TAG_FINGERPRINT = "bertflow.export_fingerprint"
+TAG_MODEL_URL = "bertflow.model_url"
 TAG_SCORE = "bertflow.score"
 
 
@@ -74,8 +80,9 @@ def describe(scores: list[TaskScore], score: float | None, glue: float | None) -
     return "\n".join(lines)
 
 
-def find_version(tracker: Tracker, name: str, fingerprint: str):
-    """The registered version of ``name`` made from the export with this fingerprint, or None."""
+def find_version(tracker: Tracker, name: str, fingerprint: str, model_url: str | None = None):
+    """The registered version of ``name`` made from the export with this fingerprint (in the
+    folder ``model_url``, when given: another root's identical export is not this root's), or None."""
     from mlflow.exceptions import MlflowException
 
     literal = quoted(name)
@@ -84,7 +91,13 @@ def find_version(tracker: Tracker, name: str, fingerprint: str):
         versions = tracker.client.search_model_versions(" and ".join(f for f in filters if f))
     except MlflowException:
         return None
-    found = [v for v in versions if v.name == name and v.tags.get(TAG_FINGERPRINT) == fingerprint]
+    found = [
+        v
+        for v in versions
+        if v.name == name
+        and v.tags.get(TAG_FINGERPRINT) == fingerprint
+        and (model_url is None or v.tags.get(TAG_MODEL_URL) == model_url)
+    ]
     return max(found, key=lambda v: int(v.version)) if found else None
 
 

@@ -388,7 +388,7 @@ def register_model_task(cfg: RunConfig, model: StageResult, downstream: list[Sta
         write_model_card(cfg, model.url, card_sources(cfg, root), [(get_stage(r.stage).task.name, r) for r in scored])
     scores = registry.task_scores([(get_stage(r.stage).task.name, r) for r in downstream])
     score, glue = registry.model_score(scores)
-    version = registry.find_version(tracker, name, fingerprint)
+    version = registry.find_version(tracker, name, fingerprint, model.url)
     created = version is None
     if created:
         mlflow.set_tracking_uri(tracking.uri)
@@ -461,8 +461,9 @@ def _version_tags(cfg: RunConfig, model: StageResult, downstream: list[StageResu
     """Tags that lead from a model version back to its data: every upstream stage's URL and
     fingerprint (the dump files, the vocab, the shards, the checkpoint), and the raw inputs."""
     from flows.lineage import version_tags
+    from flows.model_registry import TAG_MODEL_URL
 
-    tags = {"preset": cfg.preset, "bertflow.model_url": model.url}
+    tags = {"preset": cfg.preset, TAG_MODEL_URL: model.url}
     tags.update(version_tags(cfg, model.url.rsplit("/", 1)[0]))  # by URL and by content (flows/lineage.py)
     for r in downstream:
         for k, v in key_figures(get_stage(r.stage).figures, r.counts).items():

@@ -207,6 +207,17 @@ def test_each_export_is_registered_once_and_a_new_one_always(moved_root, chain_o
     assert str(registry.find_version(t, "bert-tiny", before.fingerprint).version) == "1"
     assert register_model_task.fn(cfg, result, [], tracking)["new"] is False and versions() == [1, 2]
     assert os.path.exists(tmp_path / "B")
+    # the same export in another root on this store: that root's own version, with its own lineage
+    other = tmp_path / "other"
+    shutil.copytree(root, other, ignore=shutil.ignore_patterns("mlflow.db*", "mlartifacts"))
+    copy = read_manifest(str(other / "model"))
+    assert copy.fingerprint == after.fingerprint  # byte-identical: the manifests name no folder
+    result = StageResult("export", "skipped", 0.0, str(other / "model"), copy.counts, copy)
+    out = register_model_task.fn(cfg, result, [], tracking)
+    assert out["new"] is True and out["version"] == "3" and versions() == [1, 2, 3]
+    tags = t.client.get_model_version("bert-tiny", "3").tags
+    assert tags[registry.TAG_MODEL_URL] == str(other / "model") and tags["lineage.vocab.url"] == str(other / "vocab")
+    assert str(registry.find_version(t, "bert-tiny", after.fingerprint, model_url).version) == "2"
 
 
 def test_ending_a_run_in_a_finally_never_hides_the_error_on_its_way_out(tracker, caplog):

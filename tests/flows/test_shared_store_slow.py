@@ -67,8 +67,9 @@ def _two_runs(tmp_path, uri: str, env: dict, artifacts: str, chain_root, cli) ->
     versions = client.search_model_versions("name = 'bert-tiny'")
     by_root = {v.tags["bertflow.model_url"].rsplit("/", 1)[0]: v for v in versions}
     assert sorted(by_root) == [str(tmp_path / "runs" / "concA"), str(tmp_path / "runs" / "concB")]
-    for v in versions:
-        assert all(os.path.isabs(v.tags[k]) for k in v.tags if k.startswith("lineage.") and k.endswith(".url"))
+    for root, v in by_root.items():  # the two exports are byte-identical: still a version each, its own lineage
+        urls = [v.tags[k] for k in v.tags if k.startswith("lineage.") and k.endswith(".url")]
+        assert urls and all(os.path.isabs(u) and u.startswith(root + "/") for u in urls), (root, urls)
         logged = client.get_logged_model(v.source.removeprefix("models:/"))  # the version's source: its logged model
         assert logged.artifact_location.startswith(artifacts), logged.artifact_location
     shutil.move(tmp_path / "runs" / "concA", tmp_path / "elsewhere")  # the first root goes away

@@ -62,9 +62,11 @@ def test_a_flow_session_refuses_a_remote_root_without_a_tracking_uri_in_one_line
 
 
 @pytest.mark.slow
+@pytest.mark.ci
 def test_the_deployment_path_fails_a_remote_root_in_one_line_not_a_traceback(tmp_path):
     """The stage flow a deployment runs, through Prefect's engine (its own ephemeral server):
-    the run ends Failed with the CLI's one-line message, and no traceback in its log."""
+    the run ends Failed with the CLI's one-line message, and no traceback in its log. In CI (one
+    Prefect temporary server start)."""
     script = textwrap.dedent(
         """
         from flows.stage_flows import STAGE_FLOWS

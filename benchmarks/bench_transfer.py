@@ -29,6 +29,7 @@ import torch
 
 from flows.presets import load_config, resolve_data
 from flows.proc.launch import launch_pretrain
+from flows.table import model_config
 from model.bert import BertForPreTraining
 from model.export import copy_tokenizer, run_export, save_pretrained
 from pipeline.schema.manifest import has_manifest, read_manifest
@@ -119,7 +120,7 @@ def main() -> None:
     stage("corpus", corpus, lambda: run_corpus(cfg.corpus, {"wiki": cfg.data.wiki, "books": cfg.data.books}, corpus))
     stage("vocab", vocab, lambda: run_vocab(cfg.vocab, corpus, vocab))
     stage("examples", examples, lambda: run_examples(cfg.examples, corpus, vocab, examples))
-    model_cfg = dataclasses.replace(cfg.model, vocab_size=int(read_manifest(vocab).counts["vocab_size"]))
+    model_cfg = model_config(cfg, vocab)  # model.vocab_size unset: the trained vocabulary's
     spec = {
         "pretrain": dataclasses.asdict(cfg.pretrain),
         "model": dataclasses.asdict(model_cfg),

@@ -175,7 +175,7 @@ def _tiny() -> RunConfig:
             num_shards=2,
         ),
         model=BertConfig(
-            vocab_size=4096,
+            vocab_size=None,  # the trained vocabulary's size
             hidden_size=128,
             num_hidden_layers=2,
             num_attention_heads=2,
@@ -219,7 +219,7 @@ def _small() -> RunConfig:
             num_shards=8,
         ),
         model=BertConfig(
-            vocab_size=8192,
+            vocab_size=None,  # the trained vocabulary's size
             hidden_size=256,
             num_hidden_layers=4,
             num_attention_heads=4,
@@ -278,7 +278,7 @@ def _paper(name: str, layers: int, hidden: int, heads: int, parallel: str = "ddp
         vocab=VocabConfig(vocab_size=30522),
         examples=ExamplesConfig(max_seq_lengths=(128, 512), dupe_factor=10, num_shards=1024),
         model=BertConfig(
-            vocab_size=30522,
+            vocab_size=None,  # the trained vocabulary's size
             hidden_size=hidden,
             num_hidden_layers=layers,
             num_attention_heads=heads,
@@ -331,7 +331,6 @@ def _language(base: RunConfig, lang: str, name: str, vocab_size: int, tasks: tup
         corpus=dataclasses.replace(base.corpus, min_sentence_chars=6),
         vocab=vocab,
         examples=dataclasses.replace(base.examples, whole_word_mask=True, segmenter=segmenter),
-        model=dataclasses.replace(base.model, vocab_size=vocab_size),
         finetune_tasks=tasks,
         model_name=f"bert-{name}",
     )

@@ -83,14 +83,19 @@ def check_training_memory(cfg: Any, available: int | None) -> None:
     the model with its gradients and AdamW state (16 bytes a parameter), plus the loader."""
     if available is None or cfg.pretrain.backend != "cpu":
         return
+    import dataclasses
+
     from pipeline.schema.objectives import get_objective
 
-    params = bert_parameters(cfg.model, bool(get_objective(cfg.examples.objective).sentence_loss))
+    model = cfg.model  # unset vocab_size: at most vocab.vocab_size pieces will be trained
+    if model.vocab_size is None:
+        model = dataclasses.replace(model, vocab_size=cfg.vocab.vocab_size)
+    params = bert_parameters(model, bool(get_objective(cfg.examples.objective).sentence_loss))
     replicas = 1 if cfg.pretrain.parallel == "fsdp" else cfg.pretrain.nproc
     model_bytes = params * TRAIN_BYTES_PER_PARAMETER * replicas
     need = model_bytes + loader_bytes(cfg.pretrain)
     if need > available:
-        m = cfg.model
+        m = model
         raise HostTooSmallError(
             f"pretrain: needs at least {gib(need)} of memory, this host has {gib(available)} available: "
             f"{params:,} parameters (model.vocab_size {m.vocab_size:,}, hidden_size {m.hidden_size}, "

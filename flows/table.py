@@ -114,19 +114,25 @@ class Stage:
 
 # -- the network's config: the vocabulary decides the embedding rows ---------------------------------
 def model_config(cfg: RunConfig, vocab_url: str):
-    """The network's config for the trained vocabulary at ``vocab_url``.
+    """The network's config for the trained vocabulary at ``vocab_url`` (its typed output).
 
-    ``model.vocab_size`` equal to ``vocab.vocab_size`` (every preset) means "the size the
-    vocabulary came out at" (a small corpus gives fewer pieces than asked). Any other value is
-    kept as set (e.g. rounded up to a multiple of 64 for speed) and must hold the vocabulary.
+    ``model.vocab_size`` unset (``None``, every preset) is "the size the vocabulary came out at"
+    (a small corpus gives fewer pieces than asked). A number is kept as set (e.g. rounded up to a
+    multiple of 64 for speed) and must hold the vocabulary.
     """
-    trained = int(read_manifest(vocab_url).counts["vocab_size"])
-    if cfg.model.vocab_size == cfg.vocab.vocab_size:
+    from pipeline.schema.outputs import VOCAB_KEY, vocab_output
+
+    manifest = read_manifest(vocab_url)
+    if VOCAB_KEY in (manifest.outputs or {}):
+        trained = vocab_output(manifest).vocab_size
+    else:  # a vocab manifest from before typed outputs counted its entries
+        trained = int(manifest.counts["vocab_size"])
+    if cfg.model.vocab_size is None:
         return dataclasses.replace(cfg.model, vocab_size=trained)
     if cfg.model.vocab_size < trained:
         raise ConfigError(
             f"model.vocab_size: {cfg.model.vocab_size} is smaller than the trained vocabulary at "
-            f"{vocab_url} ({trained} entries); leave it equal to vocab.vocab_size to follow the vocabulary"
+            f"{vocab_url} ({trained} entries); leave it unset (--set model.vocab_size=null) to follow the vocabulary"
         )
     return cfg.model
 

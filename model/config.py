@@ -28,9 +28,11 @@ def as_switch(value):
 class BertConfig:
     """The encoder's shape (Hugging Face names). Base: 12/768/12/3072; Large: 24/1024/16/4096."""
 
-    vocab_size: int = 30522
-    """Rows of the word embeddings; equal to vocab.vocab_size (every preset): the size the trained
-    vocabulary came out at. Another value is kept and must hold the vocabulary."""
+    vocab_size: int | None = 30522
+    """Rows of the word embeddings. ``null`` (every preset): the size the trained vocabulary came
+    out at, filled in from the vocab stage's output before a network is built (a small corpus
+    gives fewer pieces than ``vocab.vocab_size`` asks). A number is kept as set (e.g. rounded up
+    to a multiple of 64) and must hold the vocabulary."""
     hidden_size: int = 768
     """Width of every layer (H), a multiple of num_attention_heads."""
     num_hidden_layers: int = 12
@@ -57,8 +59,9 @@ class BertConfig:
     """Id of [PAD] in the vocabulary (0 in Google's layout)."""
 
     def __post_init__(self):
-        check(self.vocab_size > 0, "model.vocab_size", "must be > 0")
-        check_at_most(self.vocab_size, LIMITS.vocab_size, "model.vocab_size", "embedding rows")
+        if self.vocab_size is not None:  # None: the trained vocabulary's size, known after the vocab stage
+            check(self.vocab_size > 0, "model.vocab_size", "must be > 0")
+            check_at_most(self.vocab_size, LIMITS.vocab_size, "model.vocab_size", "embedding rows")
         check(self.max_position_embeddings >= 1, "model.max_position_embeddings", "must be >= 1")
         check_at_most(self.max_position_embeddings, LIMITS.positions, "model.max_position_embeddings", "positions")
         check(self.hidden_size > 0, "model.hidden_size", "must be > 0")

@@ -207,10 +207,18 @@ def test_a_stage_is_done_only_when_config_inputs_code_and_files_match(tmp_path):
 
 
 def test_model_vocab_size_follows_the_vocabulary_unless_set(tmp_path):
+    """Unset (None, every preset) is the trained vocabulary's size, read from the vocab stage's typed
+    output; a number is kept, and must hold the vocabulary; equal to vocab.vocab_size is a number."""
+    from pipeline.schema.outputs import VocabOutput, vocab_record
+
     vocab = str(tmp_path / "vocab")
-    write_manifest("vocab", vocab, {}, {}, {"vocab_size": 3484.0}, files=[])
+    pieces = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(3479)]
+    outputs = vocab_record(VocabOutput.of(pieces, lowercase=True, word_tokenizer="none", subword="wordpiece"))
+    write_manifest("vocab", vocab, {}, {}, {"vocab_size": 3484.0}, files=[], outputs=outputs)
     cfg = load_config("tiny")
-    assert model_config(cfg, vocab).vocab_size == 3484
+    assert cfg.model.vocab_size is None and model_config(cfg, vocab).vocab_size == 3484
+    assert model_config(load_config("tiny", {"model.vocab_size": 4096}), vocab).vocab_size == 4096  # kept as set
+    assert model_config(load_config("tiny", {"model.vocab_size": None}), vocab).vocab_size == 3484
     assert model_config(load_config("tiny", {"model.vocab_size": 3520}), vocab).vocab_size == 3520
     with pytest.raises(ConfigError, match="model.vocab_size: 3000 is smaller than the trained vocabulary"):
         model_config(load_config("tiny", {"model.vocab_size": 3000}), vocab)

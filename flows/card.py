@@ -18,7 +18,9 @@ from dataclasses import dataclass
 from flows.calls import StageResult
 from flows.presets import RunConfig
 from model.card import CardFacts, CardScore, write_card
+from model.config import BertConfig
 from pipeline.schema.manifest import Manifest, ManifestError, fingerprint_input, read_manifest
+from pipeline.schema.storage import join_url
 
 log = logging.getLogger("bertflow.flow")
 
@@ -121,14 +123,31 @@ def card_score(task_name: str, result: StageResult) -> CardScore | None:
     )
 
 
+def _bert_config(model_url: str) -> BertConfig:
+    """The BertConfig in ``{model_url}/config.json``, read as ``model.export.load_bert_config``
+    reads it, without that module's torch: a finished root's ``run`` (``flows.finished``)
+    rewrites the card in the command's own process, where torch would cost 2 CPU-s and 220 MB."""
+    import json
+
+    import fsspec
+
+    fs, path = fsspec.core.url_to_fs(join_url(model_url, "config.json"))
+    if not fs.exists(path):
+        raise FileNotFoundError(f"{model_url} has no config.json")
+    with fs.open(path, "r") as f:
+        raw = json.load(f)
+    if raw.get("model_type", "bert") != "bert":
+        raise ValueError(f"{model_url}/config.json: model_type {raw['model_type']!r} is not 'bert'")
+    names = {f.name for f in dataclasses.fields(BertConfig)}
+    return BertConfig(**{k: v for k, v in raw.items() if k in names})
+
+
 def card_facts(cfg: RunConfig, model_url: str, sources: CardSources,
                downstream: list[tuple[str, StageResult]] = ()) -> CardFacts:  # fmt: skip
     """Everything the card of the model at ``model_url`` says, read from the run's manifests
     (``downstream``: (task, its result) per task run)."""
-    from model.export import load_bert_config
-
     export = _manifest_or_none(model_url)
-    network = dataclasses.asdict(load_bert_config(model_url))
+    network = dataclasses.asdict(_bert_config(model_url))
     if export is not None:
         network["parameters"] = export.counts.get("parameters")
     vocab = _manifest_or_none(sources.vocab)

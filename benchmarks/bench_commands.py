@@ -3,7 +3,12 @@
 Every command runs in a fresh interpreter (``python -m flows.cli ...``) as a user would start
 it; the figures are the child's own rusage (``os.wait4``: user + sys CPU seconds of it and every
 process it waited for, and its peak resident memory), so a loaded machine changes the wall time
-but hardly the CPU seconds. Each command runs ``--repeat`` times; the least CPU is printed.
+but hardly the CPU seconds. Each command runs ``--repeat`` times; the least CPU is printed, with
+the machine's 1-minute load average when that command's runs ended (the wall time means little
+on a loaded machine). ``run (finished root)`` is ``bertflow run`` on the finished root: main's
+code starts Prefect's temporary server and the flow (whose server the supervisor sweeps rather
+than waits for, so its CPU is a lower bound), this change's answers from the manifests and the
+tracking store in the command's own process (``flows/finished.py``).
 
 The code measured is whatever ``PYTHONPATH`` names (else this checkout). To put two versions
 side by side, measure the old one first and save it, then the new one with ``--before``:
@@ -114,15 +119,16 @@ def main() -> None:
 
     env = {**os.environ, "PYTHONPATH": os.environ.get("PYTHONPATH") or REPO}
     code = env["PYTHONPATH"].split(os.pathsep)[0]
-    print(f"code: {code}; root: {args.root}; best of {args.repeat}; CPU-s = user + sys (rusage)")
+    print(f"code: {code}; root: {args.root}; best of {args.repeat}; CPU-s = user + sys (rusage); "
+          f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}")  # fmt: skip
     figures: dict[str, dict[str, float]] = {}
     if not args.stage_fit_only and not args.root:
         parser.error("--root is needed (or --stage-fit-only)")
     for name, argv in commands(os.path.abspath(args.root or ".")).items():
         if args.stage_fit_only or (name.startswith("run") and args.skip_run):
             continue
-        runs = [measure(argv, env) for _ in range(1 if name.startswith("run") else args.repeat)]
-        figures[name] = min(runs, key=lambda r: r["cpu"])
+        runs = [measure(argv, env) for _ in range(args.repeat)]
+        figures[name] = {**min(runs, key=lambda r: r["cpu"]), "load": os.getloadavg()[0]}
     if args.stage_fit:
         with tempfile.TemporaryDirectory(prefix="bertflow-bench-") as work:
             figures["stage fixed cost"] = stage_fit(args.stage_fit.split(","), env, work)
@@ -131,14 +137,16 @@ def main() -> None:
     def cell(fig: dict | None, key: str, fmt: str) -> str:
         return format(fig[key], fmt) if fig and fig.get(key) else "-"
 
-    print(f"\n{'command':<22} {'exit':>4} {'CPU-s':>7} {'RSS MB':>7} {'wall s':>7}   "
-          f"{'target':<22} {'before: CPU-s':>13} {'RSS MB':>7} {'wall s':>7}")  # fmt: skip
+    print(f"\n{'command':<22} {'exit':>4} {'CPU-s':>7} {'RSS MB':>7} {'wall s':>7} {'load':>5}   "
+          f"{'target':<22} {'before: CPU-s':>13} {'RSS MB':>7} {'wall s':>7} {'load':>5}")  # fmt: skip
     for name, fig in figures.items():
         cpu, rss, wall = TARGETS.get(name, (None, None, None))
         target = ", ".join(t for t in (cpu and f"<= {cpu} CPU-s", rss and f"<= {rss} MB", wall and f"<= {wall} s") if t)
         old = before.get(name)
         now = f"{fig['cpu']:7.2f} {cell(fig, 'rss_mb', '7.0f'):>7} {cell(fig, 'wall', '7.1f'):>7}"
+        now += f" {cell(fig, 'load', '5.1f'):>5}"
         then = f"{cell(old, 'cpu', '13.2f'):>13} {cell(old, 'rss_mb', '7.0f'):>7} {cell(old, 'wall', '7.1f'):>7}"
+        then += f" {cell(old, 'load', '5.1f'):>5}"
         print(f"{name:<22} {fig['code']:>4} {now}   {target or '-':<22} {then}")
         if name == "stage fixed cost":
             print(f"{'':<22} slope {fig['slope']:.3f} CPU-s per MB" + (f" (before {old['slope']:.3f})" if old else ""))

@@ -6,7 +6,8 @@ errors and the checks that run before Prefect's server starts answer at once. Ev
 one line on stderr and a non-zero exit code (:data:`EXIT_CODES`, also in ``--help`` and the README).
 A mistyped preset, field, task or stage name is answered with the closest one. ``run`` and ``stage``
 run the flow in a worker process under a supervisor that owns the signals
-(``flows.proc.supervisor``).
+(``flows.proc.supervisor``); a ``run`` that finds nothing to do is answered from the manifests and
+the tracking store in the command's own process, without Prefect (``flows.finished``).
 """
 
 from __future__ import annotations
@@ -382,7 +383,16 @@ def _run(args, cfg, overrides) -> int:
     from flows.proc.supervisor import is_worker, supervise
 
     if not is_worker():  # checked here to fail in seconds; the worker takes the lock for the run
-        lock.release()
+        from flows.finished import answer_finished_run  # a finished root's run: answered without Prefect
+
+        answerable = args.command == "run" and not args.force
+        try:
+            summary = answer_finished_run(cfg, args.preset, root, tracking_uri) if answerable else None
+        finally:
+            lock.release()
+        if summary is not None:
+            print_summary(summary)
+            return 0
         return supervise(args.argv, args.command)
     public, secret = split_secret_overrides(overrides)
     if secret:

@@ -163,8 +163,20 @@ def rename_moved(client: Any, name: str, root: str, current: str, keep: int) -> 
     from flows.tracking import quoted
 
     literal = quoted(name)
+    versions = client.search_model_versions(f"name = {literal}" if literal else "")
+    changed = moved_lineage(versions, name, root, current, keep)
+    for version, updates in changed.items():
+        for k, val in updates.items():
+            client.set_model_version_tag(name, version, k, val)
+    return changed
+
+
+def moved_lineage(versions: Any, name: str, root: str, current: str, keep: int) -> dict[str, dict[str, str]]:
+    """What :func:`rename_moved` changes, {version: {tag: new value}}, from ``versions`` (objects
+    with ``name``, ``version`` and ``tags``, as MLflow's search returns them); writes nothing.
+    A finished root's run answered without MLflow's client (``flows.finished``) asks it too."""
     changed: dict[str, dict[str, str]] = {}
-    for v in client.search_model_versions(f"name = {literal}" if literal else ""):
+    for v in versions:
         if v.name != name or str(v.version) == str(current):
             continue
         for stage in STAGES:
@@ -179,7 +191,5 @@ def rename_moved(client: Any, name: str, root: str, current: str, keep: int) -> 
                 continue  # still true
             new = now or f"removed (history keeps {keep})"
             updates = {f"lineage.{stage}.url": new, f"lineage.{stage}.recorded_url": recorded}
-            for k, val in updates.items():
-                client.set_model_version_tag(name, v.version, k, val)
             changed.setdefault(str(v.version), {}).update(updates)
     return changed

@@ -138,3 +138,35 @@ def set_alias_by_score(tracker: Tracker, name: str, version: str, score: float |
         return "champion"
     client.set_registered_model_alias(name, "challenger", version)
     return "challenger"
+
+
+def rescoring(version: str, description: str | None, tags: dict[str, str], aliases: dict[str, str],
+              champion_tags: dict[str, str], scores: list[TaskScore]) -> tuple[list[str], str | None]:  # fmt: skip
+    """What scoring an already registered ``version`` again (``register_model_task`` on an export a
+    version holds) would change, as the names of what it writes with another value ([]: nothing),
+    and the alias the version holds after it. ``aliases``: alias -> version of the model;
+    ``champion_tags``: the tags of the champion's version. Reads the same rules as the writing
+    path (:func:`describe`, :func:`set_alias_by_score`), for a run answered without MLflow's
+    client (``flows.finished``)."""
+    score, glue = model_score(scores)
+    if score is None:  # nothing new to judge it by: it keeps its score and alias
+        return [], ", ".join(sorted(a for a, v in aliases.items() if v == version)) or None
+    want = {f"{s.task}.score_percent": f"{s.percent:.4f}" for s in scores}
+    if glue is not None:
+        want["bertflow.glue_average"] = f"{glue:.4f}"
+    want[TAG_SCORE] = f"{score:.6f}"
+    changes = [f"tag {k}" for k, v in want.items() if tags.get(k) != v]
+    if description != describe(scores, score, glue):
+        changes.append("description")
+    champion = aliases.get("champion")
+    if champion == version:
+        return changes, "champion"
+    try:
+        best = float(champion_tags.get(TAG_SCORE, "nan")) if champion is not None else None
+    except ValueError:
+        best = None
+    if champion is None or best is None or best != best or score > best:
+        return [*changes, "alias champion"], "champion"
+    if aliases.get("challenger") != version:
+        changes.append("alias challenger")
+    return changes, "challenger"

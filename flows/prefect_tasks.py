@@ -28,7 +28,7 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.states import Completed
 
-from flows.checks import RootLock, absolute_root, is_local, preflight
+from flows.checks import RootLock, absolute_root, preflight
 from flows.figures import format_figure, key_figures
 from flows.presets import RunConfig, as_dict, load_config
 from flows.proc.protocol import STOP, DiskFullError, StageProcessError, describe_disk_full, disk_full, worth_retrying
@@ -47,8 +47,10 @@ from flows.table import (
 from flows.tracking import (
     ENV_RUN_ID,
     ENV_TRACKING_URI,
+    EXPERIMENT,
     Tracker,
     default_tracking_uri,
+    follow_moved_root,
     git_commit,
     store_artifact_root,
 )
@@ -57,8 +59,6 @@ from pipeline.schema.manifest import ManifestError, fingerprint_input, read_mani
 from pipeline.schema.storage import join_url
 
 log = logging.getLogger("bertflow.flow")
-
-EXPERIMENT = "bertflow"
 
 
 def default_root(preset: str) -> str:
@@ -121,7 +121,7 @@ def session(
     except (ConfigError, OSError, ValueError, KeyError) as exc:
         raise SetupError(f"{name}: configuration error: {exc}") from None
     with RootLock(root), _prefect_logs():
-        _follow_moved_root(root, tracking_uri)
+        follow_moved_root(root, tracking_uri)
         tracker = Tracker(tracking_uri)
         tracker.use_experiment(EXPERIMENT, artifact_root=store_artifact_root(tracking_uri, root))
         killed = tracker.mark_killed_runs(root)
@@ -142,24 +142,6 @@ def session(
             ok = True
         finally:
             end_run(tracker, parent, ok)
-
-
-def _follow_moved_root(root: str, tracking_uri: str) -> None:
-    """A root copied or moved since its own store was written: point the store's artifact URIs
-    and root tags at where the root is now (``flows.tracking.relocate_store``), so models load
-    and ``status`` finds the runs, and new artifacts land under this root."""
-    from flows.tracking import recorded_root, relocate_store
-
-    if not is_local(root) or tracking_uri != default_tracking_uri(root):
-        return  # a shared store (a server, another database; a gs:// root always has one): its locations are its own
-    db = tracking_uri.removeprefix("sqlite:///")
-    old = recorded_root(db, EXPERIMENT)
-    here = os.path.abspath(root.removeprefix("file://"))
-    if old is not None and old != here:
-        n = relocate_store(db, old, here)
-        log.warning(
-            "root %s was recorded at %s (copied or moved): %d artifact locations and tags rewritten", here, old, n
-        )
 
 
 def end_run(tracker: Tracker, run_id: str, ok: bool) -> None:

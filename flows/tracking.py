@@ -49,7 +49,8 @@ Design choices:
    because importing MLflow's client and its SQLAlchemy store costs seconds of CPU and hundreds
    of MB for one query. A server or another database is still asked through MLflow. The cost:
    the query knows MLflow's table layout (``experiments``, ``runs``, ``tags``), which
-   ``tests/flows/test_cli.py`` checks against runs MLflow itself wrote.
+   ``tests/flows/test_cli.py`` checks against runs MLflow itself wrote. A finished root's ``run``
+   reads its registry and writes its one run the same way (``flows.store_sqlite``).
 """
 
 from __future__ import annotations
@@ -66,6 +67,8 @@ from pipeline.schema.config import flatten, redact
 
 log = logging.getLogger("bertflow.flow")
 
+EXPERIMENT = "bertflow"
+"""The experiment every bertflow run is recorded in."""
 ENV_RUN_ID = "BERTFLOW_MLFLOW_RUN_ID"
 ENV_TRACKING_URI = "MLFLOW_TRACKING_URI"
 EXPERIMENT_KIND = "custom_model_development"
@@ -329,8 +332,7 @@ class Tracker:
     def log_params(self, run_id: str, params: dict[str, Any]) -> None:
         from mlflow.entities import Param
 
-        flat = flatten(redact(params))
-        items = [Param(k, _param_value(v)) for k, v in sorted(flat.items())]
+        items = [Param(k, v) for k, v in param_items(params)]
         for i in range(0, len(items), 100):
             self.client.log_batch(run_id, params=items[i : i + 100])
 
@@ -338,11 +340,7 @@ class Tracker:
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
-        items = [
-            Metric(k, float(v), now, step)
-            for k, v in metrics.items()
-            if isinstance(v, (int, float)) and not isinstance(v, bool)
-        ]
+        items = [Metric(k, v, now, step) for k, v in metric_items(metrics)]
         if items:
             self.client.log_batch(run_id, metrics=items)
 
@@ -454,6 +452,25 @@ def latest_stage_runs(db_path: str, experiment: str, root: str | None = None, li
     return latest
 
 
+def follow_moved_root(root: str, tracking_uri: str) -> None:
+    """A root copied or moved since its own store was written: point the store's artifact URIs
+    and root tags at where the root is now (:func:`relocate_store`), so models load and
+    ``status`` finds the runs, and new artifacts land under this root (design choice 4). What a
+    run does first, in the flow or answered from the manifests (``flows.finished``)."""
+    if "://" in root and not root.startswith("file://"):
+        return  # a remote root always has a shared store: its locations are its own
+    if tracking_uri != default_tracking_uri(root):
+        return  # a shared store (a server, another database): its locations are its own
+    db = tracking_uri.removeprefix("sqlite:///")
+    old = recorded_root(db, EXPERIMENT)
+    here = os.path.abspath(root.removeprefix("file://"))
+    if old is not None and old != here:
+        n = relocate_store(db, old, here)
+        log.warning(
+            "root %s was recorded at %s (copied or moved): %d artifact locations and tags rewritten", here, old, n
+        )
+
+
 def relocate_store(db_path: str, old_root: str, new_root: str) -> int:
     """Rewrite a root-local SQLite store recorded at ``old_root`` for ``new_root``: artifact URIs
     (experiments, runs, logged models, model versions) and tag values naming paths under the old
@@ -542,6 +559,17 @@ def log_fn_from_env():
         tracker.log_metrics(run_id, metrics, step)
 
     return log_to_mlflow
+
+
+def param_items(params: dict[str, Any]) -> list[tuple[str, str]]:
+    """(key, value) of each param a run records for ``params``: flattened, secrets redacted,
+    long values cut, in key order."""
+    return [(k, _param_value(v)) for k, v in sorted(flatten(redact(params)).items())]
+
+
+def metric_items(metrics: dict[str, Any]) -> list[tuple[str, float]]:
+    """(key, value) of each metric a run records for ``metrics``: the numbers (not booleans)."""
+    return [(k, float(v)) for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)]
 
 
 def _param_value(v: Any) -> str:

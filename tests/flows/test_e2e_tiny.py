@@ -226,6 +226,8 @@ def test_a_successful_run_prints_no_warning_that_is_not_its_users(chain):
 def test_second_run_skips_every_stage(chain):
     root, _, second, _ = chain
     assert "skipped" in second.stdout
+    # answered from the manifests and the store, without the flow (tests/flows/test_finished_run.py)
+    assert "answered from the manifests" in second.stderr and "Starting temporary server" not in second.stderr
     for stage in (
         "corpus",
         "vocab",

@@ -148,17 +148,16 @@ def test_a_moved_root_loads_its_model_and_shows_its_runs(moved_root, chain_overr
     import pandas as pd
 
     from flows.overrides import parse_overrides
-    from flows.prefect_tasks import _follow_moved_root
     from flows.presets import load_config
     from flows.status import collect_status
-    from flows.tracking import default_tracking_uri
+    from flows.tracking import default_tracking_uri, follow_moved_root
 
     old, root = moved_root
     uri = default_tracking_uri(str(root))
     cfg = load_config("tiny", parse_overrides(chain_overrides))
     rows = collect_status(cfg, str(root))
     assert all(r["mlflow_run"] for r in rows)  # the root's own store: its runs, wherever it was recorded
-    _follow_moved_root(str(root), uri)  # what a run on the moved root does first
+    follow_moved_root(str(root), uri)  # what a run on the moved root does first
     mlflow.set_tracking_uri(uri)
     mlflow.set_registry_uri(uri)
     model = mlflow.pyfunc.load_model("models:/bert-tiny@champion")
@@ -174,14 +173,14 @@ def test_each_export_is_registered_once_and_a_new_one_always(moved_root, chain_o
     import safetensors.torch
 
     from flows.overrides import parse_overrides
-    from flows.prefect_tasks import Tracking, _follow_moved_root, register_model_task
+    from flows.prefect_tasks import Tracking, register_model_task
     from flows.presets import load_config
-    from flows.tracking import default_tracking_uri
+    from flows.tracking import default_tracking_uri, follow_moved_root
     from pipeline.schema.manifest import read_manifest, write_manifest
 
     _, root = moved_root
     uri = default_tracking_uri(str(root))
-    _follow_moved_root(str(root), uri)
+    follow_moved_root(str(root), uri)
     cfg = load_config("tiny", parse_overrides(chain_overrides))
     t = Tracker(uri)
     t.use_experiment("bertflow")

@@ -109,13 +109,12 @@ def test_a_remote_root_with_a_tracking_server_is_not_relocated():
     """A gs:// root has no store of its own to follow (its store is the server or database the
     run was given): the moved-root check leaves it alone instead of asking for the default store,
     which a remote root has none of (every gs:// flow failed there)."""
-    from flows.prefect_tasks import _follow_moved_root
-    from flows.tracking import default_tracking_uri
+    from flows.tracking import default_tracking_uri, follow_moved_root
 
     with pytest.raises(ValueError, match="is remote: give --mlflow-uri"):
         default_tracking_uri("gs://bucket/run")
     for uri in ("http://127.0.0.1:5000", "sqlite:////tmp/elsewhere.db"):
-        assert _follow_moved_root("gs://bucket/run", uri) is None
+        assert follow_moved_root("gs://bucket/run", uri) is None
 
 
 def test_the_wait_for_a_gone_server_is_set_by_the_environment_and_its_failure_is_not_retried(monkeypatch):

@@ -113,18 +113,24 @@ def _files(task: Task) -> tuple[tuple[str, ...], tuple[str, ...]]:
     return resolve(task.files)
 
 
+def read_splits(unit: Family) -> None:
+    """A JSON-lines unit's train and dev splits (``task.reader`` over ``task.files``); a dev split too
+    small to judge by is refused (``check_eval_split``)."""
+    task, reader, files = unit.task, resolve(unit.task.reader), _files(unit.task)
+    unit.train_split = reader(find_split(unit.data_url, files[0]), task, "train")
+    unit.dev_split = reader(find_split(unit.data_url, files[1]), task, "dev")
+    check_eval_split(task.name, "dev", unit.dev_split.url, len(unit.dev_split.examples),
+                     unit.config.min_eval_examples, {"unlabelled": unit.dev_split.skipped})  # fmt: skip
+
+
 class Classification(Family):
     """A JSON-lines classification or regression unit (``task.layout``), GLUE's encoding and metrics."""
 
     select = "eval_score"
 
     def read(self) -> None:
-        task, reader, files = self.task, resolve(self.task.reader), _files(self.task)
-        self.train_split = reader(find_split(self.data_url, files[0]), task, "train")
-        self.dev_split = reader(find_split(self.data_url, files[1]), task, "dev")
-        check_eval_split(task.name, "dev", self.dev_split.url, len(self.dev_split.examples),
-                         self.config.min_eval_examples, {"unlabelled": self.dev_split.skipped})  # fmt: skip
-        logger.info("%s: %d train, %d dev examples", task.name, len(self.train_split.examples),
+        read_splits(self)
+        logger.info("%s: %d train, %d dev examples", self.task.name, len(self.train_split.examples),
                     len(self.dev_split.examples))  # fmt: skip
 
     def _encode(self, split: Split) -> list[Feature]:
@@ -201,11 +207,7 @@ class Choice(Family):
     eval_batch_floor = 32
 
     def read(self) -> None:
-        task, reader, files = self.task, resolve(self.task.reader), _files(self.task)
-        self.train_split = reader(find_split(self.data_url, files[0]), task, "train")
-        self.dev_split = reader(find_split(self.data_url, files[1]), task, "dev")
-        check_eval_split(task.name, "dev", self.dev_split.url, len(self.dev_split.examples),
-                         self.config.min_eval_examples, {"unlabelled": self.dev_split.skipped})  # fmt: skip
+        read_splits(self)
 
     def _encode(self, examples: list[ChoiceExample]) -> list[Feature]:
         tokenizer = self.tokenizer

@@ -208,24 +208,19 @@ def _small() -> RunConfig:
     """Between tiny and base: L=4, H=256, A=4 on a generated corpus of tens of MB (point
     ``data.wiki``/``data.books`` at ``bertflow synth-corpus --size 30MB`` output, seed 0, whose
     world the bundled downstream sets speak of). ~2,000 steps of 64 sequences: under an hour of
-    CPU here; ``benchmarks/bench_transfer.py`` runs it and compares with a random init."""
-    return RunConfig(
+    CPU here; ``benchmarks/bench_transfer.py`` runs it and compares with a random init. What it
+    does not set is tiny's (lengths, masking, the tasks)."""
+    tiny = _tiny()
+    beam = dataclasses.replace(tiny.corpus.beam, num_workers=2)
+    return dataclasses.replace(
+        tiny,
         preset="small",
-        corpus=CorpusConfig(num_shards=4, beam=BeamConfig(num_workers=2)),
-        vocab=VocabConfig(vocab_size=8192, min_frequency=2),
-        examples=ExamplesConfig(
-            max_seq_lengths=(64, 128),  # masked positions at most 10 and 20: derived from the 15% rate
-            dupe_factor=5,
-            num_shards=8,
-        ),
-        model=BertConfig(
-            vocab_size=None,  # the trained vocabulary's size
-            hidden_size=256,
-            num_hidden_layers=4,
-            num_attention_heads=4,
-            intermediate_size=1024,
-            max_position_embeddings=128,
-        ),
+        corpus=dataclasses.replace(tiny.corpus, num_shards=4, beam=beam),
+        vocab=dataclasses.replace(tiny.vocab, vocab_size=8192),
+        examples=dataclasses.replace(tiny.examples, num_shards=8),
+        model=dataclasses.replace(
+            tiny.model, hidden_size=256, num_hidden_layers=4, num_attention_heads=4, intermediate_size=1024
+        ),  # fmt: skip
         pretrain=PretrainConfig(
             phases=(PhaseConfig("phase1", 64, 1800, 64), PhaseConfig("phase2", 128, 200, 64)),
             learning_rate=1e-3,
@@ -244,7 +239,6 @@ def _small() -> RunConfig:
             max_seq_length=128,
             squad=SquadConfig(max_query_length=32, doc_stride=64),  # 32 + 3 + 64 fits the 128 window
         ),
-        finetune_tasks=("sst2", "squad1", "conll2003"),
         model_name="bert-small",
     )
 

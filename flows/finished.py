@@ -207,27 +207,10 @@ def _record(f: Finished, cfg: RunConfig, preset: str, root: str, tracking_uri: s
         cfg.model_name,
         f.version,
     )
-    return {  # flows.prefect_tasks.summary
-        "preset": preset,
-        "root": root,
-        "tracking_uri": tracking_uri,
-        "experiment_id": f.experiment.experiment_id,
-        "parent_run_id": run_id,
-        "model_name": cfg.model_name,
-        "model_version": f.version,
-        "model_alias": f.alias,
-        "seconds": time.time() - start,
-        "stages": [
-            {
-                "stage": r.stage,
-                "status": r.status,
-                "seconds": round(r.seconds, 1),
-                "figures": key_figures(get_stage(r.stage).figures, r.counts),
-                "url": r.url,
-            }
-            for r in f.results
-        ],
-    }
+    from flows.reporting import run_summary
+
+    ids = (tracking_uri, f.experiment.experiment_id, run_id)
+    return run_summary(preset, root, cfg, f.results, ids, (f.version, f.alias), start)
 
 
 def _results_table(cfg: RunConfig, root: str) -> tuple[str, float | None]:

@@ -469,25 +469,9 @@ def _local_copy(url: str) -> str:
 
 def summary(preset: str, root: str, tracking: Tracking, cfg: RunConfig, results: list[StageResult],
             registered: dict | None, start: float) -> dict[str, Any]:  # fmt: skip
-    """What a flow run returns (and the CLI prints): every stage's status, time, figures, URL."""
-    return {
-        "preset": preset,
-        "root": root,
-        "tracking_uri": tracking.uri,
-        "experiment_id": tracking.experiment_id,
-        "parent_run_id": tracking.parent_run_id,
-        "model_name": cfg.model_name,
-        "model_version": registered["version"] if registered else None,
-        "model_alias": registered["alias"] if registered else None,
-        "seconds": time.time() - start,
-        "stages": [
-            {
-                "stage": r.stage,
-                "status": r.status,
-                "seconds": round(r.seconds, 1),
-                "figures": key_figures(get_stage(r.stage).figures, r.counts),
-                "url": r.url,
-            }
-            for r in results
-        ],
-    }
+    """What a flow run returns (and the CLI prints): :func:`flows.reporting.run_summary`."""
+    from flows.reporting import run_summary
+
+    ids = (tracking.uri, tracking.experiment_id, tracking.parent_run_id)
+    version = (registered["version"], registered["alias"]) if registered else (None, None)
+    return run_summary(preset, root, cfg, results, ids, version, start)

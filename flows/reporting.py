@@ -19,6 +19,40 @@ if TYPE_CHECKING:
 log = logging.getLogger("bertflow.flow")
 
 
+def run_summary(preset: str, root: str, cfg: Any, results: list[StageResult], ids: tuple[str, str, str],
+                registered: tuple[str | None, str | None], start: float) -> dict[str, Any]:  # fmt: skip
+    """What a run returns (and the CLI prints): every stage's status, time, figures, URL.
+    ``ids``: (tracking URI, experiment id, parent run id); ``registered``: (version, alias).
+    The flow's (``flows.prefect_tasks.summary``) and a finished root's (``flows.finished``)."""
+    import time
+
+    from flows.figures import key_figures
+    from flows.table import get_stage
+
+    (uri, experiment_id, run_id), (version, alias) = ids, registered
+    return {
+        "preset": preset,
+        "root": root,
+        "tracking_uri": uri,
+        "experiment_id": experiment_id,
+        "parent_run_id": run_id,
+        "model_name": cfg.model_name,
+        "model_version": version,
+        "model_alias": alias,
+        "seconds": time.time() - start,
+        "stages": [
+            {
+                "stage": r.stage,
+                "status": r.status,
+                "seconds": round(r.seconds, 1),
+                "figures": key_figures(get_stage(r.stage).figures, r.counts),
+                "url": r.url,
+            }
+            for r in results
+        ],
+    }
+
+
 def stage_markdown(result: StageResult) -> str:
     lines = [f"### {result.stage}: {result.status} in {result.seconds:.1f} s", "", f"`{result.url}`", ""]
     lines += ["| figure | value |", "|---|---|"]

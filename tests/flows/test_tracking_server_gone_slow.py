@@ -1,8 +1,8 @@
 """A real ``mlflow server`` on 127.0.0.1 that goes away under a run (``flows.tracking``, design
 choice 5): killed and back within the wait, a call resumes and nothing is lost; killed for good,
 the call fails naming the server, and later calls of the process fail at once; restarted, the
-same store takes the run's calls again. Slow (three server starts: 79 s at a load of 5 to 7), in
-CI's default tier (marked ``ci``)."""
+same store takes the run's calls again. Slow (three server starts: 79 s at a load of 5 to 7); not in
+CI, whose killed-server cases (test_tracking_server_killed_slow.py) go through the same path in a real run."""
 
 import os
 import signal
@@ -14,7 +14,7 @@ import pytest
 from flows import tracking
 from flows.tracking import Tracker, TrackingServerGone
 
-pytestmark = [pytest.mark.slow, pytest.mark.ci]
+pytestmark = pytest.mark.slow
 
 
 def kill(server: subprocess.Popen) -> None:

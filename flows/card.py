@@ -18,11 +18,10 @@ from dataclasses import dataclass
 from flows.calls import StageResult
 from flows.presets import RunConfig
 from model.card import CardFacts, CardPretraining, CardScore, CardVocabulary, write_card
-from model.config import BertConfig
+from model.config import load_bert_config
 from pipeline.schema.manifest import Manifest, ManifestError, fingerprint_input, read_manifest
 from pipeline.schema.objectives import get_objective
 from pipeline.schema.outputs import VOCAB_KEY, example_lengths, objective_of, vocab_output
-from pipeline.schema.storage import join_url
 
 log = logging.getLogger("bertflow.flow")
 
@@ -141,31 +140,12 @@ def card_vocabulary(cfg: RunConfig, url: str, network_size: int) -> CardVocabula
     return CardVocabulary(vocab.vocab_size, vocab.lowercase, vocab.word_tokenizer)
 
 
-def _bert_config(model_url: str) -> BertConfig:
-    """The BertConfig in ``{model_url}/config.json``, read as ``model.export.load_bert_config``
-    reads it, without that module's torch: a finished root's ``run`` (``flows.finished``)
-    rewrites the card in the command's own process, where torch would cost 2 CPU-s and 220 MB."""
-    import json
-
-    import fsspec
-
-    fs, path = fsspec.core.url_to_fs(join_url(model_url, "config.json"))
-    if not fs.exists(path):
-        raise FileNotFoundError(f"{model_url} has no config.json")
-    with fs.open(path, "r") as f:
-        raw = json.load(f)
-    if raw.get("model_type", "bert") != "bert":
-        raise ValueError(f"{model_url}/config.json: model_type {raw['model_type']!r} is not 'bert'")
-    names = {f.name for f in dataclasses.fields(BertConfig)}
-    return BertConfig(**{k: v for k, v in raw.items() if k in names})
-
-
 def card_facts(cfg: RunConfig, model_url: str, sources: CardSources,
                downstream: list[tuple[str, StageResult]] = ()) -> CardFacts:  # fmt: skip
     """Everything the card of the model at ``model_url`` says, read from the run's manifests
     (``downstream``: (task, its result) per task run)."""
     export = _manifest_or_none(model_url)
-    network = dataclasses.asdict(_bert_config(model_url))
+    network = dataclasses.asdict(load_bert_config(model_url))
     if export is not None:
         network["parameters"] = export.counts.get("parameters")
     pretrain = _manifest_or_none(sources.pretrain)

@@ -226,3 +226,25 @@ class PretrainConfig:
     @property
     def total_steps(self) -> int:
         return sum(p.steps for p in self.phases)
+
+
+def load_bert_config(model_url: str) -> BertConfig:
+    """The BertConfig in ``{model_url}/config.json`` (HF's extra fields ignored). Here, not in
+    ``model.export``, so that reading it costs no torch (the model card of a finished root's run,
+    ``flows.card``); ``model.export`` uses it too."""
+    import dataclasses
+    import json
+
+    import fsspec
+
+    from model.contract import join_url
+
+    fs, path = fsspec.core.url_to_fs(join_url(model_url, "config.json"))
+    if not fs.exists(path):
+        raise FileNotFoundError(f"{model_url} has no config.json")
+    with fs.open(path, "r") as f:
+        raw = json.load(f)
+    if raw.get("model_type", "bert") != "bert":
+        raise ValueError(f"{model_url}/config.json: model_type {raw['model_type']!r} is not 'bert'")
+    names = {f.name for f in dataclasses.fields(BertConfig)}
+    return BertConfig(**{k: v for k, v in raw.items() if k in names})

@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from model.bert import BertForMaskedLM, BertForPreTraining, BertModel, count_parameters
-from model.config import BertConfig
+from model.config import BertConfig, load_bert_config
 from model.contract import (
     Manifest,
     clear_stage,
@@ -218,19 +218,6 @@ def copy_tokenizer(vocab_url: str, output_url: str, model_max_length: int) -> No
         },
     )
     _write_json(join_url(output_url, "special_tokens_map.json"), SPECIAL_TOKENS)
-
-
-def load_bert_config(model_url: str) -> BertConfig:
-    """The BertConfig in ``{model_url}/config.json`` (HF's extra fields ignored)."""
-    fs, path = fsspec.core.url_to_fs(join_url(model_url, CONFIG_NAME))
-    if not fs.exists(path):
-        raise FileNotFoundError(f"{model_url} has no {CONFIG_NAME}")
-    with fs.open(path, "r") as f:
-        raw = json.load(f)
-    if raw.get("model_type", "bert") != "bert":
-        raise ValueError(f"{model_url}/{CONFIG_NAME}: model_type {raw['model_type']!r} is not 'bert'")
-    names = {f.name for f in dataclasses.fields(BertConfig)}
-    return BertConfig(**{k: v for k, v in raw.items() if k in names})
 
 
 def load_pretrained(model_url: str, cls: type[nn.Module] = BertModel) -> nn.Module:

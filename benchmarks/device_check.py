@@ -210,34 +210,50 @@ def _print_row(row: dict) -> None:
 
 
 # -- the small preset's pretraining ---------------------------------------------------------------
-def write_example_shards(folder: str, n: int, seq: int, vocab: int, shards: int = 4, seed: int = 0) -> str:
-    """An examples stage of ``n`` masked A/B examples of length ``seq``: each document a run of
-    consecutive token ids, B the true continuation unless random-next, 15% masked 80/10/10."""
+def write_example_shards(
+    folder: str, n: int, seq: int, vocab: int, shards: int = 4, seed: int = 0, objective: str = ""
+) -> str:
+    """An examples stage of ``n`` masked examples of length ``seq`` for ``objective`` (a row of
+    ``pipeline.schema.objectives``; the default's if empty): each document a run of consecutive token
+    ids, 15% masked 80/10/10. A pair objective writes ``[CLS] A [SEP] B [SEP]`` with its sentence
+    label: B the true continuation unless random-next (NSP), or A and B swapped (sentence order);
+    a one-segment objective writes ``[CLS] run [SEP]``, no ``len_a``, no label."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     from pipeline.schema.manifest import write_manifest
-    from pipeline.schema.objectives import DEFAULT_OBJECTIVE
+    from pipeline.schema.objectives import DEFAULT_OBJECTIVE, get_objective
     from pipeline.schema.outputs import ExampleLength, lengths_record
     from pipeline.schema.parquet import example_schema
 
+    row = get_objective(objective or DEFAULT_OBJECTIVE)
+    swaps = row.builder == "sentence_order"  # the label swaps A and B instead of drawing another B
     rng = np.random.default_rng(seed)
     first, cls, sep, mask = 5, 2, 3, 4
     span = vocab - first
     lengths = np.where(rng.random(n) < 0.1, rng.integers(16, seq, n), seq)
     for s in range(shards):
         rows = range(s, n, shards)
-        ids_list, la_list, pos_list, orig_list, rnd_list = [], [], [], [], []
+        columns: dict[str, list] = {name: [] for name in row.columns}
         for i in rows:
             length = int(lengths[i])
-            body = length - 3
-            la = int(rng.integers(1, body))
-            start = int(rng.integers(span))
-            a = first + (start + np.arange(la)) % span
-            random_next = bool(rng.random() < 0.5)
-            b_start = int(rng.integers(span)) if random_next else start + la
-            b = first + (b_start + np.arange(body - la)) % span
-            tokens = np.concatenate([[cls], a, [sep], b, [sep]]).astype(np.int64)
+            if row.segments:  # the default's draws in the order they always were: its shards unchanged
+                body = length - 3
+                la = int(rng.integers(1, body))
+                start = int(rng.integers(span))
+                a = first + (start + np.arange(la)) % span
+                label = bool(rng.random() < 0.5)
+                b_start = int(rng.integers(span)) if label and not swaps else start + la
+                b = first + (b_start + np.arange(body - la)) % span
+                if label and swaps:
+                    a, b = b, a
+                tokens = np.concatenate([[cls], a, [sep], b, [sep]]).astype(np.int64)
+                columns["len_a"].append(len(a) + 2)
+                columns[row.sentence_label].append(label)
+            else:
+                start = int(rng.integers(span))
+                tokens = np.concatenate([[cls], first + (start + np.arange(length - 2)) % span, [sep]])
+                tokens = tokens.astype(np.int64)
             cand = np.flatnonzero((tokens != cls) & (tokens != sep))
             k = max(1, min(round(length * 0.15), 20))
             pos = np.sort(rng.choice(cand, k, replace=False))
@@ -247,24 +263,15 @@ def write_example_shards(folder: str, n: int, seq: int, vocab: int, shards: int 
             ids[pos[u < 0.8]] = mask
             rand = pos[(u >= 0.8) & (u < 0.9)]
             ids[rand] = rng.integers(first, vocab, len(rand))
-            ids_list.append(ids.tolist())
-            la_list.append(la + 2)
-            pos_list.append(pos.tolist())
-            orig_list.append(orig.tolist())
-            rnd_list.append(random_next)
-        columns = {
-            "input_ids": ids_list,
-            "len_a": la_list,
-            "masked_positions": pos_list,
-            "masked_ids": orig_list,
-            "is_random_next": rnd_list,
-        }
+            columns["input_ids"].append(ids.tolist())
+            columns["masked_positions"].append(pos.tolist())
+            columns["masked_ids"].append(orig.tolist())
         path = os.path.join(folder, f"seq{seq}")
         os.makedirs(path, exist_ok=True)
-        table = pa.table(columns, schema=example_schema(vocab, seq))
+        table = pa.table(columns, schema=example_schema(vocab, seq, row.name))
         pq.write_table(table, os.path.join(path, f"part-{s:05d}-of-{shards:05d}.parquet"))
-    lengths = lengths_record([ExampleLength(seq, 20, "static", 0.15, False, DEFAULT_OBJECTIVE)])
-    config = {"max_seq_lengths": [seq], "max_predictions_per_seq": [20]}
+    lengths = lengths_record([ExampleLength(seq, 20, "static", 0.15, False, row.name)])
+    config = {"max_seq_lengths": [seq], "max_predictions_per_seq": [20], "objective": row.name}
     write_manifest("examples", folder, config, {}, {"examples": n}, outputs=lengths)
     return folder
 
@@ -273,7 +280,9 @@ class _TimeUp(Exception):
     pass
 
 
-def pretrain_small(args) -> dict:
+def pretrain_small(args, objective: str = "") -> dict:
+    """The small preset's network pretrained on ``objective``'s examples (the default's if empty)
+    for ``--train-seconds``: its MLM (and sentence-level) accuracy against time."""
     from flows.presets import load_config  # the small preset's network (needs what model.train needs)
     from model.train import run_pretrain
 
@@ -282,7 +291,9 @@ def pretrain_small(args) -> dict:
     model = model if not args.smoke else dataclasses.replace(model, vocab_size=512)
     with tempfile.TemporaryDirectory() as work:
         t = time.perf_counter()
-        examples = write_example_shards(os.path.join(work, "examples"), args.train_examples, seq, model.vocab_size)
+        examples = write_example_shards(
+            os.path.join(work, "examples"), args.train_examples, seq, model.vocab_size, objective=objective
+        )
         written = time.perf_counter() - t
         cfg = PretrainConfig(
             phases=(PhaseConfig("phase1", seq, 10**7, batch),),
@@ -302,7 +313,7 @@ def pretrain_small(args) -> dict:
             elapsed = time.perf_counter() - start
             point = {"seconds": elapsed, "step": step}
             point.update({k: metrics[k] for k in ("mlm_accuracy", "mlm_loss", "examples_per_sec") if k in metrics})
-            point.update({k: metrics[k] for k in ("eval_mlm_accuracy", "eval_nsp_accuracy") if k in metrics})
+            point.update({k: v for k, v in metrics.items() if k.endswith("_accuracy")})  # every loss's, held-out too
             curve.append(point)
             if "mlm_accuracy" in metrics:
                 print(
@@ -320,6 +331,7 @@ def pretrain_small(args) -> dict:
             pass
     evals = [p for p in curve if "eval_mlm_accuracy" in p]
     return {
+        "objective": objective or "the default",
         "model": "small preset (L=4, H=256, A=4, FFN 1024, vocab 8192)" if not args.smoke else "small, vocab 512",
         "seq": seq,
         "batch": batch,
@@ -354,11 +366,14 @@ def markdown(result: dict) -> str:
             f"{lead} {r['seq_per_s']:.1f} | {r['tokens_per_s']:.0f} | {r['tflops']:.1f} | {mfu} | {ratio} | "
             f"{r['warmup_s']:.0f} |"
         )
-    p = result.get("pretrain")
-    if p:
+    runs = result.get("pretrain_by_objective") or {"": result.get("pretrain")}
+    for objective, p in runs.items():
+        if not p:
+            continue
         out += [
             "",
-            f"Pretraining, {p['model']}, seq {p['seq']}, batch {p['batch']}, {p['seconds']:.0f} s:",
+            f"Pretraining{f' ({objective})' if objective else ''}, {p['model']}, seq {p['seq']}, batch "
+            f"{p['batch']}, {p['seconds']:.0f} s:",
             "",
             "| seconds | step | MLM accuracy (training window) | held-out MLM accuracy | seq/s |",
             "|---|---|---|---|---|",
@@ -392,6 +407,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--train-warmup", type=int, default=200)
     p.add_argument("--train-log-every", type=int, default=50)
     p.add_argument("--train-min-steps", type=int, default=0, help="train at least this many steps")
+    p.add_argument(
+        "--objective",
+        default="",
+        help="examples.objective(s) to pretrain the small preset on, comma-separated, each for --train-seconds "
+        "(default: the default objective)",
+    )
     p.add_argument("--pytest-timeout", type=float, default=120.0)
     p.add_argument("--no-pytest", action="store_true")
     args = p.parse_args(argv)
@@ -405,6 +426,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         args.pytest_args = [
             os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests/model/test_gpu.py")
         ]
+    from pipeline.schema.objectives import DEFAULT_OBJECTIVE, get_objective
+
+    args.objective = [get_objective(o, "--objective").name for o in (args.objective or DEFAULT_OBJECTIVE).split(",")]
     args.shapes = args.shapes.split(",")
     args.seqs = [int(x) for x in args.seqs.split(",")]
     args.batch = [int(x) for x in args.batch.split(",")]
@@ -423,11 +447,16 @@ def main(argv: list[str] | None = None) -> dict:
     result["pytest"] = (
         {"summary": "not run (--no-pytest)", "returncode": None} if args.no_pytest else run_gpu_tier(args)
     )
-    deadline = started + args.budget_s - args.train_seconds - 20  # the pretraining run keeps its time
+    deadline = (
+        started + args.budget_s - len(args.objective) * args.train_seconds - 20
+    )  # the pretraining runs keep their time
     print("\nbf16 training step (median of the measured steps):", flush=True)
     result["steps"] = step_table(args, env["peak_bf16_tflops"], env["transformers"] is not None, deadline)
-    print(f"\npretraining the small preset for {args.train_seconds:.0f} s:", flush=True)
-    result["pretrain"] = pretrain_small(args)
+    result["pretrain_by_objective"] = {}
+    for objective in args.objective:
+        print(f"\npretraining the small preset for {args.train_seconds:.0f} s ({objective}):", flush=True)
+        result["pretrain_by_objective"][objective] = pretrain_small(args, objective)
+    result["pretrain"] = result["pretrain_by_objective"][args.objective[0]]
     result["seconds"] = time.perf_counter() - started
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "device_check.json"), "w") as f:

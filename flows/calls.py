@@ -3,11 +3,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from flows.presets import RunConfig
+from flows.presets import RunConfig, config_from_dict
+from flows.proc.protocol import ProcessSpec
 from pipeline.schema.manifest import Manifest
 
 LogFn = Callable[[dict[str, float], int], None]
@@ -33,6 +35,32 @@ class StageCall:
     """Environment for the processes it starts (the MLflow run id travels here)."""
     on_progress: Callable[[int, int], None] | None = None
     """(done, total) while a training stage runs."""
+
+    def spec(self) -> ProcessSpec:
+        """What a child process runs this call from (a stage process, the training process)."""
+        return ProcessSpec(
+            stage=self.stage,
+            root=self.root,
+            url=self.url,
+            inputs=dict(self.inputs),
+            config=dataclasses.asdict(self.cfg),
+            restart=self.restart,
+            unit=self.unit,
+        )
+
+    @classmethod
+    def from_spec(cls, spec: ProcessSpec, log_fn: LogFn | None = None) -> StageCall:
+        """The call a child runs, rebuilt from its spec (the config validated again)."""
+        return cls(
+            stage=spec.stage,
+            cfg=config_from_dict(spec.config),
+            root=spec.root,
+            url=spec.url,
+            inputs=dict(spec.inputs),
+            log_fn=log_fn,
+            restart=spec.restart,
+            unit=spec.unit,
+        )
 
 
 @dataclass

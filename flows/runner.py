@@ -13,7 +13,6 @@ directly.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -157,19 +156,6 @@ def check_inputs_ready(
     check_inputs_agree(inputs, get_stage(stage).agree)
 
 
-def stage_spec(call: StageCall) -> dict:
-    """The JSON a stage process is started from (``flows.proc.stage_entry``)."""
-    return {
-        "stage": call.stage,
-        "root": call.root,
-        "url": call.url,
-        "inputs": call.inputs,
-        "restart": call.restart,
-        "config": dataclasses.asdict(call.cfg),
-        "unit": call.unit,
-    }
-
-
 def run_stage(
     stage: str,
     cfg: RunConfig,
@@ -212,7 +198,7 @@ def run_stage(
         from flows.proc.launch import run_entry
 
         parallel = len(stage_names(cfg, (row.group,)))  # the group's stages run side by side
-        run_entry(stage_spec(call), f"stage {stage}", f"bertflow.{row.group}", call.env, parallel, on_progress,
+        run_entry(call.spec(), f"stage {stage}", f"bertflow.{row.group}", call.env, parallel, on_progress,
                   row.timeout_s)  # fmt: skip
         manifest = read_manifest(url)
     else:
@@ -262,7 +248,7 @@ def run_stage_unit(
     # as many such children share this machine as the group's grids run at once: threads split the cores
     parallel = sum(get_stage(n).units.slots(cfg) for n in stage_names(cfg, (row.group,)))
     try:
-        run_entry(stage_spec(call), f"{stage} unit {unit_id}", f"bertflow.{row.group}", dict(env or {}), parallel,
+        run_entry(call.spec(), f"{stage} unit {unit_id}", f"bertflow.{row.group}", dict(env or {}), parallel,
                   None, row.timeout_s)  # fmt: skip
     except RuntimeError as exc:  # e.g. killed: leave the reason where the aggregation reads it
         row.units.failed(call, str(exc))

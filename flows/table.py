@@ -152,22 +152,6 @@ def init_from_url(cfg: RunConfig, root: str) -> str:
     return url if has_manifest(url) else ""
 
 
-def train_spec(call: StageCall) -> dict:
-    """``flows.proc.train_entry``'s JSON spec for the pretrain row (also built on every host of a
-    cluster, ``flows.proc.cluster``)."""
-    cfg = call.cfg
-    return {
-        "pretrain": dataclasses.asdict(cfg.pretrain),
-        "model": dataclasses.asdict(model_config(cfg, call.inputs["vocab"])),
-        "examples_url": call.inputs["examples"],
-        "output_url": call.url,
-        "vocab_url": call.inputs["vocab"],
-        "restart": call.restart,
-        "init_from": init_from_url(cfg, call.root),
-        "nproc": cfg.pretrain.nproc,
-    }
-
-
 # -- the run functions ------------------------------------------------------------------------------
 def _run_corpus(c: StageCall) -> Manifest:
     from pipeline.corpus.job import run_corpus
@@ -197,7 +181,7 @@ def _run_pretrain(c: StageCall) -> Manifest:
     )
 
     errors: list[str] = []
-    code = launch_training(train_spec(c), c.cfg.pretrain.total_steps, c.env, c.on_progress, errors)
+    code = launch_training(c.spec(), c.cfg.pretrain.total_steps, c.env, c.on_progress, errors)
     if code == 0:
         return read_manifest(c.url)
     from flows.tracking import ENV_TRACKING_URI, give_up

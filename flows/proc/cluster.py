@@ -4,7 +4,7 @@
 host (``infra/gpu/launch.sh``, the Kubernetes indexed Job, ``infra/tpu/launch.sh``). Host 0 runs
 the stage as a flow (``bertflow stage pretrain``: preflight, MLflow run, manifest written last),
 and its launcher (``flows.proc.launch``) joins the torchrun rendezvous as node 0. Every other host runs
-the same training process with the same spec (``flows.table.train_spec``), built from the same
+the same training process with the same spec (``flows.calls.StageCall.spec``), built from the same
 preset, overrides and root: it joins the rendezvous and neither logs nor writes (rank != 0).
 On a TPU pod slice (XLA) there is no torchrun: every host runs one process that drives the
 slice's devices through SPMD, and ``model/backend.py`` takes its data share and its right to
@@ -26,6 +26,7 @@ import shlex
 import sys
 
 from flows.proc.launch import ENV_NODE_RANK, build_command, nodes_from_env
+from flows.proc.protocol import ProcessSpec
 
 
 def host_index(env: dict[str, str] | None = None) -> int:
@@ -53,19 +54,19 @@ def flow_argv(args: argparse.Namespace) -> list[str]:
     return argv
 
 
-def trainer_spec(args: argparse.Namespace) -> dict:
+def trainer_spec(args: argparse.Namespace) -> ProcessSpec:
     """The training spec host 0's flow builds, rebuilt here from the same preset/overrides/root."""
     from flows.calls import StageCall
     from flows.overrides import parse_overrides
     from flows.presets import load_config
     from flows.secrets import merge_secret_overrides
-    from flows.table import stage_inputs, stage_url, train_spec
+    from flows.table import stage_inputs, stage_url
 
     cfg = load_config(args.preset, merge_secret_overrides(parse_overrides(args.overrides)))
     given = dict(item.split("=", 1) for item in args.input)
     inputs = stage_inputs("pretrain", cfg, args.root, given)
     call = StageCall("pretrain", cfg, args.root, stage_url(args.root, "pretrain"), inputs, None)
-    return train_spec(call)
+    return call.spec()
 
 
 def _dry_run_nproc(args: argparse.Namespace) -> int:
@@ -128,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"host {host} of {nodes.nnodes}: {role}")
         if role == "flow":
             print("would run: bertflow " + shlex.join(flow_argv(args)))
-        cmd = build_command({"spec": "<pretrain spec from the preset, overrides and root>"}, nproc, nodes)
+        cmd = build_command("<spec file: the pretrain call from the preset, overrides and root>", nproc, nodes)
         print("training command: " + shlex.join(cmd))
         return 0
     if role == "flow":
@@ -142,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError, KeyError) as exc:
         print(f"flows.proc.cluster: host {host}: {exc}", file=sys.stderr)
         return 2
-    print(f"host {host} of {nodes.nnodes}: trainer, spec {json.dumps(spec)[:200]}...", flush=True)
+    print(f"host {host} of {nodes.nnodes}: trainer of {spec.url} on {json.dumps(spec.inputs)}", flush=True)
     return launch_pretrain(spec)
 
 

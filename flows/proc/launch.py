@@ -4,7 +4,7 @@ Two kinds of child (``where`` in the stage table):
 
 - a **stage process** (``python -m flows.proc.stage_entry --spec FILE``): one row of the table
   run in a fresh process (each downstream unit), its lines streamed back through our loggers;
-- the **training process** (``python -m flows.proc.train_entry --spec JSON``, or ``torchrun``
+- the **training process** (``python -m flows.proc.train_entry --spec FILE``, or ``torchrun``
   with ``pretrain.nproc`` processes; on several hosts ``--nnodes/--node_rank`` and a static
   rendezvous on node 0 from ``BERTFLOW_NNODES``/``BERTFLOW_NODE_RANK``/``BERTFLOW_RDZV_ENDPOINT``,
   see ``flows.proc.cluster`` and ``infra/gpu/launch.sh``).
@@ -28,7 +28,6 @@ row says (timeout, names).
 from __future__ import annotations
 
 import contextvars
-import json
 import logging
 import os
 import signal
@@ -46,6 +45,7 @@ from flows.proc.protocol import (
     EXIT_TRACKING_GONE,
     GRACE_SECONDS,
     STOP,
+    ProcessSpec,
     StageProcessError,
     child_threads,
     forward,
@@ -102,7 +102,7 @@ def stop_children(sig: int = signal.SIGTERM) -> int:
 
 # -- a stage process ------------------------------------------------------------------------------
 def run_entry(
-    spec: dict,
+    spec: ProcessSpec,
     what: str,
     logger_name: str,
     env: dict[str, str],
@@ -207,12 +207,13 @@ def nodes_from_env(env: dict[str, str] | None = None) -> Nodes:
     return Nodes(nnodes, rank, env.get(ENV_RDZV_ENDPOINT, ""), env.get(ENV_RDZV_ID) or "bertflow")
 
 
-def build_command(spec: dict, nproc: int = 1, nodes: Nodes | None = None) -> list[str]:
-    """The training command line for ``nproc`` processes on this host (of ``nodes``, default one)."""
+def build_command(spec_path: str, nproc: int = 1, nodes: Nodes | None = None) -> list[str]:
+    """The training command line for ``nproc`` processes on this host (of ``nodes``, default one),
+    every process reading its spec from the file ``spec_path``."""
     if nproc < 1:
         raise ValueError(f"nproc: must be >= 1, got {nproc}")
     nodes = nodes or Nodes()
-    entry = ["-m", "flows.proc.train_entry", "--spec", json.dumps(spec)]
+    entry = ["-m", "flows.proc.train_entry", "--spec", spec_path]
     if nproc == 1 and nodes.nnodes == 1:
         return [sys.executable, *entry]
     return [sys.executable, "-m", "torch.distributed.run", *nodes.torchrun_args(), f"--nproc_per_node={nproc}", *entry]
@@ -227,19 +228,32 @@ def training_env(nproc: int = 1, env: dict[str, str] | None = None) -> dict[str,
 
 
 def launch_pretrain(
-    spec: dict, nproc: int | None = None, env: dict[str, str] | None = None, grace_s: float = GRACE_SECONDS, output=None
+    spec: ProcessSpec,
+    nproc: int | None = None,
+    env: dict[str, str] | None = None,
+    grace_s: float = GRACE_SECONDS,
+    output=None,
 ) -> int:
     """Run pretraining in its own process tree; return its exit code (0 done, 143 stopped by a
     signal; see ``flows.proc.protocol``). Blocks until the tree has exited.
 
-    ``spec`` is ``flows.proc.train_entry``'s JSON spec; ``nproc`` defaults to ``spec["nproc"]``
-    (else 1). SIGTERM / SIGINT to this process (Ctrl-C, a preempted VM, a cancelled Prefect run)
-    is passed on as SIGTERM to the training process group (torchrun forwards it to its workers);
-    after ``grace_s`` the group is killed. Any exception here stops the tree the same way first.
+    ``spec`` is the pretrain call's (``flows.calls.StageCall.spec``), written to a file only its
+    owner reads for the tree's life; ``nproc`` defaults to the config's ``pretrain.nproc``.
+    SIGTERM / SIGINT to this process (Ctrl-C, a preempted VM, a cancelled Prefect run) is passed on
+    as SIGTERM to the training process group (torchrun forwards it to its workers); after
+    ``grace_s`` the group is killed. Any exception here stops the tree the same way first.
     """
     STOP.check("pretraining")
-    nproc = int(nproc or spec.get("nproc") or 1)
-    cmd = build_command(spec, nproc, nodes_from_env({**os.environ, **(env or {})}))
+    nproc = int(nproc or spec.config["pretrain"]["nproc"] or 1)
+    with tempfile.TemporaryDirectory(prefix="bertflow-spec-") as tmp:
+        spec_path = os.path.join(tmp, "spec.json")
+        write_spec(spec_path, spec)
+        cmd = build_command(spec_path, nproc, nodes_from_env({**os.environ, **(env or {})}))
+        return _run_training(cmd, nproc, env, grace_s, output)
+
+
+def _run_training(cmd: list[str], nproc: int, env: dict[str, str] | None, grace_s: float, output) -> int:
+    """Run the training tree ``cmd`` and wait (see :func:`launch_pretrain`)."""
     proc = subprocess.Popen(
         cmd,
         env=training_env(nproc, env),
@@ -293,7 +307,7 @@ def launch_pretrain(
 
 
 def launch_training(
-    spec: dict,
+    spec: ProcessSpec,
     total_steps: int,
     env: dict[str, str],
     on_progress: Callable[[int, int], None] | None = None,

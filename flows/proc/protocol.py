@@ -27,6 +27,7 @@
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import errno
 import json
 import logging
@@ -86,16 +87,33 @@ def child_threads(parallel: int) -> str:
 
 
 # -- the spec ---------------------------------------------------------------------------------------
-def write_spec(path: str, spec: dict[str, Any]) -> None:
+@dataclasses.dataclass(frozen=True)
+class ProcessSpec:
+    """What every child is started from, a stage process and the training process alike (one
+    shape across process boundaries; ``flows.calls.StageCall.spec`` builds it): the row's name,
+    the root, the output and input URLs, the run config as ``dataclasses.asdict`` gives it (the
+    child rebuilds it through ``flows.presets.config_from_dict``, so every value is validated
+    again), and the call's options."""
+
+    stage: str
+    root: str
+    url: str
+    inputs: dict[str, str]
+    config: dict[str, Any]
+    restart: bool = False
+    unit: dict[str, Any] | None = None
+
+
+def write_spec(path: str, spec: ProcessSpec) -> None:
     """Write a child's spec to a new file only its owner can read (it may hold credentials)."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as f:
-        json.dump(spec, f)
+        json.dump(dataclasses.asdict(spec), f)
 
 
-def read_spec(path: str) -> dict[str, Any]:
+def read_spec(path: str) -> ProcessSpec:
     with open(path) as f:
-        return json.load(f)
+        return ProcessSpec(**json.load(f))
 
 
 # -- progress -------------------------------------------------------------------------------------

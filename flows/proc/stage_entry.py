@@ -1,10 +1,11 @@
 """Entry point of a stage's own process: ``python -m flows.proc.stage_entry --spec FILE``.
 
 The flow starts it for the rows of the stage table that run in a process of their own (each
-downstream unit). The spec is JSON (``flows.runner.stage_spec``): the run config, the row's
-name, its input and output URLs, the unit. When the flow passed an MLflow run id through the environment,
-the stage logs its metrics to that run; only rank 0 logs. Its exit code says how it ended
-(``flows.proc.protocol``): 2 for bad input or config (never retried), 1 for the rest.
+downstream unit). The spec is JSON (``flows.proc.protocol.ProcessSpec``, the training process's
+shape too): the run config, the row's name, its input and output URLs, the unit. When the flow
+passed an MLflow run id through the environment, the stage logs its metrics to that run; only
+rank 0 logs. Its exit code says how it ended (``flows.proc.protocol``): 2 for bad input or config
+(never retried), 1 for the rest.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ import sys
 
 from flows.calls import StageCall
 from flows.noise import silence_library_noise
-from flows.presets import config_from_dict
 from flows.proc.protocol import (
     CHILD_LOG_FORMAT,
     describe_disk_full,
@@ -43,16 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     logger.propagate = False
     rank = int(os.environ.get("RANK", "0"))
     log_fn = progress_reporter(log_fn_from_env()) if rank == 0 else None
-    call = StageCall(
-        stage=spec["stage"],
-        cfg=config_from_dict(spec["config"]),
-        root=spec["root"],
-        url=spec["url"],
-        inputs=spec["inputs"],
-        log_fn=log_fn,
-        restart=spec.get("restart", False),
-        unit=spec.get("unit"),
-    )
+    call = StageCall.from_spec(spec, log_fn)
     try:
         get_stage(call.stage).run(call)
     except BaseException as exc:  # the traceback for the log, the kind of failure in the exit code

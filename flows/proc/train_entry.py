@@ -1,14 +1,17 @@
 """Entry point of the pretraining process: where model/ meets tracking and the masking rule.
 
 ``flows.proc.launch.launch_pretrain`` starts this module (``python -m flows.proc.train_entry --spec
-JSON``, under torchrun for several processes). The spec carries:
+FILE``, under torchrun for several processes). The spec is a stage process's
+(``flows.proc.protocol.ProcessSpec``, built by ``flows.calls.StageCall.spec``): the run config, the
+output URL and the inputs, from which :func:`training_setup` derives, as the stage table does:
 
-- ``pretrain``, ``model``: the typed configs as dicts; ``examples_url``, ``output_url``;
-- ``vocab_url`` (optional): the vocab stage; its ``vocab.txt`` gives the special ids ([PAD] for
-  padding) and, through ``pipeline.examples.masking``, the one masking rule for dynamic masking;
-- ``restart`` (bool): clear existing checkpoints and start over (``--force pretrain``);
-- ``init_from`` (str): a BERT folder in Hugging Face layout to start from;
-- ``nproc``: read by the launcher, ignored here.
+- the pretraining config and the network's (``flows.table.model_config``: its vocabulary size the
+  trained vocabulary's unless set; without a ``vocab`` input, the config's as it is);
+- ``inputs["examples"]``; ``inputs["vocab"]`` (optional): its ``vocab.txt`` gives the special ids
+  ([PAD] for padding) and, through ``pipeline.examples.masking``, the one masking rule for
+  dynamic masking, at the rate the examples stage recorded;
+- ``restart``: clear existing checkpoints and start over (``--force pretrain``);
+- the folder to start from (``pretrain.init_from``, ``previous`` resolved against the root).
 
 Only rank 0 logs at INFO (and to MLflow, when the flow passed a run id through the
 environment); other ranks log warnings and errors only. Exit codes (``flows.proc.protocol``): 0
@@ -22,10 +25,11 @@ a config the data cannot serve: the message names the file), 1 anything else.
 from __future__ import annotations
 
 import argparse
-import json
+import dataclasses
 import logging
 import os
 import sys
+from typing import Any
 
 from flows.proc.protocol import (
     CHILD_LOG_FORMAT,
@@ -35,10 +39,12 @@ from flows.proc.protocol import (
     EXIT_OK,
     EXIT_RESUME_REFUSED,
     EXIT_TRACKING_GONE,
+    ProcessSpec,
     describe_disk_full,
     disk_full,
     is_deterministic,
     progress_reporter,
+    read_spec,
     set_parent_death_signal,
     tracking_gone,
 )
@@ -47,12 +53,39 @@ from flows.tracking import log_fn_from_env
 log = logging.getLogger("bertflow.pretrain")
 
 
-def build_configs(spec: dict):
-    from model.config import BertConfig, PhaseConfig, PretrainConfig
+@dataclasses.dataclass(frozen=True)
+class TrainingSetup:
+    """What the training process runs, derived from its spec."""
 
-    pre = dict(spec["pretrain"])
-    pre["phases"] = tuple(PhaseConfig(**p) for p in pre["phases"])
-    return PretrainConfig(**pre), BertConfig(**spec["model"])
+    pretrain: Any  # model.config.PretrainConfig
+    model: Any  # model.config.BertConfig
+    examples_url: str
+    output_url: str
+    vocab_url: str
+    init_from: str
+    restart: bool
+
+
+def training_setup(spec: ProcessSpec) -> TrainingSetup:
+    """The pretraining run a spec asks for (the same derivation on every host of a cluster)."""
+    from flows.presets import config_from_dict
+    from flows.table import init_from_url, model_config
+    from pipeline.schema.config import ConfigError
+
+    cfg = config_from_dict(spec.config)
+    vocab_url = spec.inputs.get("vocab", "")
+    model = model_config(cfg, vocab_url) if vocab_url else cfg.model
+    if model.vocab_size is None:
+        raise ConfigError("model.vocab_size: unset, and the spec has no vocab input to take it from")
+    return TrainingSetup(
+        pretrain=cfg.pretrain,
+        model=model,
+        examples_url=spec.inputs["examples"],
+        output_url=spec.url,
+        vocab_url=vocab_url,
+        init_from=init_from_url(cfg, spec.root),
+        restart=spec.restart,
+    )
 
 
 def read_vocab(vocab_url: str) -> list[str]:
@@ -86,28 +119,27 @@ class MaskRule:
         )
 
 
-def masking_from(spec: dict) -> tuple[MaskRule | None, int | None]:
-    """(mask_fn, pad id) from the vocabulary and the examples stage's config; (None, None) without a vocab."""
-    if not spec.get("vocab_url"):
+def masking_from(vocab_url: str, examples_url: str) -> tuple[MaskRule | None, int | None]:
+    """(mask_fn, pad id) from the vocabulary and what the examples stage recorded; (None, None)
+    without a vocabulary."""
+    if not vocab_url:
         return None, None
     from pipeline.schema.manifest import read_manifest
     from pipeline.schema.outputs import example_lengths
 
-    vocab = read_vocab(spec["vocab_url"])
+    vocab = read_vocab(vocab_url)
     if "[PAD]" not in vocab:
-        raise ValueError(f"{spec['vocab_url']}/vocab.txt has no [PAD] token")
-    lengths = example_lengths(read_manifest(spec["examples_url"]))
+        raise ValueError(f"{vocab_url}/vocab.txt has no [PAD] token")
+    lengths = example_lengths(read_manifest(examples_url))
     first = lengths[min(lengths)]  # every length of one examples stage shares its masking rule
     return MaskRule(vocab, first.masked_lm_prob, first.whole_word_mask), vocab.index("[PAD]")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="bertflow pretraining process")
-    parser.add_argument(
-        "--spec", required=True, help="JSON: pretrain, model, examples_url, output_url, vocab_url, restart, init_from"
-    )
+    parser.add_argument("--spec", required=True, help="JSON file: stage, root, url, inputs, restart, config")
     args = parser.parse_args(argv)
-    spec = json.loads(args.spec)
+    spec = read_spec(args.spec)
     rank = int(os.environ.get("RANK", "0"))
     if "LOCAL_RANK" in os.environ:  # under torchrun: stop with it (its workers run in their own sessions)
         set_parent_death_signal()
@@ -118,26 +150,25 @@ def main(argv: list[str] | None = None) -> int:
         # the parent adds the time; other ranks' lines say which rank they come from
         format=CHILD_LOG_FORMAT.replace(" |", f" [rank {rank}] |") if rank else CHILD_LOG_FORMAT,
     )
-    pretrain_cfg, model_cfg = build_configs(spec)
-    mask_fn, pad_id = masking_from(spec)
-
     from model.callbacks import DataTrace
     from model.resume import ResumeError
     from model.train import Preempted, run_pretrain
 
     trace = os.environ.get("BERTFLOW_TRACE_DATA")  # tests: what each rank saw and holds
     try:
+        run = training_setup(spec)  # a config or vocabulary the run cannot use is bad input, named
+        mask_fn, pad_id = masking_from(run.vocab_url, run.examples_url)
         log_fn = progress_reporter(log_fn_from_env()) if rank == 0 else None
         run_pretrain(
-            pretrain_cfg,
-            model_cfg,
-            spec["examples_url"],
-            spec["output_url"],
+            run.pretrain,
+            run.model,
+            run.examples_url,
+            run.output_url,
             log_fn=log_fn,
-            restart=bool(spec.get("restart", False)),
+            restart=run.restart,
             mask_fn=mask_fn,
-            init_from=spec.get("init_from") or "",
-            vocab_url=spec.get("vocab_url") or "",
+            init_from=run.init_from,
+            vocab_url=run.vocab_url,
             pad_id=pad_id,
             callbacks=DataTrace(trace) if trace else None,
         )
@@ -150,12 +181,12 @@ def main(argv: list[str] | None = None) -> int:
     except FloatingPointError as exc:  # a divergence: the step and the checkpoint, never a retry
         from model.checkpoint import describe_divergence
 
-        log.error("%s", describe_divergence(spec["output_url"], exc))
+        log.error("%s", describe_divergence(spec.url, exc))
         return EXIT_DIVERGED
     except Exception as exc:
         full = disk_full(exc)
         if full is not None:  # named as the disk, and never retried
-            log.error("%s", describe_disk_full(full, spec["output_url"]))
+            log.error("%s", describe_disk_full(full, spec.url))
             return EXIT_DISK_FULL
         gone = tracking_gone(exc)
         if gone is not None:  # the server named, never retried; the checkpoints are kept

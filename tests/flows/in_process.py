@@ -31,16 +31,13 @@ def quick_cli_args() -> list[str]:
 
 def _pretrain_in_process(call):
     """The pretrain row's work in this process (the chain runs it in a training process)."""
-    from flows.proc.train_entry import build_configs, masking_from
-    from flows.table import train_spec
+    from flows.proc.train_entry import masking_from, training_setup
     from model.train import run_pretrain
 
-    spec = train_spec(call)
-    pretrain, model = build_configs(spec)
-    mask_fn, pad_id = masking_from(spec)
-    return run_pretrain(pretrain, model, spec["examples_url"], spec["output_url"], restart=spec["restart"],
-                        mask_fn=mask_fn, init_from=spec["init_from"] or "", pad_id=pad_id,
-                        vocab_url=spec["vocab_url"])  # fmt: skip
+    run = training_setup(call.spec())  # what the training process derives from its spec
+    mask_fn, pad_id = masking_from(run.vocab_url, run.examples_url)
+    return run_pretrain(run.pretrain, run.model, run.examples_url, run.output_url, restart=run.restart,
+                        mask_fn=mask_fn, init_from=run.init_from, pad_id=pad_id, vocab_url=run.vocab_url)  # fmt: skip
 
 
 def run_chain_in_process(cfg, root: str) -> dict:

@@ -72,11 +72,11 @@ def _sentences(tmp_path) -> list[str]:
     return [s for u in urls for doc in pq.ParquetFile(u).read(columns=["sentences"]).column(0).to_pylist() for s in doc]
 
 
-def _segments_are_corpus_text(tmp_path, hf, normalise) -> int:
+def _segments_are_corpus_text(tmp_path, hf, normalise, examples: str = "examples") -> int:
     """Every shard segment, decoded with the loaded tokenizer, is text of the corpus."""
     text = normalise("".join(_sentences(tmp_path))).replace(" ", "")
     checked = 0
-    for shard in sorted((tmp_path / "examples" / "seq64").glob("part-*.parquet")):
+    for shard in sorted((tmp_path / examples / "seq64").glob("part-*.parquet")):
         for ids in pq.ParquetFile(shard).read(columns=["input_ids"]).column(0).to_pylist()[:200]:
             tokens = hf.convert_ids_to_tokens(ids)
             for part in " ".join(tokens).replace(" ##", "").split("[SEP]"):
@@ -159,3 +159,52 @@ def test_a_missing_cjk_extra_is_named_before_any_work(monkeypatch):
         segmenter_preflight(load_config("tiny-ja"), {})
     assert segmenter_preflight(load_config("tiny-zh"), {}) == set()  # jieba and nltk are there
     assert segmenter_preflight(load_config("tiny"), {}) == set()
+
+
+@pytest.mark.parametrize("preset", ["tiny-ja", "tiny-zh"])
+def test_every_objective_on_cjk_text_pretrains_and_exports(tmp_path, preset):
+    """The language presets with each pretraining objective: the examples of each (their columns,
+    segments of corpus text as transformers' tokenizer decodes them, MeCab's whole-word masking
+    kept for Japanese), a few pretraining steps, and the export as transformers loads it (an
+    MLM-only model as BertForMaskedLM, with no missing or unexpected keys)."""
+    from flows.proc.train_entry import masking_from
+    from model.config import PhaseConfig, PretrainConfig
+    from model.export import run_export
+    from model.train import run_pretrain
+    from pipeline.examples.job import run_examples
+    from pipeline.schema.objectives import OBJECTIVES
+
+    cfg, _ = _chain(tmp_path, preset, {"vocab.vocab_size": 2000})
+    vocab = str(tmp_path / "vocab")
+    hf = None
+    for name, objective in OBJECTIVES.items():
+        folder = f"examples-{objective.builder}"
+        examples = dataclasses.replace(cfg.examples, objective=name, dupe_factor=1, masking="dynamic",
+                                       max_seq_lengths=(64,), max_predictions_per_seq=(10,))  # fmt: skip
+        manifest = run_examples(examples, str(tmp_path / "corpus"), vocab, str(tmp_path / folder))
+        shard = next((tmp_path / folder / "seq64").glob("part-*.parquet"))
+        assert tuple(pq.ParquetFile(shard).schema_arrow.names) == objective.columns, name
+        assert manifest.counts["seq64.examples"] > 500, name
+        pretrain = str(tmp_path / f"pretrain-{objective.builder}")
+        model = tiny_bert_config(vocab_size=manifest.counts["vocab_size"], max_position_embeddings=64)
+        mask_fn, pad_id = masking_from(vocab, str(tmp_path / folder))
+        assert mask_fn.whole_word_mask is cfg.examples.whole_word_mask  # MeCab's words for Japanese
+        trained = run_pretrain(
+            PretrainConfig(phases=(PhaseConfig("p1", 64, 3, 8),), learning_rate=1e-3, warmup_steps=1, log_every=1),
+            model, str(tmp_path / folder), pretrain, mask_fn=mask_fn, pad_id=pad_id,
+        )  # fmt: skip
+        assert {k for k in trained.counts if k.startswith("last_") and k.endswith("_loss")} == {
+            f"last_{loss}_loss" for loss in objective.losses
+        }, name
+        export = str(tmp_path / f"export-{objective.builder}")
+        run_export(pretrain, vocab, export)
+        hf = hf or transformers.AutoTokenizer.from_pretrained(export)
+        normalise = (lambda t: unicodedata.normalize("NFKC", t)) if preset == "tiny-ja" else (lambda t: t.lower())
+        assert _segments_are_corpus_text(tmp_path, hf, normalise, folder) > 300, name
+        auto = transformers.AutoModelForPreTraining if objective.sentence_label else transformers.AutoModelForMaskedLM
+        loaded, info = auto.from_pretrained(export, output_loading_info=True)
+        assert not info["missing_keys"] and not info["unexpected_keys"], (name, info)
+        batch = hf(_sentences(tmp_path)[:2], return_tensors="pt", padding=True)
+        out = loaded(**batch)
+        logits = out.prediction_logits if objective.sentence_label else out.logits
+        assert logits.shape[-1] == manifest.counts["vocab_size"], name

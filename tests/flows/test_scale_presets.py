@@ -143,9 +143,12 @@ def test_a_second_xla_host_runs_the_trainer(capsys, monkeypatch):
     monkeypatch.setenv("TPU_WORKER_ID", "1")  # what infra/tpu/launch.sh sets from the TPU metadata
     for name in ("BERTFLOW_NODE_RANK", "BERTFLOW_NNODES", "JOB_COMPLETION_INDEX"):
         monkeypatch.delenv(name, raising=False)
-    launched = []
-    monkeypatch.setattr(flows.proc.cluster, "trainer_spec", lambda args: {"preset": args.preset, "root": args.root})
+    from flows.proc.protocol import ProcessSpec
+
+    launched, seen = [], []
+    spec = ProcessSpec("pretrain", "gs://b/large", "gs://b/large/pretrain", {"examples": "gs://b/large/examples"}, {})
+    monkeypatch.setattr(flows.proc.cluster, "trainer_spec", lambda args: seen.append((args.preset, args.root)) or spec)
     monkeypatch.setattr(flows.proc.launch, "launch_pretrain", lambda spec: launched.append(spec) or 0)
     assert main(["--preset", "large", "--root", "gs://b/large"]) == 0, capsys.readouterr().err
-    assert launched == [{"preset": "large", "root": "gs://b/large"}]  # the trainer, not the flow
+    assert seen == [("large", "gs://b/large")] and launched == [spec]  # the trainer, not the flow
     assert "host 1 of 1: trainer" in capsys.readouterr().out

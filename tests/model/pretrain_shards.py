@@ -102,3 +102,20 @@ def write_example_stage(
         outputs=lengths_record(record),
     )
     return str(root)
+
+
+def train_spec(pretrain, model, examples, out, vocab="", restart=False):
+    """The training process's spec (``flows.proc.protocol.ProcessSpec``) for these configs, as the
+    pretrain row builds it: a run config holding them, the examples (and vocabulary) as inputs."""
+    from pathlib import Path
+
+    from flows.calls import StageCall
+    from flows.presets import RunConfig
+    from pipeline.examples.config import ExamplesConfig
+    from tasks.config import FinetuneConfig
+
+    lengths = tuple(sorted({p.max_seq_length for p in pretrain.phases}))
+    finetune = FinetuneConfig(max_seq_length=min(FinetuneConfig.max_seq_length, model.max_position_embeddings))
+    cfg = RunConfig(examples=ExamplesConfig(max_seq_lengths=lengths), model=model, pretrain=pretrain, finetune=finetune)
+    inputs = {"examples": str(examples), **({"vocab": str(vocab)} if vocab else {})}
+    return StageCall("pretrain", cfg, str(Path(out).parent), str(out), inputs, restart=restart).spec()

@@ -53,3 +53,30 @@ def test_rows_past_the_budget_or_without_transformers_are_listed_as_skipped(devi
     for row in rows:
         want = "transformers is not installed" if row["implementation"].startswith("transformers") else "time budget"
         assert row["skipped"] == want
+
+
+@pytest.mark.parametrize("objective", ["mlm", "sop"])
+def test_the_small_pretraining_runs_on_each_objective(device_check, objective):
+    """``--objective``: the check's pretraining on MLM-only or sentence-order shards (written in
+    that objective's Parquet columns) reports that objective's accuracies, held-out ones too."""
+    from pipeline.schema.objectives import get_objective
+
+    args = device_check.parse(["--smoke", "--device", "cpu", "--objective", objective])
+    run = device_check.pretrain_small(args, args.objective[0])
+    sentence = get_objective(objective).sentence_loss
+    want = {"mlm_accuracy", "eval_mlm_accuracy"} | (
+        {f"{sentence}_accuracy", f"eval_{sentence}_accuracy"} if sentence else set()
+    )
+    assert {k for point in run["curve"] for k in point if k.endswith("_accuracy")} == want
+    assert run["objective"] == objective and run["last_eval_mlm_accuracy"] is not None
+    env = {"device": "cpu", "torch": "x", "transformers": None, "peak_bf16_tflops": None}
+    result = {"environment": env, "pytest": {"summary": "-"}, "steps": [], "pretrain_by_objective": {objective: run}}
+    md = device_check.markdown(result)
+    assert f"Pretraining ({objective})" in md
+
+
+def test_an_unknown_objective_is_refused_naming_the_flag(device_check):
+    from pipeline.schema.config import ConfigError
+
+    with pytest.raises(ConfigError, match="--objective: unknown objective 'electra'"):
+        device_check.parse(["--smoke", "--objective", "electra"])

@@ -10,7 +10,7 @@ import time
 
 import pytest
 import torch
-from pretrain_shards import write_example_stage
+from pretrain_shards import train_spec, write_example_stage
 from tiny_bert import tiny_bert_config
 
 from flows.proc.launch import build_command, launch_pretrain, training_env
@@ -37,12 +37,7 @@ def spec(examples, out, steps=6, **kw):
         data_parts=2,
         **kw,
     )
-    return {
-        "pretrain": dataclasses.asdict(cfg),
-        "model": dataclasses.asdict(NO_DROPOUT),
-        "examples_url": examples,
-        "output_url": str(out),
-    }
+    return train_spec(cfg, NO_DROPOUT, examples, out)
 
 
 def keys(path):
@@ -50,8 +45,8 @@ def keys(path):
 
 
 def test_command_and_threads():
-    assert build_command({}, 1)[1:3] == ["-m", "flows.proc.train_entry"]
-    cmd = build_command({"a": 1}, 2)
+    assert build_command("spec.json", 1)[1:] == ["-m", "flows.proc.train_entry", "--spec", "spec.json"]
+    cmd = build_command("spec.json", 2)
     assert cmd[1:5] == ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
     if "OMP_NUM_THREADS" not in os.environ:
         assert training_env(2, {})["OMP_NUM_THREADS"] == str(max(1, ((os.cpu_count() or 1) - 1) // 2))
@@ -146,11 +141,12 @@ def test_a_killed_launcher_leaves_no_orphan_trainer(examples, tmp_path):
     trace = tmp_path / "trace"
     trace.mkdir()
     code = (
-        "import json, sys; from flows.proc.launch import launch_pretrain; "
-        "sys.exit(launch_pretrain(json.loads(sys.argv[1]), 1, {'BERTFLOW_TRACE_DATA': sys.argv[2]}))"
+        "import json, sys; from flows.proc.launch import launch_pretrain; from flows.proc.protocol import ProcessSpec; "
+        "sys.exit(launch_pretrain(ProcessSpec(**json.loads(sys.argv[1])), 1, {'BERTFLOW_TRACE_DATA': sys.argv[2]}))"
     )
+    s = dataclasses.asdict(spec(examples, tmp_path / "run", steps=100_000))
     launcher = subprocess.Popen(
-        [sys.executable, "-c", code, json.dumps(spec(examples, tmp_path / "run", steps=100_000)), str(trace)],
+        [sys.executable, "-c", code, json.dumps(s), str(trace)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )

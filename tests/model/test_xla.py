@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -33,13 +34,13 @@ if backend == "xla":
     from model.data import shard_urls
     from model.feed import StepFeed
     from model.stream import LoaderSpec, StreamingLoader
-    from model.contract import read_manifest
+    from model.contract import objective_of, read_manifest
     batch = be.put_batch({"input_ids": torch.zeros(8, 16, dtype=torch.long)})
     result["devices"] = be.devices
     result["sharding"] = torch_xla._XLAC._get_xla_sharding_spec(batch["input_ids"])
     # the training input path: MpDeviceLoader, every tensor split along its batch axis
     spec = LoaderSpec(urls=tuple(shard_urls(read_manifest(examples), 16)), batch_size=8, max_seq_length=16, seed=1,
-                      num_parts=2, buckets=(16,))
+                      num_parts=2, buckets=(16,), objective=objective_of(read_manifest(examples)).name)
     feed, plain = StepFeed(StreamingLoader(spec), be), StreamingLoader(spec)
     result["feed"] = type(feed._mp).__name__
     result["feed_shardings"], result["feed_equal"] = [], []
@@ -76,7 +77,7 @@ def run(examples, out, backend, micro=0, crash_at=0):
         **os.environ,
         "PJRT_DEVICE": "CPU",
         "CPU_NUM_DEVICES": "2",
-        "PYTHONPATH": os.pathsep.join([os.getcwd(), os.path.dirname(__file__)]),
+        "PYTHONPATH": os.pathsep.join([os.getcwd(), os.path.dirname(__file__), str(Path(__file__).parents[1])]),
     }
     p = subprocess.run(
         [sys.executable, "-c", SCRIPT, examples, str(out), backend, str(micro), str(crash_at)],
@@ -150,9 +151,14 @@ def test_spmd_trains_every_objective_as_the_cpu_does(tmp_path, objective):
     from pipeline.schema.objectives import get_objective
 
     examples = write_example_stage(tmp_path / "examples", lengths=(16,), n=240, shards=2, objective=objective)
-    run(examples, tmp_path / "xla", "xla", micro=4)
+    xla = run(examples, tmp_path / "xla", "xla", micro=4)
     run(examples, tmp_path / "xla-resumed", "xla", micro=4, crash_at=4)
     run(examples, tmp_path / "cpu", "cpu", micro=4)
+    # the feed uploads the objective's tensors, each split along its batch axis
+    assert xla["feed_equal"] == [True] * 3
+    for shardings in xla["feed_shardings"]:
+        assert ("next_sentence_label" in shardings) is bool(get_objective(objective).sentence_label)
+        assert all(spec.startswith("{devices=[2") for spec in shardings.values()), shardings
     a, r, b = weights(tmp_path / "xla"), weights(tmp_path / "xla-resumed"), weights(tmp_path / "cpu")
     assert set(a) == set(b)
     # the sentence-level head exists exactly when the objective has a sentence label

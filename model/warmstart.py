@@ -50,9 +50,20 @@ def init_weights(model: nn.Module, init_from: str, vocab_url: str = "") -> dict[
             f"init_from {init_from}: its config.json differs from the model config beyond the vocabulary "
             f"({source.config} vs {target_config})"
         )
+    weights, state = source.state_dict(), model.state_dict()
+    # another objective's network: heads of the source this one lacks are left behind (an NSP
+    # head for an MLM-only run), heads this one has that the source lacks start from their init
+    # (the pooler and sentence head of a sentence-order run from an MLM-only model)
+    behind, fresh = sorted(set(weights) - set(state)), sorted(set(state) - set(weights))
+    if behind or fresh:
+        log.info(
+            "initialised from %s, a network of another objective: %s left behind; %s start from their init",
+            init_from, ", ".join(behind) or "nothing", ", ".join(fresh) or "nothing",
+        )  # fmt: skip
+    weights = {name: value for name, value in weights.items() if name in state}
     old, new = read_vocab(init_from), read_vocab(vocab_url) if vocab_url else []
     if source.config.vocab_size == target_config.vocab_size and (not new or old == new):
-        model.load_state_dict(source.state_dict())
+        model.load_state_dict({**state, **weights})
         return {"shared_tokens": 0, "new_tokens": 0}
     if not old or not new:
         raise ValueError(
@@ -65,9 +76,8 @@ def init_weights(model: nn.Module, init_from: str, vocab_url: str = "") -> dict[
     to_ids = torch.tensor([i for i, _ in pairs], dtype=torch.long)
     from_ids = torch.tensor([j for _, j in pairs], dtype=torch.long)
     dst_v = target_config.vocab_size
-    state = model.state_dict()
     with torch.no_grad():
-        for name, value in source.state_dict().items():
+        for name, value in weights.items():
             target = state[name]
             if name.endswith(BY_TOKEN):
                 target[to_ids] = value[from_ids]  # (V_new, ...) <- (V_old, ...) by token string

@@ -153,3 +153,31 @@ def test_pretraining_on_examples_of_another_objective_shape_is_refused_naming_sh
         ValueError, match=r"part-0000[01]-of-00002.parquet missing example columns \['len_a', 'is_swapped'\]"
     ):
         run_pretrain(config(), MODEL, str(bad), str(tmp_path / "run"))
+
+
+@pytest.mark.parametrize("source_cls, target", [(BertForPreTraining, "mlm"), (BertForMaskedLM, "sop")])
+def test_warm_start_across_objectives_carries_every_shared_weight(stages, tmp_path, caplog, source_cls, target):
+    """``pretrain.init_from`` a model of another objective: an MLM-only run from a BERT with NSP
+    (its pooler and NSP head left behind), a sentence-order run from an MLM-only model (the
+    sentence head and pooler start from their init, said in the log); every shared weight carried."""
+    from model.export import hf_state_dict, save_pretrained
+
+    torch.manual_seed(11)
+    source = source_cls(MODEL)
+    save_pretrained(source, str(tmp_path / "hf"))
+    with caplog.at_level(logging.INFO, logger="bertflow"):
+        run_pretrain(config(phases=(PhaseConfig("p1", 16, 0, 16),)), MODEL, stages[target], str(tmp_path / "run"),
+                     init_from=str(tmp_path / "hf"), mask_fn=MaskRule())  # fmt: skip
+    got = safetensors.torch.load_file(str(tmp_path / "run" / "final" / "model.safetensors"))
+    want = hf_state_dict(source)
+    shared = set(got) & set(want)
+    assert shared and all(
+        k.startswith(("bert.embeddings", "bert.encoder", "cls.predictions"))
+        for k in shared - {k for k in got if k.startswith(("bert.pooler", "cls.seq_relationship"))}
+    )
+    for k in shared:
+        torch.testing.assert_close(got[k], want[k], atol=0, rtol=0, msg=k)
+    left = sorted(set(got) ^ set(want))
+    assert left and all(k.startswith(("bert.pooler", "cls.seq_relationship")) for k in left), left
+    message = " ".join(r.getMessage() for r in caplog.records)
+    assert "initialised from" in message and ("start from their init" in message or "left behind" in message)

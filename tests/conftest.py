@@ -24,6 +24,13 @@ is marked ``e2e`` here; kill and signal tests that start their own processes car
 their file."""
 
 
+def pytest_unconfigure(config):
+    """The session's Prefect/MLflow home goes with the session (one was left in /tmp per run)."""
+    import shutil
+
+    shutil.rmtree(_HOME, ignore_errors=True)
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if set(E2E_FIXTURES) & set(getattr(item, "fixturenames", ())):

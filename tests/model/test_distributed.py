@@ -132,6 +132,22 @@ def test_fsdp_matches_one_process_and_resumes(examples, single, tmp_path):
     assert "resuming from" in log and "step 8/8" in log
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("objective", ["mlm", "sop"])
+def test_fsdp_matches_one_process_for_every_objective(objective, tmp_path):
+    """FSDP shards the network an objective builds (``BertForMaskedLM`` for mlm: no pooler, no
+    NSP head; the NSP head as SOP's for sop) and ends where one process ends."""
+    examples = write_example_stage(tmp_path / "examples", lengths=(16,), n=240, shards=2, objective=objective)
+    ref, _ = launch(examples, tmp_path, "one", 1)
+    trace, log = launch(examples, tmp_path, "fsdp", 2, parallel="fsdp")
+    w, one = torch.load(trace / "rank0.weights.pt"), torch.load(ref / "rank0.weights.pt")
+    assert set(w) == set(one)
+    assert any("cls.seq_relationship" in k for k in w) == (objective == "sop"), sorted(w)
+    for k in one:
+        torch.testing.assert_close(w[k], one[k], atol=2e-5, rtol=0, msg=k)
+    assert "step 6/6" in log and (", sop " in log) == (objective == "sop"), log
+
+
 @pytest.mark.e2e
 def test_a_killed_launcher_leaves_no_orphan_trainer(examples, tmp_path):
     import json

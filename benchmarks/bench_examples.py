@@ -15,7 +15,17 @@ count what the job writes. ``CPU s`` is the CPU time of the job's call (driver a
 bare rates: their encode loop), so a loaded machine can be read per CPU-second (``vs bare,
 CPU``); ``load`` is the 1-minute load average when the row started.
 
+With ``--original DIR`` (a checkout of google-research/bert) and ``--original-python PY`` (a
+Python with TensorFlow 2: the script runs under ``tensorflow.compat.v1``, unmodified), the
+original ``create_pretraining_data.py`` runs on the same sentences (written one per line, a blank
+line between documents, as it reads them), vocabulary, length, masking and dupe factor, on one
+core, and each of our rows at that dupe factor says how many times the original's input tokens
+per CPU-second it makes (``vs original, CPU``; the original's TensorFlow import not counted, as
+our job's imports are not).
+
     python benchmarks/bench_examples.py --sizes 20MB,100MB --dupe-factors 1,5 --workers 1,2
+    python benchmarks/bench_examples.py --sizes 20MB --dupe-factors 1,5 --workers 1 \
+        --original ~/src/bert --original-python ~/venvs/tf/bin/python
 """
 
 from __future__ import annotations
@@ -65,6 +75,41 @@ print(json.dumps({"seconds": time.time() - t, "cpu": time.process_time() - c, "t
                   "sentences": len(sentences)}))
 """
 
+ORIGINAL = """
+import json, os, runpy, sys, time
+a = json.loads(sys.argv[1])
+import tensorflow.compat.v1 as tf
+sys.modules["tensorflow"] = tf  # the script and its tokenization.py were written for TensorFlow 1
+sys.path.insert(0, a["dir"])
+script = os.path.join(a["dir"], "create_pretraining_data.py")
+sys.argv = [script, "--input_file=" + a["text"], "--output_file=" + a["out"], "--vocab_file=" + a["vocab"],
+            "--do_lower_case=True", "--max_seq_length=%d" % a["seq"], "--max_predictions_per_seq=%d" % a["pred"],
+            "--masked_lm_prob=0.15", "--random_seed=12345", "--dupe_factor=%d" % a["dupe"]]
+t, c = time.time(), time.process_time()
+try:
+    runpy.run_path(script, run_name="__main__")
+except SystemExit as e:
+    if e.code:
+        raise
+print(json.dumps({"seconds": time.time() - t, "cpu": time.process_time() - c}))
+"""
+
+
+def original_text(corpus: str, path: str) -> str:
+    """The corpus's documents as the original script reads them: one sentence per line, a blank
+    line between documents (written once, reused)."""
+    if not os.path.exists(path):
+        import pyarrow.parquet as pq
+
+        from pipeline.schema.manifest import read_manifest
+
+        with open(path + ".tmp", "w", encoding="utf-8") as f:
+            for url in read_manifest(corpus).file_urls(".parquet"):
+                for doc in pq.read_table(url, columns=["sentences"]).column(0).to_pylist():
+                    f.write("\n".join(doc) + "\n\n")
+        os.replace(path + ".tmp", path)
+    return path
+
 
 def tree_rss_bytes(root: int) -> int:
     """Resident bytes of ``root`` and all its descendants, from /proc."""
@@ -88,10 +133,12 @@ def tree_rss_bytes(root: int) -> int:
     return total
 
 
-def run_measured(code: str, args: dict, cores: str, env: dict | None = None) -> tuple[dict, int, float]:
+def run_measured(
+    code: str, args: dict, cores: str, env: dict | None = None, python: str = sys.executable
+) -> tuple[dict, int, float]:
     """Run ``code`` in a child pinned to ``cores``; its JSON result, the tree's peak RSS and the
     CPU seconds (user + system) of the whole tree (workers are reaped by the job, the job here)."""
-    cmd = ["taskset", "-c", cores, sys.executable, "-c", code, json.dumps(args)]
+    cmd = ["taskset", "-c", cores, python, "-c", code, json.dumps(args)]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     proc = subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env={**os.environ, **(env or {})}
@@ -152,14 +199,20 @@ def main() -> None:
         "--no-fork", action="store_true", help="Beam's own subprocess workers (BeamConfig.fork_workers=False)"
     )
     parser.add_argument("--work", default=None, help="folder for corpora (kept, reused); default: a temp folder")
+    parser.add_argument("--original", default="", help="a google-research/bert checkout: its script beside ours")
+    parser.add_argument("--original-python", default="", help="a Python with TensorFlow 2, for --original")
     args = parser.parse_args()
+    if bool(args.original) != bool(args.original_python):
+        parser.error("--original and --original-python go together")
     work = args.work or tempfile.mkdtemp(prefix="bertflow-bench-examples-")
     env_path = os.environ.get("PYTHONPATH", "")
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (os.getcwd(), env_path) if p)
     header = (
         f"| {'corpus':>7} | {'job':<22} | {'seconds':>7} | {'CPU s':>6} | {'instances/s':>11} | {'example tok/s':>13} "
         f"| {'input tok/s':>11} | {'vs bare':>7} | {'vs bare, CPU':>12} | {'peak RSS MiB':>12} | {'load':>4} |"
+        + (f" {'vs original, CPU':>16} |" if args.original else "")
     )
+    blank = f" {'-':>16} |" if args.original else ""
     print(header)
     print("|" + "|".join("-" * (len(c)) for c in header.split("|")[1:-1]) + "|")
     for size in args.sizes.split(","):
@@ -172,7 +225,7 @@ def main() -> None:
         print(
             f"| {mb:5.0f}MB | {'bare encode_batch':<22} | {bare['seconds']:7.1f} | {bare['cpu']:6.1f} "
             f"| {'-':>11} | {'-':>13} "
-            f"| {bare_rate:11,.0f} | {1:7.2f} | {1:12.2f} | {bare_rss / 2**20:12,.0f} | {load:4.1f} |",
+            f"| {bare_rate:11,.0f} | {1:7.2f} | {1:12.2f} | {bare_rss / 2**20:12,.0f} | {load:4.1f} |{blank}",
             flush=True,
         )
         # What the job calls (no offsets needed without a segmenter): same ids, less work. Shown
@@ -184,10 +237,33 @@ def main() -> None:
         print(
             f"| {mb:5.0f}MB | {'bare encode_batch_fast':<22} | {fast['seconds']:7.1f} | {fast['cpu']:6.1f} | {'-':>11} "
             f"| {'-':>13} | {fast_rate:11,.0f} | {fast_rate / bare_rate:7.2f} | {bare['cpu'] / fast['cpu']:12.2f} "
-            f"| {'-':>12} | {load:4.1f} |",
+            f"| {'-':>12} | {load:4.1f} |{blank}",
             flush=True,
         )
         for dupe in (int(d) for d in args.dupe_factors.split(",")):
+            original_cpu = None
+            if args.original:
+                text = original_text(corpus, os.path.join(work, size, "original-input.txt"))
+                load = os.getloadavg()[0]
+                orig_args = {
+                    "dir": os.path.abspath(os.path.expanduser(args.original)),
+                    "text": text,
+                    "out": os.path.join(work, size, f"original-dupe{dupe}.tfrecord"),
+                    "vocab": os.path.join(vocab, "vocab.txt"),
+                    "seq": args.seq,
+                    "pred": max(1, round(args.seq * 0.15625)),
+                    "dupe": dupe,
+                }
+                orig, orig_rss, _ = run_measured(
+                    ORIGINAL, orig_args, "0", {"CUDA_VISIBLE_DEVICES": ""}, os.path.expanduser(args.original_python)
+                )
+                original_cpu = orig["cpu"]
+                print(
+                    f"| {mb:5.0f}MB | {f'original dupe={dupe}':<22} | {orig['seconds']:7.1f} | {orig['cpu']:6.1f} "
+                    f"| {'-':>11} | {'-':>13} | {'-':>11} | {'-':>7} | {bare['cpu'] / orig['cpu']:12.2f} "
+                    f"| {orig_rss / 2**20:12,.0f} | {load:4.1f} | {1:16.2f} |",
+                    flush=True,
+                )
             for workers in (int(w) for w in args.workers.split(",")):
                 job = {
                     "corpus": corpus,
@@ -213,7 +289,8 @@ def main() -> None:
                     f"| {mb:5.0f}MB | {f'ours dupe={dupe} workers={workers}':<22} | {s:7.1f} | {cpu:6.1f} "
                     f"| {c[name + '.examples'] / s:11,.0f} | {c[name + '.tokens'] / s:13,.0f} "
                     f"| {rate:11,.0f} | {rate / bare_rate / workers:7.2f} | {cpu_rate / bare_cpu_rate:12.2f} "
-                    f"| {rss / 2**20:12,.0f} | {load:4.1f} |",
+                    f"| {rss / 2**20:12,.0f} | {load:4.1f} |"
+                    + (f" {original_cpu / cpu:16.2f} |" if original_cpu else blank),
                     flush=True,
                 )
     print(
@@ -221,7 +298,8 @@ def main() -> None:
         "tokens per CPU-second of the job (driver and workers, the call of run_examples) over the "
         "bare tokens per CPU-second; 'CPU s' is those CPU-seconds (bare: of the encode loop); 'load' "
         "is the 1-minute load average when the row started (a figure taken at load > 1 "
-        f"shares the cores with other work). Work folder: {work}"
+        f"shares the cores with other work); 'vs original, CPU' is the original script's CPU-seconds "
+        f"over ours on the same input (its input tokens are ours). Work folder: {work}"
     )
 
 

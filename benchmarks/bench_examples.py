@@ -213,6 +213,10 @@ def main() -> None:
         + (f" {'vs original, CPU':>16} |" if args.original else "")
     )
     blank = f" {'-':>16} |" if args.original else ""
+    pred = max(1, round(args.seq * 0.15625))  # 20 at 128, as the presets
+    original_dir, original_python = (
+        os.path.abspath(os.path.expanduser(p)) for p in (args.original, args.original_python)
+    )
     print(header)
     print("|" + "|".join("-" * (len(c)) for c in header.split("|")[1:-1]) + "|")
     for size in args.sizes.split(","):
@@ -240,23 +244,22 @@ def main() -> None:
             f"| {'-':>12} | {load:4.1f} |{blank}",
             flush=True,
         )
+        text = original_text(corpus, os.path.join(work, size, "original-input.txt")) if args.original else ""
         for dupe in (int(d) for d in args.dupe_factors.split(",")):
             original_cpu = None
             if args.original:
-                text = original_text(corpus, os.path.join(work, size, "original-input.txt"))
                 load = os.getloadavg()[0]
                 orig_args = {
-                    "dir": os.path.abspath(os.path.expanduser(args.original)),
+                    "dir": original_dir,
                     "text": text,
                     "out": os.path.join(work, size, f"original-dupe{dupe}.tfrecord"),
                     "vocab": os.path.join(vocab, "vocab.txt"),
                     "seq": args.seq,
-                    "pred": max(1, round(args.seq * 0.15625)),
+                    "pred": pred,
                     "dupe": dupe,
                 }
-                orig, orig_rss, _ = run_measured(
-                    ORIGINAL, orig_args, "0", {"CUDA_VISIBLE_DEVICES": ""}, os.path.expanduser(args.original_python)
-                )
+                no_gpu = {"CUDA_VISIBLE_DEVICES": ""}
+                orig, orig_rss, _ = run_measured(ORIGINAL, orig_args, "0", no_gpu, original_python)
                 original_cpu = orig["cpu"]
                 print(
                     f"| {mb:5.0f}MB | {f'original dupe={dupe}':<22} | {orig['seconds']:7.1f} | {orig['cpu']:6.1f} "
@@ -270,7 +273,7 @@ def main() -> None:
                     "vocab": vocab,
                     "out": os.path.join(work, size, "examples"),
                     "seq": args.seq,
-                    "pred": max(1, round(args.seq * 0.15625)),
+                    "pred": pred,
                     "dupe": dupe,
                     "workers": workers,
                     "masking": args.masking,

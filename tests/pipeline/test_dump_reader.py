@@ -80,3 +80,44 @@ def test_the_corpus_is_the_same_whatever_the_reader(tmp_path):
     assert outputs[0] == outputs[1]
     assert outputs[0][1]["malformed_xml"] == 1 and outputs[0][1]["read"] == 41
     assert dataclasses.replace(cfg, wiki_reader="auto").wiki_reader == "auto"
+
+
+def test_a_reader_process_stopped_and_continued_loses_nothing(tmp_path, monkeypatch):
+    """A writer stopped and continued mid-batch (SIGSTOP/SIGCONT; a profiler's ptrace stops do
+    the same) made a buffered read return short: the frames slipped (UnicodeDecodeError, or the
+    end taken for a dead reader). Every item still arrives, in order."""
+    import os
+    import signal
+    import subprocess
+    import threading
+    import time
+
+    path, _ = write_multistream(tmp_path / "big-multistream.xml.bz2", pages_xml(1500), per_stream=50)
+    expected = list(read_wiki(str(path), reader="inline"))
+    started, real_popen, done = [], subprocess.Popen, threading.Event()
+
+    def popen(*args, **kwargs):
+        proc = real_popen(*args, **kwargs)
+        started.append(proc)
+        return proc
+
+    def poke():
+        while not done.is_set():
+            for proc in started:
+                try:
+                    os.kill(proc.pid, signal.SIGSTOP)
+                    os.kill(proc.pid, signal.SIGCONT)
+                except ProcessLookupError:
+                    pass
+            time.sleep(0.002)
+
+    monkeypatch.setattr(dr.subprocess, "Popen", popen)
+    poker = threading.Thread(target=poke, daemon=True)
+    poker.start()
+    try:
+        for _ in range(3):
+            assert list(read_wiki(str(path), reader="process")) == expected
+    finally:
+        done.set()
+        poker.join()
+    assert len(started) == 3 and sum(len(getattr(i, "text", "")) for i in expected) > 3 * dr.BATCH_BYTES

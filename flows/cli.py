@@ -401,9 +401,10 @@ def _run(args, cfg, overrides) -> int:
     failure = None
     try:
         from flows.prefect_db import prepare_prefect_database
+        from flows.prefect_server import temporary_server
 
-        prepare_prefect_database()  # before the flow starts Prefect's temporary server: one migration at a time
-        with _progress_bars(console):
+        prepare_prefect_database()  # before Prefect's temporary server starts: one migration at a time
+        with temporary_server(), _progress_bars(console):
             if args.command == "run":
                 from flows.pretrain_flow import pretrain
 

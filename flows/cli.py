@@ -404,7 +404,8 @@ def _run(args, cfg, overrides) -> int:
         from flows.prefect_server import temporary_server
 
         prepare_prefect_database()  # before Prefect's temporary server starts: one migration at a time
-        with temporary_server(), _progress_bars(console):
+        meanwhile = functools.partial(_flow_imports, args.command, tracking_uri)
+        with temporary_server(meanwhile), _progress_bars(console):
             if args.command == "run":
                 from flows.pretrain_flow import pretrain
 
@@ -431,6 +432,19 @@ def _run(args, cfg, overrides) -> int:
         return code
     print_summary(summary)
     return 0
+
+
+def _flow_imports(command: str, tracking_uri: str) -> None:
+    """What every flow run imports before its first stage: the flow's module (Prefect's engine)
+    and MLflow's client (its session opens the parent run); done while Prefect's temporary
+    server starts."""
+    import flows.tracking
+
+    flows.tracking.import_client(tracking_uri)
+    if command == "run":
+        import flows.pretrain_flow  # noqa: F401
+    else:
+        import flows.stage_flows  # noqa: F401
 
 
 def _stop(stop, stop_children, signum, frame):

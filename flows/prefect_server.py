@@ -29,7 +29,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 PORT_IN_USE = 3
@@ -86,9 +86,11 @@ def _drain_to_api(timeout_s: float = 5.0) -> None:
 
 
 @contextmanager
-def temporary_server() -> Iterator[str | None]:
+def temporary_server(meanwhile: Callable[[], object] | None = None) -> Iterator[str | None]:
     """Prefect's temporary server for the flow run inside the block; its API URL, or ``None``
-    when Prefect has an API of its own or no ephemeral mode (then nothing is started)."""
+    when Prefect has an API of its own or no ephemeral mode (then nothing is started).
+    ``meanwhile``: work of this process done while the server starts on another core (the
+    imports the flow needs anyway: the command's wall time, not its CPU)."""
     from prefect.logging import get_logger
     from prefect.logging.configuration import ensure_logging_setup
     from prefect.settings import PREFECT_API_URL, PREFECT_UI_URL, get_current_settings, temporary_settings
@@ -107,6 +109,8 @@ def temporary_server() -> Iterator[str | None]:
     proc = subprocess.Popen(server_command(port), env=env)
     try:
         deadline = time.monotonic() + timeout
+        if meanwhile is not None:
+            meanwhile()
         while not _healthy(f"{address}/api"):
             if proc.poll() == PORT_IN_USE:  # taken meanwhile: another port, as Prefect does
                 port = _free_port()

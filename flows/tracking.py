@@ -243,6 +243,16 @@ def _sqlite_busy_timeout(client, seconds: float) -> None:
         event.listen(engine, "before_cursor_execute", rewrite, retval=True)
 
 
+def import_client(uri: str) -> None:
+    """Import what :func:`_client` will use for ``uri`` (MLflow's client; its SQLAlchemy store for
+    a database URI), ahead of time: ``flows.cli`` does it while Prefect's server starts."""
+    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    import mlflow.tracking  # noqa: F401
+
+    if not uri.startswith(("http://", "https://", "databricks")):
+        import mlflow.store.tracking.sqlalchemy_store  # noqa: F401
+
+
 def _client(uri: str, sqlite_busy_seconds: float | None = None):
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     from mlflow.tracking import MlflowClient

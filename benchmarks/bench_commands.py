@@ -114,8 +114,8 @@ def stage_fit(sizes: list[str], env: dict[str, str], work: str, repeat: int = 1)
     return {"cpu": y1 - slope * x1, "slope": slope, "rss_mb": 0.0, "wall": 0.0, "code": 0}
 
 
-def _proc_stat(pid: int) -> tuple[int, float, str] | None:
-    """(parent pid, CPU seconds of the process itself, command line) from /proc, or None."""
+def _proc_stat(pid: int) -> tuple[float, str] | None:
+    """(CPU seconds of the process itself, command line) from /proc, or None."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             stat = f.read()
@@ -124,27 +124,25 @@ def _proc_stat(pid: int) -> tuple[int, float, str] | None:
     except OSError:
         return None
     fields = stat[stat.rindex(")") + 2 :].split()
-    return int(fields[1]), (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"), cmd
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"), cmd
 
 
 def tree(argv: list[str], env: dict[str, str]) -> tuple[list[tuple[str, float]], float]:
     """One command's process tree, sampled from /proc every 20 ms (Linux): each process's own CPU
     seconds at its last sample (what ``rusage`` adds up, by process), and the wall seconds."""
+    sys.path.insert(0, REPO)
+    from flows.proc.supervisor import descendants
+
     start = time.perf_counter()
     proc = subprocess.Popen([sys.executable, "-m", "flows.cli", *argv], env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)  # fmt: skip
     seen: dict[int, tuple[float, str]] = {proc.pid: (0.0, "bertflow (supervisor)")}
     while proc.poll() is None:
-        stats = {pid: st for pid in map(int, filter(str.isdigit, os.listdir("/proc"))) if (st := _proc_stat(pid))}
-        grew = True
-        while grew:  # every descendant, however deep, once its parent is known
-            grew = False
-            for pid, (ppid, cpu, cmd) in stats.items():
-                if pid not in seen and ppid in seen:
-                    seen[pid], grew = (cpu, cmd), True
-        for pid in seen:
-            if pid in stats:
-                seen[pid] = (stats[pid][1], seen[pid][1])
+        # every descendant, however deep; one seen before is still read after its parent is gone
+        for pid in descendants(proc.pid) | set(seen):
+            st = _proc_stat(pid)
+            if st is not None:
+                seen[pid] = (st[0], seen[pid][1] if pid in seen and seen[pid][1] else st[1])
         time.sleep(0.02)
     wall = time.perf_counter() - start
 

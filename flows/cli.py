@@ -13,18 +13,17 @@ the tracking store in the command's own process, without Prefect (``flows.finish
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import logging
 import os
-import signal
 import sys
 import time
 from collections.abc import Callable
 
-from flows.exits import CLOSED_PIPE, EXIT_CODES, exit_codes_help, failure_code  # noqa: F401 (EXIT_CODES: read from here too)
+from flows.exits import CLOSED_PIPE, EXIT_CODES, exit_codes_help, failure_code  # noqa: F401 (EXIT_CODES, failure_code: read from here too)
 from flows.overrides import suggest
 from flows.presets import PRESETS
+from flows.summary_table import print_summary  # noqa: F401 (print_summary: read from here too)
 from flows.table import CHAIN  # the stage table imports no torch, Beam, Prefect or MLflow
 
 
@@ -274,17 +273,9 @@ def _dispatch(argv: list[str] | None) -> int:
 
     if not is_worker():
         return _main(argv)
-    from flows.proc.launch import stop_children  # imported before the handler can run
-    from flows.proc.protocol import STOP
+    from flows.worker import serve
 
-    handler = functools.partial(_stop, STOP, stop_children)
-    for sig in (signal.SIGINT, signal.SIGTERM):  # from the first instruction: a stop is never a traceback
-        signal.signal(sig, handler)
-    try:
-        return _main(argv)
-    except KeyboardInterrupt:
-        _exit_now(_stopped_code())
-        raise  # not reached
+    return serve(_main, argv)
 
 
 def beam_words(words: list[str]) -> list[str]:
@@ -362,7 +353,6 @@ def _main(argv: list[str]) -> int:
 
 def _run(args, cfg, overrides) -> int:
     from flows.checks import RootBusyError, RootLock, absolute_root, preflight
-    from flows.secrets import ENV_SECRET_OVERRIDES, split_secret_overrides
     from flows.table import stage_names, stages_after
     from flows.tracking import default_tracking_uri
     from pipeline.schema.manifest import ManifestError
@@ -394,122 +384,9 @@ def _run(args, cfg, overrides) -> int:
             print_summary(summary)
             return 0
         return supervise(args.argv, args.command)
-    public, secret = split_secret_overrides(overrides)
-    if secret:
-        os.environ[ENV_SECRET_OVERRIDES] = json.dumps(secret)
-    kwargs = dict(preset=args.preset, root=root, overrides=public, mlflow_uri=tracking_uri)
-    failure = None
-    try:
-        from flows.prefect_db import prepare_prefect_database
-        from flows.prefect_server import temporary_server
+    from flows.worker import run_flow
 
-        prepare_prefect_database()  # before Prefect's temporary server starts: one migration at a time
-        meanwhile = functools.partial(_flow_imports, args.command, tracking_uri)
-        with temporary_server(meanwhile), _progress_bars(console):
-            if args.command == "run":
-                from flows.pretrain_flow import pretrain
-
-                summary = pretrain(force=args.force, **kwargs)
-            else:
-                from flows.stage_flows import STAGE_FLOWS
-
-                summary = STAGE_FLOWS[args.name](**{f"{k}_url": v for k, v in given.items()}, **kwargs)
-    except KeyboardInterrupt:
-        pass  # the stop request says which signal
-    except Exception as exc:  # Prefect has logged the traceback; end with one clear line
-        failure = exc
-    finally:
-        lock.release()
-    from flows.proc.protocol import STOP
-    from flows.proc.supervisor import say_last
-
-    if STOP.requested is not None:
-        say_last(f"bertflow: {args.command} stopped; finished stages are kept, a rerun resumes")
-        _exit_now(_stopped_code())
-    if failure is not None:  # the supervisor prints it after everything else: the last line on stderr
-        code = failure_code(failure)
-        say_last(f"bertflow: {args.command} failed (exit {code}): {type(failure).__name__}: {failure}")
-        return code
-    print_summary(summary)
-    return 0
-
-
-def _flow_imports(command: str, tracking_uri: str) -> None:
-    """What every flow run imports before its first stage: the flow's module (Prefect's engine)
-    and MLflow's client (its session opens the parent run); done while Prefect's temporary
-    server starts."""
-    import flows.tracking
-
-    flows.tracking.import_client(tracking_uri)
-    if command == "run":
-        import flows.pretrain_flow  # noqa: F401
-    else:
-        import flows.stage_flows  # noqa: F401
-
-
-def _stop(stop, stop_children, signum, frame):
-    """The worker's SIGINT/SIGTERM handler: record the stop (nothing starts or retries after it),
-    pass SIGTERM to every stage process and training tree, and unwind the flow. Later signals
-    change nothing here: the supervisor kills the tree when asked twice."""
-    if not stop.request(signum):
-        return
-    logging.getLogger("bertflow.flow").warning(
-        "%s: stopping: %d stage process(es) asked to stop, nothing more starts", signal.Signals(signum).name,
-        stop_children(signal.SIGTERM),
-    )  # fmt: skip
-    raise KeyboardInterrupt(f"stopped by {signal.Signals(signum).name}")
-
-
-def _stopped_code() -> int:
-    from flows.proc.protocol import STOP
-
-    return 128 + (STOP.requested or signal.SIGINT)
-
-
-def _exit_now(code: int) -> None:
-    """Leave at once after a stop (threads of Beam or Prefect may never end by themselves); the
-    supervisor sweeps what is left of the session (Prefect's temporary server)."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    logging.shutdown()
-    os._exit(code)
-
-
-class _progress_bars:
-    """A rich progress bar per training stage, fed by the training process's progress lines."""
-
-    def __init__(self, console):
-        self.console = console
-        self.progress = None
-        self.tasks: dict[str, int] = {}
-
-    def __enter__(self):
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-        from flows.proc.protocol import LISTENERS
-
-        self.progress = Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeRemainingColumn(),
-            console=self.console,
-            transient=False,
-        )
-        self.progress.start()
-        LISTENERS.append(self.update)
-        return self
-
-    def update(self, stage: str, done: int, total: int) -> None:
-        if stage not in self.tasks:
-            self.tasks[stage] = self.progress.add_task(f"{stage} steps", total=total)
-        self.progress.update(self.tasks[stage], completed=done, total=total)
-
-    def __exit__(self, *exc):
-        from flows.proc.protocol import LISTENERS
-
-        LISTENERS.remove(self.update)
-        self.progress.stop()
+    return run_flow(args, overrides, root, tracking_uri, given, lock, console)
 
 
 def _status(args, cfg) -> int:
@@ -568,46 +445,6 @@ def _synth(args) -> int:
     print(json.dumps(counts, indent=2, default=str))
     print(f"wrote {args.out} in {time.time() - start:.1f} s")
     return 0
-
-
-def print_summary(summary: dict, file=None) -> None:
-    """The closing table on stdout (or ``file``): on a terminal as wide as the window, with long
-    cells folded; written to a file or a pipe, as wide as its cells need, so no path is cut."""
-    from rich.console import Console
-
-    fold = Console(file=file).is_terminal
-    if fold:
-        console = Console(file=file, width=max(120, Console(file=file).width))
-    else:  # a log file: no window to fit, and a path cut in two (`.../runs/tiny/cor` + `pus`) is unreadable
-        console = Console(file=file, width=100_000, soft_wrap=True)
-    _summary_lines(console, summary, fold)
-
-
-def _summary_lines(console, summary: dict, fold: bool) -> None:
-    from rich.table import Table
-
-    from flows.figures import format_figure
-
-    table = Table(title=f"bertflow {summary['preset']}: {summary['seconds']:.0f} s")
-    for col in ("stage", "status", "time (s)", "key figures", "output"):
-        table.add_column(col, overflow="fold" if fold else "ignore", no_wrap=not fold)
-    for s in summary["stages"]:
-        figs = "\n".join(f"{k}={format_figure(v)}" for k, v in s["figures"].items())
-        table.add_row(s["stage"], s["status"], f"{s['seconds']:.1f}", figs, s["url"])
-    console.print(table)
-    console.print(f"results: {summary['root']}")
-    if summary.get("model_version"):
-        console.print(
-            f"registered model: {summary['model_name']} version {summary['model_version']} "
-            f"(alias {summary.get('model_alias')}): models:/{summary['model_name']}@{summary.get('model_alias')}"
-        )
-    from flows.tracking import ui_url
-
-    uri = summary["tracking_uri"]
-    if not uri.startswith(("http://", "https://")):
-        console.print(f"MLflow: mlflow ui --backend-store-uri {uri}")
-    if summary.get("experiment_id"):
-        console.print(f"MLflow runs: {ui_url(uri, summary['experiment_id'])}")
 
 
 if __name__ == "__main__":

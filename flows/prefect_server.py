@@ -112,12 +112,13 @@ def temporary_server(meanwhile: Callable[[], object] | None = None) -> Iterator[
         if meanwhile is not None:
             meanwhile()
         while not _healthy(f"{address}/api"):
-            if proc.poll() == PORT_IN_USE:  # taken meanwhile: another port, as Prefect does
+            code = proc.poll()
+            if code == PORT_IN_USE:  # taken meanwhile: another port, as Prefect does
                 port = _free_port()
                 address = f"http://127.0.0.1:{port}"
                 proc = subprocess.Popen(server_command(port), env=env)
-            elif proc.poll() is not None:
-                raise RuntimeError(f"Prefect's temporary server on {address} exited with code {proc.returncode}")
+            elif code is not None:
+                raise RuntimeError(f"Prefect's temporary server on {address} exited with code {code}")
             if time.monotonic() > deadline:
                 raise RuntimeError(f"Prefect's temporary server on {address} did not answer within {timeout} s")
             time.sleep(0.1)

@@ -254,7 +254,7 @@ def import_client(uri: str) -> None:
 
 
 def _client(uri: str, sqlite_busy_seconds: float | None = None):
-    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    import_client(uri)
     from mlflow.tracking import MlflowClient
 
     if uri.startswith(("http://", "https://")):

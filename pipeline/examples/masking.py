@@ -19,6 +19,11 @@ How this differs from the reference:
    starts a word of its own; the reference would glue it to A's last word across the ``[SEP]``.
 6. The generator is seeded per (seed, doc_id, copy, max_seq_length) through blake2b
    (:func:`example_rng`), never from the order in which a worker meets the documents.
+
+The hot paths draw what ``rng.sample``, ``rng.randint`` and a one-token-at-a-time truncation draw,
+number for number, without their per-draw Python calls (:func:`sample_range`, ``rng._randbelow``,
+cuts counted then made once): the shards are byte-identical to those of the plain calls, and
+tests/pipeline/test_masking_draws.py compares each against the plain call and the state after.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import random
 import re
 from collections.abc import Sequence
@@ -72,15 +78,30 @@ def truncate_seq_pair(tokens_a: list[int], tokens_b: list[int], max_num_tokens: 
     """Truncate a pair in place to ``max_num_tokens`` in total, one token at a time.
 
     The longer side loses a token, from its front or its back at random (to avoid biasing the
-    model towards sequences that always end where the text ends).
+    model towards sequences that always end where the text ends). The reference's loop, one
+    ``rng.random()`` per token removed, in its order; the tokens are cut once at the end.
     """
-    while len(tokens_a) + len(tokens_b) > max_num_tokens:
-        trunc = tokens_a if len(tokens_a) > len(tokens_b) else tokens_b
-        assert len(trunc) >= 1
-        if rng.random() < 0.5:
-            del trunc[0]
+    len_a, len_b = len(tokens_a), len(tokens_b)
+    if len_a + len_b <= max_num_tokens:
+        return
+    draw = rng.random
+    front_a = front_b = 0
+    end_a, end_b = len_a, len_b
+    while len_a + len_b > max_num_tokens:
+        if len_a > len_b:
+            if draw() < 0.5:
+                front_a += 1
+            else:
+                end_a -= 1
+            len_a -= 1
         else:
-            trunc.pop()
+            assert len_b >= 1
+            if draw() < 0.5:
+                front_b += 1
+            else:
+                end_b -= 1
+            len_b -= 1
+    del tokens_a[end_a:], tokens_a[:front_a], tokens_b[end_b:], tokens_b[:front_b]
 
 
 def create_masked_lm_predictions(
@@ -101,17 +122,17 @@ def create_masked_lm_predictions(
     chosen = _choose_masked_positions(tokens, num_to_predict, vocab, rng, whole_word_mask)
 
     output_tokens = list(tokens)
+    draw, below = rng.random, rng._randbelow  # randint(0, n - 1) is _randbelow(n): the same draw
+    random_ids = vocab.random_ids
+    num_random = len(random_ids)
+    mask_id = vocab.mask_id
     for index in chosen:
-        if rng.random() < 0.8:
+        if draw() < 0.8:
             # 80% of the time, replace with [MASK]
-            masked_token = vocab.mask_id
-        elif rng.random() < 0.5:
-            # 10% of the time, keep the original
-            masked_token = tokens[index]
-        else:
-            # 10% of the time, replace with a random token
-            masked_token = vocab.random_ids[rng.randint(0, len(vocab.random_ids) - 1)]
-        output_tokens[index] = masked_token
+            output_tokens[index] = mask_id
+        elif draw() >= 0.5:
+            # 10% of the time, replace with a random token (the other 10%: keep the original)
+            output_tokens[index] = random_ids[below(num_random)]
     positions = sorted(chosen)
     return output_tokens, positions, [tokens[p] for p in positions]
 
@@ -127,8 +148,14 @@ def _choose_masked_positions(
     if not whole_word_mask:
         # The reference shuffles every candidate and takes the first num_to_predict: the same
         # distribution as a sample, which draws num_to_predict numbers instead of len(tokens).
-        candidates = [i for i, t in enumerate(tokens) if t not in special]
-        return rng.sample(candidates, min(num_to_predict, len(candidates)))
+        # Drawn as rng.sample(candidates, k) draws (see sample_range), then mapped to positions.
+        skipped = _special_positions(tokens, vocab)
+        num_candidates = len(tokens) - len(skipped)
+        picks = sample_range(rng, num_candidates, min(num_to_predict, num_candidates))
+        if len(skipped) == 3 and skipped[2] == len(tokens) - 1 and skipped[0] == 0:  # [CLS] A [SEP] B [SEP]
+            sep = skipped[1]
+            return [j + 1 if j < sep - 1 else j + 2 for j in picks]
+        return [_skip(j, skipped) for j in picks]
 
     cand_indexes: list[list[int]] = []
     after_special = True
@@ -153,6 +180,67 @@ def _choose_masked_positions(
             continue
         chosen.extend(index_set)  # words are disjoint: no index is covered twice
     return chosen
+
+
+def _special_positions(tokens: list[int], vocab: VocabIds) -> list[int]:
+    """Where ``[CLS]`` and ``[SEP]`` are in ``tokens``, in order (two scans in C, not a loop per token)."""
+    out: list[int] = []
+    for value in (vocab.cls_id, vocab.sep_id):
+        at = -1
+        for _ in range(tokens.count(value)):
+            at = tokens.index(value, at + 1)
+            out.append(at)
+    out.sort()
+    return out
+
+
+_SET_SIZES: dict[int, int] = {}
+
+
+def sample_range(rng: random.Random, n: int, k: int) -> list[int]:
+    """``rng.sample(range(n), k)``, draw for draw, leaving ``rng`` in the same state.
+
+    ``random.Random.sample`` as CPython writes it (a pool of ``n`` for small ``n``, else a set of
+    the numbers already taken; every number from ``_randbelow``: ``getrandbits`` of ``n``'s bit
+    length until one is below ``n``), without its per-draw method calls: this is the masking's hot
+    loop. tests/pipeline/test_masking_draws.py checks it against ``rng.sample`` itself.
+    """
+    if not 0 <= k <= n:
+        raise ValueError("Sample larger than population or is negative")
+    getrandbits = rng.getrandbits
+    result = [0] * k
+    setsize = _SET_SIZES.get(k)
+    if setsize is None:
+        setsize = _SET_SIZES[k] = 21 + (4 ** math.ceil(math.log(k * 3, 4)) if k > 5 else 0)
+    if n <= setsize:
+        pool = list(range(n))
+        for i in range(k):
+            left = n - i
+            bits = left.bit_length()
+            j = getrandbits(bits)
+            while j >= left:
+                j = getrandbits(bits)
+            result[i] = pool[j]
+            pool[j] = pool[left - 1]
+    else:
+        bits = n.bit_length()
+        selected: set[int] = set()
+        for i in range(k):
+            j = getrandbits(bits)
+            while j >= n or j in selected:
+                j = getrandbits(bits)
+            selected.add(j)
+            result[i] = j
+    return result
+
+
+def _skip(j: int, skipped: list[int]) -> int:
+    """The position of the ``j``-th token not at a position of ``skipped`` (sorted)."""
+    for at in skipped:
+        if at > j:
+            break
+        j += 1
+    return j
 
 
 def create_instances_from_document(
@@ -183,50 +271,53 @@ def create_instances_from_document(
     ``docs``, in which case the chunk's unused sentences are put back for the next example.
     """
     document = docs[doc_index]
+    num_sentences = len(document)
     max_num_tokens = max_seq_length - 3  # [CLS], [SEP], [SEP]
+    below = rng._randbelow  # rng.randint(a, b) is a + rng._randbelow(b - a + 1): the same draw, no wrappers
+    cls_id, sep_id = vocab.cls_id, vocab.sep_id
 
     # Mostly fill the sequence; sometimes (short_seq_prob) aim shorter, so that the model also
     # sees the short sequences of fine-tuning. Drawn once per document, as in the reference.
     target_seq_length = max_num_tokens
     if rng.random() < short_seq_prob:
-        target_seq_length = rng.randint(2, max_num_tokens)
+        target_seq_length = 2 + below(max_num_tokens - 1)  # randint(2, max_num_tokens)
 
     instances: list[dict[str, Any]] = []
     current_chunk: list[Sequence[int]] = []
     current_length = 0
     i = 0
-    while i < len(document):
+    while i < num_sentences:
         segment = document[i]
         current_chunk.append(segment)
         current_length += len(segment)
-        if i == len(document) - 1 or current_length >= target_seq_length:
+        if i == num_sentences - 1 or current_length >= target_seq_length:
             if current_chunk:
                 # How many chunk sentences go into A.
+                chunk_size = len(current_chunk)
                 a_end = 1
-                if len(current_chunk) >= 2:
-                    a_end = rng.randint(1, len(current_chunk) - 1)
-                tokens_a = [t for seg in current_chunk[:a_end] for t in seg]
+                if chunk_size >= 2:
+                    a_end = 1 + below(chunk_size - 1)  # randint(1, chunk_size - 1)
+                tokens_a = _joined(current_chunk[:a_end])
 
-                tokens_b: list[int] = []
-                if len(current_chunk) == 1 or rng.random() < random_next_prob:
+                if chunk_size == 1 or rng.random() < random_next_prob:
                     is_random_next = True
                     target_b_length = target_seq_length - len(tokens_a)
                     random_index = _pick_other_document(doc_index, len(docs), rng)
                     random_document = docs[random_index]
-                    random_start = rng.randint(0, len(random_document) - 1)
-                    for j in range(random_start, len(random_document)):
-                        tokens_b.extend(random_document[j])
+                    tokens_b: list[int] = []
+                    for j in range(below(len(random_document)), len(random_document)):  # randint(0, len - 1)
+                        tokens_b += random_document[j]
                         if len(tokens_b) >= target_b_length:
                             break
                     # The chunk's B sentences were not used: put them back.
-                    i -= len(current_chunk) - a_end
+                    i -= chunk_size - a_end
                 else:
                     is_random_next = False
-                    tokens_b = [t for seg in current_chunk[a_end:] for t in seg]
+                    tokens_b = _joined(current_chunk[a_end:])
                 truncate_seq_pair(tokens_a, tokens_b, max_num_tokens, rng)
                 assert tokens_a and tokens_b, "empty segment: documents must hold no empty sentence"
 
-                tokens = [vocab.cls_id, *tokens_a, vocab.sep_id, *tokens_b, vocab.sep_id]
+                tokens = [cls_id, *tokens_a, sep_id, *tokens_b, sep_id]
                 if mask:
                     output, positions, labels = create_masked_lm_predictions(
                         tokens, masked_lm_prob, max_predictions_per_seq, vocab, rng, whole_word_mask
@@ -240,7 +331,7 @@ def create_instances_from_document(
                         "masked_positions": positions,
                         "masked_ids": labels,
                         "is_random_next": is_random_next,
-                        "multi_sentence_chunk": len(current_chunk) >= 2,
+                        "multi_sentence_chunk": chunk_size >= 2,
                         "target_seq_length": target_seq_length,
                     }
                 )
@@ -250,11 +341,19 @@ def create_instances_from_document(
     return instances
 
 
+def _joined(segments: Sequence[Sequence[int]]) -> list[int]:
+    """The segments' tokens in one list (extended a segment at a time, not a token at a time)."""
+    out: list[int] = []
+    for segment in segments:
+        out += segment
+    return out
+
+
 def _pick_other_document(doc_index: int, num_docs: int, rng: random.Random) -> int:
     # Ten tries, as the reference: with a single document it ends up using itself.
     random_index = doc_index
     for _ in range(10):
-        random_index = rng.randint(0, num_docs - 1)
+        random_index = rng._randbelow(num_docs)  # randint(0, num_docs - 1)
         if random_index != doc_index:
             break
     return random_index

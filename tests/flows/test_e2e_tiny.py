@@ -288,9 +288,21 @@ def test_status_lists_every_stage_done_and_inspect_decodes_outputs(chain, cli, c
 
 
 def test_only_a_run_that_trains_makes_a_progress_artifact(chain, cli_env):
-    """Three commands, one of which trained: one progress artifact (a skipped stage made one at 0%)."""
+    """Three commands, one of which trained: one progress artifact (a skipped stage made one at 0%).
+
+    Only the chain's own flow runs count (their ``root`` parameter): the session's Prefect home is
+    shared with other tests of the chain (faults, signals) that train roots of their own."""
     import sqlite3
 
+    root = chain[0]
     with sqlite3.connect(os.path.join(cli_env["PREFECT_HOME"], "prefect.db")) as db:
-        rows = db.execute("select key, data from artifact where type = 'progress'").fetchall()
+        runs = db.execute(
+            "select count(*) from flow_run where json_extract(parameters, '$.root') = ?", (str(root),)
+        ).fetchone()[0]
+        rows = db.execute(
+            "select a.key, a.data from artifact a join flow_run f on a.flow_run_id = f.id"
+            " where a.type = 'progress' and json_extract(f.parameters, '$.root') = ?",
+            (str(root),),
+        ).fetchall()
+    assert runs == 3
     assert [(key, float(data)) for key, data in rows] == [("pretrain-progress", 100.0)]

@@ -20,10 +20,11 @@ How this differs from the reference:
 6. The generator is seeded per (seed, doc_id, copy, max_seq_length) through blake2b
    (:func:`example_rng`), never from the order in which a worker meets the documents.
 
-The hot paths draw what ``rng.sample``, ``rng.randint`` and a one-token-at-a-time truncation draw,
-number for number, without their per-draw Python calls (:func:`sample_range`, ``rng._randbelow``,
-cuts counted then made once): the shards are byte-identical to those of the plain calls, and
-tests/pipeline/test_masking_draws.py compares each against the plain call and the state after.
+The hot paths draw what ``rng.sample``, ``rng.shuffle``, ``rng.randint`` and a one-token-at-a-time
+truncation draw, number for number, without their per-draw Python calls (:func:`sample_range`,
+:func:`shuffle_list`, ``rng._randbelow``, cuts counted then made once): the shards are
+byte-identical to those of the plain calls, and tests/pipeline/test_masking_draws.py compares each
+against the plain call and the state after.
 """
 
 from __future__ import annotations
@@ -157,28 +158,25 @@ def _choose_masked_positions(
             return [j + 1 if j < sep - 1 else j + 2 for j in picks]
         return [_skip(j, skipped) for j in picks]
 
-    cand_indexes: list[list[int]] = []
-    after_special = True
-    for i, token in enumerate(tokens):
-        if token in special:
-            after_special = True
-            continue
-        # A ## piece continues the word before it, but never across [SEP] (B may start
-        # mid-word after truncation; the reference would join it to A's last word).
-        if not after_special and token in vocab.continuation:
-            cand_indexes[-1].append(i)
-        else:
-            cand_indexes.append([i])
-        after_special = False
-    rng.shuffle(cand_indexes)
+    # Words: a position starts one unless it is a ## piece right after a non-special token (a ##
+    # piece continues the word before it, but never across [SEP]: B may start mid-word after
+    # truncation, and the reference would join it to A's last word). [CLS]/[SEP] are words of
+    # their own, left out.
+    continuation = vocab.continuation
+    starts = [
+        i for i, token in enumerate(tokens) if token not in continuation or i == 0 or tokens[i - 1] in special
+    ]  # fmt: skip
+    end_of = dict(zip(starts, [*starts[1:], len(tokens)]))  # a word's first position -> its end
+    words = [a for a in starts if tokens[a] not in special]
+    shuffle_list(rng, words)
     chosen: list[int] = []
-    for index_set in cand_indexes:
+    for start in words:
         if len(chosen) >= num_to_predict:
             break
         # A whole word that would overshoot the budget is skipped, not cut.
-        if len(chosen) + len(index_set) > num_to_predict:
+        if len(chosen) + end_of[start] - start > num_to_predict:
             continue
-        chosen.extend(index_set)  # words are disjoint: no index is covered twice
+        chosen.extend(range(start, end_of[start]))  # words are disjoint: no index is covered twice
     return chosen
 
 
@@ -192,6 +190,19 @@ def _special_positions(tokens: list[int], vocab: VocabIds) -> list[int]:
             out.append(at)
     out.sort()
     return out
+
+
+def shuffle_list(rng: random.Random, items: list) -> None:
+    """``rng.shuffle(items)``, draw for draw: CPython's swaps from the end, each index from
+    ``_randbelow`` (``getrandbits`` until below the bound), without its per-draw method calls."""
+    getrandbits = rng.getrandbits
+    for i in reversed(range(1, len(items))):
+        bound = i + 1
+        bits = bound.bit_length()
+        j = getrandbits(bits)
+        while j >= bound:
+            j = getrandbits(bits)
+        items[i], items[j] = items[j], items[i]
 
 
 _SET_SIZES: dict[int, int] = {}

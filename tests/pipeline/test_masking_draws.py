@@ -18,10 +18,11 @@ from pipeline.examples.masking import (
     _choose_masked_positions,
     create_masked_lm_predictions,
     sample_range,
+    shuffle_list,
     truncate_seq_pair,
 )
 
-VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(5, 400)]
+VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" if i % 3 else f"##w{i}" for i in range(5, 400)]
 IDS = VocabIds.from_vocab(VOCAB)
 CLS, SEP, MASK = 2, 3, 4
 
@@ -33,6 +34,29 @@ def plain_truncate(tokens_a, tokens_b, max_num_tokens, rng):
             del trunc[0]
         else:
             trunc.pop()
+
+
+def plain_words(tokens, num_to_predict, rng):
+    """The whole-word choice as the loop the module had: words built token by token, shuffled."""
+    cand_indexes, after_special = [], True
+    for i, token in enumerate(tokens):
+        if token in (CLS, SEP):
+            after_special = True
+            continue
+        if not after_special and token in IDS.continuation:
+            cand_indexes[-1].append(i)
+        else:
+            cand_indexes.append([i])
+        after_special = False
+    rng.shuffle(cand_indexes)
+    chosen = []
+    for index_set in cand_indexes:
+        if len(chosen) >= num_to_predict:
+            break
+        if len(chosen) + len(index_set) > num_to_predict:
+            continue
+        chosen.extend(index_set)
+    return chosen
 
 
 def plain_masking(tokens, chosen, rng):
@@ -59,6 +83,16 @@ def test_sample_range_draws_what_random_sample_draws(seed):
         assert fast.getstate() == plain.getstate(), (n, k)
     with pytest.raises(ValueError):
         sample_range(random.Random(0), 3, 4)
+
+
+def test_shuffle_list_draws_what_random_shuffle_draws():
+    for n in (0, 1, 2, 3, 17, 100, 1000):
+        for seed in range(3):
+            fast, plain = random.Random(seed), random.Random(seed)
+            a, b = list(range(n)), list(range(n))
+            shuffle_list(fast, a)
+            plain.shuffle(b)
+            assert a == b and fast.getstate() == plain.getstate(), (n, seed)
 
 
 def test_randbelow_is_randint_from_zero():
@@ -116,4 +150,20 @@ def test_positions_and_masks_draw_what_the_reference_draws(specials_inside):
         chosen = plain.sample(candidates, min(n, len(candidates)))
         assert out == plain_masking(tokens, chosen, plain), case
         assert positions == sorted(chosen) and labels == [tokens[p] for p in positions]
+        assert fast.getstate() == plain.getstate(), case
+
+
+@pytest.mark.parametrize("specials_inside", [False, True])
+def test_whole_words_draw_what_the_token_loop_draws(specials_inside):
+    """Whole-word masking: words are a token and its ## pieces, never across [CLS]/[SEP] (a ##
+    piece first in A or B, or right after a special inside, starts a word); shuffled, then
+    taken while they fit the budget."""
+    gen = random.Random(21 + specials_inside)
+    for case in range(300):
+        tokens = _pair(gen, specials_inside)
+        if gen.random() < 0.3:  # a ## piece first in B (B cut mid-word) or first in A
+            tokens[gen.choice((1, tokens.index(SEP) + 1 if tokens.index(SEP) + 1 < len(tokens) - 1 else 1))] = 6
+        k = gen.randint(1, 30)
+        fast, plain = random.Random(case), random.Random(case)
+        assert _choose_masked_positions(tokens, k, IDS, fast, True) == plain_words(tokens, k, plain), case
         assert fast.getstate() == plain.getstate(), case

@@ -3,11 +3,14 @@
     python benchmarks/bench_corpus.py --mb 20 --wikiextractor /tmp/wxvenv/bin/python
     python benchmarks/bench_corpus.py --mb 500 --workers 1 --no-pure --workdir /tmp/b  # memory
     python benchmarks/bench_corpus.py --mb 50 --workers 1 --wiki-reader process  # force a reader mode
+    python benchmarks/bench_corpus.py --dump enwiki-...-pages-articles1.xml.bz2 --copies 10  # a real dump x10
     python benchmarks/bench_corpus.py --parsers      # cleaner vs mwparserfromhell, in-process
     python benchmarks/bench_corpus.py --sentences    # splitter vs pysbd and blingfire
 
 The dump is the synthetic sample wiki (``synth``) repeated, with fresh page ids, to ``--mb``
-MB of XML, written as ``.xml.bz2`` like a real dump. Each tool runs in its own process at 1 and
+MB of XML, written as ``.xml.bz2`` like a real dump; or, with ``--dump``, the pages of a real
+dump repeated ``--copies`` times (our stage drops the repeats as duplicates after cleaning them;
+wikiextractor writes every copy). Each tool runs in its own process at 1 and
 2 workers; peak memory is the largest resident set of the process tree, sampled from /proc;
 CPU seconds are those of the whole process tree (wikiextractor runs a reader process beside
 its ``--processes`` workers, so "1 worker" uses more than one core), the fair figure on a
@@ -43,23 +46,24 @@ _HEADINGISH = re.compile(r"^[\w][\w ,'()-]{0,40}\.?$")
 
 
 # -- input ---------------------------------------------------------------------------------------
-def make_dump(path: Path, mb: float) -> tuple[int, int]:
-    """The sample wiki's pages repeated to ``mb`` MB of XML; (pages, bytes of XML)."""
-    sample = sorted(glob.glob(str(ROOT / "data/sample/wiki/*.xml.bz2")))[0]
+def make_dump(path: Path, mb: float, source: str | None = None, copies: int = 0) -> tuple[int, int]:
+    """The pages of ``source`` (a ``.xml.bz2`` dump; default: the sample wiki) repeated to ``mb``
+    MB of XML, or ``copies`` times when given, each copy with fresh page ids; (pages, bytes of XML)."""
+    sample = source or sorted(glob.glob(str(ROOT / "data/sample/wiki/*.xml.bz2")))[0]
     xml = bz2.decompress(Path(sample).read_bytes()).decode()
     head, _, rest = xml.partition("<page>")
     pages = ["<page>" + p for p in rest.split("<page>")]
     pages[-1] = pages[-1].replace("</mediawiki>", "")
-    target = int(mb * 1e6)
+    target = int(mb * 1e6) if not copies else None
     out, size, n, copy = [head], len(head), 0, 0
-    while size < target:
+    while (size < target) if target is not None else (copy < copies):
         for p in pages:
             pid = int(re.search(r"<id>(\d+)</id>", p).group(1))
             page = re.sub(r"<id>\d+</id>", f"<id>{pid + copy * 10_000_000}</id>", p, count=1)
             out.append(page)
             size += len(page.encode())
             n += 1
-            if size >= target:
+            if target is not None and size >= target:
                 break
         copy += 1
     out.append("</mediawiki>\n")
@@ -172,12 +176,15 @@ for item in iter_wiki(sys.argv[1]):
 def compare(args) -> None:
     work = Path(args.workdir or tempfile.mkdtemp(prefix="bench_corpus_"))
     work.mkdir(parents=True, exist_ok=True)
-    dump = work / f"bench-{args.mb:g}MB-pages-articles.xml.bz2"
+    if args.dump:
+        dump = work / f"bench-{Path(args.dump).name.split('.')[0]}-x{args.copies}-pages-articles.xml.bz2"
+    else:
+        dump = work / f"bench-{args.mb:g}MB-pages-articles.xml.bz2"
     sidecar = dump.with_name(dump.name + ".json")
     if dump.exists() and sidecar.exists():  # the same generated dump, kept from an earlier run
         pages, nbytes = json.loads(sidecar.read_text())
     else:
-        pages, nbytes = make_dump(dump, args.mb)
+        pages, nbytes = make_dump(dump, args.mb, args.dump, args.copies)
         sidecar.write_text(json.dumps([pages, nbytes]))
     mb = nbytes / 1e6
     print(f"dump: {pages} pages, {mb:.1f} MB of XML ({dump.stat().st_size / 1e6:.1f} MB bz2)")
@@ -333,6 +340,8 @@ def sentences(args) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--mb", type=float, default=20, help="MB of XML in the generated dump")
+    ap.add_argument("--dump", help="a real .xml.bz2 dump whose pages are repeated instead of the sample wiki's")
+    ap.add_argument("--copies", type=int, default=1, help="with --dump: how many times its pages are repeated")
     ap.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--wikiextractor", help="python of a venv with wikiextractor installed")
     ap.add_argument("--workdir", help="where the dump and outputs go (default: a temp folder)")

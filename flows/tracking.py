@@ -245,7 +245,7 @@ def _sqlite_busy_timeout(client, seconds: float) -> None:
 
 def import_client(uri: str) -> None:
     """Import what :func:`_client` will use for ``uri`` (MLflow's client; its SQLAlchemy store for
-    a database URI), ahead of time: ``flows.cli`` does it while Prefect's server starts."""
+    a database URI), ahead of time: ``flows.worker`` does it while Prefect's server starts."""
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     import mlflow.tracking  # noqa: F401
 

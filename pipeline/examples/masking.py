@@ -30,6 +30,7 @@ against the plain call and the state after.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import math
@@ -82,27 +83,21 @@ def truncate_seq_pair(tokens_a: list[int], tokens_b: list[int], max_num_tokens: 
     model towards sequences that always end where the text ends). The reference's loop, one
     ``rng.random()`` per token removed, in its order; the tokens are cut once at the end.
     """
-    len_a, len_b = len(tokens_a), len(tokens_b)
-    if len_a + len_b <= max_num_tokens:
+    lengths = [len(tokens_a), len(tokens_b)]
+    if lengths[0] + lengths[1] <= max_num_tokens:
         return
     draw = rng.random
-    front_a = front_b = 0
-    end_a, end_b = len_a, len_b
-    while len_a + len_b > max_num_tokens:
-        if len_a > len_b:
-            if draw() < 0.5:
-                front_a += 1
-            else:
-                end_a -= 1
-            len_a -= 1
+    fronts, ends = [0, 0], list(lengths)  # per side: tokens cut at the front, where the kept ones end
+    while lengths[0] + lengths[1] > max_num_tokens:
+        side = 0 if lengths[0] > lengths[1] else 1
+        assert lengths[side] >= 1
+        if draw() < 0.5:
+            fronts[side] += 1
         else:
-            assert len_b >= 1
-            if draw() < 0.5:
-                front_b += 1
-            else:
-                end_b -= 1
-            len_b -= 1
-    del tokens_a[end_a:], tokens_a[:front_a], tokens_b[end_b:], tokens_b[:front_b]
+            ends[side] -= 1
+        lengths[side] -= 1
+    for tokens, front, end in zip((tokens_a, tokens_b), fronts, ends, strict=True):
+        del tokens[end:], tokens[:front]
 
 
 def create_masked_lm_predictions(
@@ -205,7 +200,10 @@ def shuffle_list(rng: random.Random, items: list) -> None:
         items[i], items[j] = items[j], items[i]
 
 
-_SET_SIZES: dict[int, int] = {}
+@functools.cache
+def _set_size(k: int) -> int:
+    """``Random.sample``'s threshold: above it, a set of the numbers taken is smaller than a pool."""
+    return 21 + (4 ** math.ceil(math.log(k * 3, 4)) if k > 5 else 0)
 
 
 def sample_range(rng: random.Random, n: int, k: int) -> list[int]:
@@ -220,10 +218,7 @@ def sample_range(rng: random.Random, n: int, k: int) -> list[int]:
         raise ValueError("Sample larger than population or is negative")
     getrandbits = rng.getrandbits
     result = [0] * k
-    setsize = _SET_SIZES.get(k)
-    if setsize is None:
-        setsize = _SET_SIZES[k] = 21 + (4 ** math.ceil(math.log(k * 3, 4)) if k > 5 else 0)
-    if n <= setsize:
+    if n <= _set_size(k):
         pool = list(range(n))
         for i in range(k):
             left = n - i

@@ -106,10 +106,19 @@ def ensure_registered_model(tracker: Tracker, name: str) -> None:
 
     try:
         tracker.client.get_registered_model(name)
+        return
     except MlflowException:
+        pass
+    try:
         tracker.client.create_registered_model(
             name, description="BERT pretrained by bertflow (MLM + NSP); pyfunc: fill masks, embed text."
         )
+    except MlflowException as exc:
+        # Another run registering on the same store created it since the lookup: theirs will do.
+        try:
+            tracker.client.get_registered_model(name)
+        except MlflowException:
+            raise exc from None
 
 
 def set_alias_by_score(tracker: Tracker, name: str, version: str, score: float | None) -> str:

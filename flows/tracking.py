@@ -308,18 +308,28 @@ class Tracker:
 
     def use_experiment(self, name: str, artifact_root: str | None = None) -> str:
         """Select (creating if needed) the experiment new runs go to."""
+        from mlflow.exceptions import MlflowException
+
         exp = self.client.get_experiment_by_name(name)
         if exp is None:
             location = artifact_root
             if location and "://" not in location:
                 location = "file://" + os.path.abspath(location)
-            self.experiment_id = self.client.create_experiment(
-                name, artifact_location=location, tags={"mlflow.experimentKind": EXPERIMENT_KIND}
-            )
-        else:
-            self.experiment_id = exp.experiment_id
-            if exp.tags.get("mlflow.experimentKind") != EXPERIMENT_KIND:
-                self.client.set_experiment_tag(self.experiment_id, "mlflow.experimentKind", EXPERIMENT_KIND)
+            try:
+                self.experiment_id = self.client.create_experiment(
+                    name, artifact_location=location, tags={"mlflow.experimentKind": EXPERIMENT_KIND}
+                )
+                return self.experiment_id
+            except MlflowException as exc:
+                # Another run on the same store created it since the lookup (two runs started
+                # together on a new store or server: RESOURCE_ALREADY_EXISTS); use theirs.
+                exp = self.client.get_experiment_by_name(name)
+                if exp is None:
+                    raise exc from None
+                log.info("MLflow experiment %r was created by another run meanwhile: using it", name)
+        self.experiment_id = exp.experiment_id
+        if exp.tags.get("mlflow.experimentKind") != EXPERIMENT_KIND:
+            self.client.set_experiment_tag(self.experiment_id, "mlflow.experimentKind", EXPERIMENT_KIND)
         return self.experiment_id
 
     def start_run(self, name: str, parent_id: str | None = None, tags: dict[str, str] | None = None) -> str:

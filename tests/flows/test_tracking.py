@@ -159,3 +159,70 @@ def test_the_wait_for_a_gone_server_is_set_by_the_environment_and_its_failure_is
     with pytest.raises(tracking.TrackingServerGone, match=uri):
         client.search_experiments()
     assert time.monotonic() - start < 2.0
+
+
+@pytest.mark.parametrize("store", ["sqlite", "server"])
+def test_an_experiment_and_a_model_another_run_made_meanwhile_are_used(tmp_path, store, servers, monkeypatch):
+    """Two runs started together on a new store both look the experiment (and, at registration,
+    the registered model) up, find none and create it: the later creation fails
+    (RESOURCE_ALREADY_EXISTS). CI saw one of two `bertflow run`s on a new `mlflow server` exit 1
+    so. The interleaving forced here: the other run creates each right after our lookup; ours
+    uses theirs. A creation that fails with nothing there still raises its own error."""
+    from mlflow.exceptions import MlflowException
+
+    from flows.model_registry import ensure_registered_model
+    from flows.tracking import Tracker
+
+    server = None
+    if store == "server":
+        server, uri = servers.start_mlflow_server(tmp_path / "team")
+    else:
+        uri = f"sqlite:///{tmp_path}/team/mlflow.db"
+    try:
+        ours, theirs = Tracker(uri), Tracker(uri)
+        lookups = []
+        real_lookup = ours.client.get_experiment_by_name
+
+        def looked_up_before_theirs(name):
+            lookups.append(name)
+            if len(lookups) > 1:
+                return real_lookup(name)
+            assert real_lookup(name) is None
+            theirs.use_experiment(name)  # the other run, between our lookup and our creation
+            return None
+
+        monkeypatch.setattr(ours.client, "get_experiment_by_name", looked_up_before_theirs)
+        assert ours.use_experiment("bertflow") == theirs.experiment_id
+        assert lookups == ["bertflow", "bertflow"]
+        assert [e.name for e in ours.client.search_experiments()] == ["bertflow", "Default"]
+
+        real_get_model = ours.client.get_registered_model
+        first = []
+
+        def registered_before_theirs(name):
+            if first:
+                return real_get_model(name)
+            first.append(name)
+            with pytest.raises(MlflowException):
+                real_get_model(name)
+            ensure_registered_model(theirs, name)
+            raise MlflowException(f"Registered Model with name={name} not found")
+
+        monkeypatch.setattr(ours.client, "get_registered_model", registered_before_theirs)
+        ensure_registered_model(ours, "bert-tiny")
+        assert [m.name for m in ours.client.search_registered_models()] == ["bert-tiny"]
+
+        def refused(*args, **kwargs):
+            raise MlflowException("the store refused it")
+
+        monkeypatch.setattr(ours.client, "get_experiment_by_name", real_lookup)
+        monkeypatch.setattr(ours.client, "create_experiment", refused)
+        with pytest.raises(MlflowException, match="the store refused it"):
+            ours.use_experiment("another")
+        monkeypatch.setattr(ours.client, "create_registered_model", refused)
+        with pytest.raises(MlflowException, match="the store refused it"):
+            ensure_registered_model(ours, "another-model")
+    finally:
+        if server is not None:
+            server.terminate()
+            server.wait(timeout=30)

@@ -167,19 +167,22 @@ def test_decision_memory_does_not_grow_with_the_corpus(tmp_path, monkeypatch):
     # its first warning, inside the 8,000-document window only (CI: 249 KB -> 383 KB).
     monkeypatch.setattr(cd.log, "disabled", True)
     decide_drops(write_runs(tmp_path, random_corpus(500, seed=1), 200, "warm"), str(tmp_path / "w"), CFG)
-    peaks = []
+    # Each size measured twice, in turn, and its smaller peak kept: what the process allocates
+    # once (a lazy import, a cache filled on first use: CI once saw 243 KB -> 451 KB in the
+    # 8,000-document window only, after other tests) shows in one window, growth in both.
+    runs = {n: write_runs(tmp_path, random_corpus(n, seed=n), 200, f"m{n}", row_group_rows=64) for n in (2000, 8000)}
+    peaks = {2000: [], 8000: []}
     default = pa.default_memory_pool()
     try:
-        for n in (2000, 8000):
-            runs = write_runs(tmp_path, random_corpus(n, seed=n), 200, f"m{n}", row_group_rows=64)
+        for attempt, n in enumerate((2000, 8000, 2000, 8000)):
             pool = pa.proxy_memory_pool(default)  # its own peak
             pa.set_memory_pool(pool)
             tracemalloc.start()
-            decide_drops(runs, str(tmp_path / f"mw{n}"), CFG)
-            peaks.append((tracemalloc.get_traced_memory()[1], pool.max_memory()))
+            decide_drops(runs[n], str(tmp_path / f"mw{n}-{attempt}"), CFG)
+            peaks[n].append((tracemalloc.get_traced_memory()[1], pool.max_memory()))
             tracemalloc.stop()
             pa.set_memory_pool(default)
     finally:
         pa.set_memory_pool(default)
-    (python2k, arrow2k), (python8k, arrow8k) = peaks
+    (python2k, arrow2k), (python8k, arrow8k) = (tuple(map(min, zip(*peaks[n]))) for n in (2000, 8000))
     assert python8k < 1.5 * python2k and arrow8k < 1.5 * arrow2k, peaks

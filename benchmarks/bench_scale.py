@@ -14,7 +14,17 @@ the vocab stage has no workers and runs with each root anyway (its rows are repe
 Per stage and size: the CPU-seconds of the whole process tree (user + system of every process
 reaped under the command: the CLI, Prefect's server, Beam's workers), CPU-s per GB of input text
 (the generator's ``bytes``: wiki text + book text), the peak resident size summed over the tree
-(sampled from /proc every 0.5 s), the wall time and the 1-minute load when the row started.
+(sampled from /proc every 0.5 s), the wall time and the 1-minute load when the row started;
+and two figures about the machine rather than the command: the CPU time the hypervisor stole
+during the row (``steal`` of /proc/stat, % of all CPUs' time) and the median CPU-s of a fixed
+probe (:func:`probe`: bz2, regular expressions, dicts and hashing, the stages' kinds of work) run
+just before and just after the row, on an otherwise idle box (run during the row it measured the
+row's own use of both cores: 0.63-1.33 CPU-s within one row). On a VM the same code's speed moves
+by 25% and more from one minute to the next with no steal and no load of ours (measured here: the
+corpus stage's documents per second followed the probe); a row whose probe is slower than the
+others' ran on a slower machine. Two point samples do not follow a 10-25 minute row, though
+(measured: a row whose probes read 0.95 / 1.17 CPU-s cost what the rows around it did per GB), so
+the probe flags a row; it does not correct it.
 Then, per stage and worker count, the least-squares line CPU-s = intercept + slope x GB over the
 sizes (the intercept is the command's fixed cost, the slope the marginal CPU-s per GB), the
 spread of the marginal cost per GB ((CPU-s - intercept) / GB) across sizes and the growth of peak
@@ -27,9 +37,13 @@ CPU-seconds, not wall time, are the comparable figure on a machine shared with o
 from __future__ import annotations
 
 import argparse
+import bz2
+import hashlib
 import json
 import os
+import re
 import resource
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -75,8 +89,36 @@ def tree_rss_bytes(root: int) -> int:
     return total
 
 
-def run_measured(cmd: list[str], env: dict, log: Path) -> tuple[float, float, int]:
-    """(wall s, CPU s of the whole tree, peak tree RSS bytes) of one command; raises on failure."""
+def probe() -> float:
+    """CPU-s of a fixed single-threaded workload (~0.6 s on this machine): the machine's speed now
+    (this thread's CPU time, not the process's: the RSS sampler runs beside it)."""
+    text = " ".join(f"Sentence {i} of the probe, with words like w{i % 97} and x{i % 13}." for i in range(20000))
+    packed = bz2.compress(text.encode())
+    start = time.thread_time()
+    counts: dict[str, int] = {}
+    for _ in range(6):
+        data = bz2.decompress(packed).decode()
+        for sentence in re.split(r"(?<=[.!?])\s+", data):
+            for word in sentence.split():
+                counts[word] = counts.get(word, 0) + 1
+            hashlib.blake2b(sentence.encode(), digest_size=12).digest()
+    return time.thread_time() - start
+
+
+def steal_jiffies() -> tuple[int, int]:
+    """(stolen, total) jiffies of all CPUs so far, from /proc/stat (0, 0 where there is none)."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:9]]
+    except OSError:
+        return 0, 0
+    return fields[7], sum(fields)
+
+
+def run_measured(cmd: list[str], env: dict, log: Path) -> tuple[float, float, int, list[float]]:
+    """(wall s, CPU s of the whole tree, peak tree RSS bytes, probes) of one command, the probes
+    run just before and just after it; raises on failure."""
+    probes = [probe()]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     with open(log, "wb") as out:
@@ -97,7 +139,8 @@ def run_measured(cmd: list[str], env: dict, log: Path) -> tuple[float, float, in
     if proc.returncode:
         raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}): {log.read_text()[-2000:]}")
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return wall, cpu, peak[0]
+    probes.append(probe())
+    return wall, cpu, peak[0], probes
 
 
 def fit(points: list[tuple[float, float]]) -> tuple[float, float]:
@@ -134,8 +177,11 @@ def main() -> None:
     }
     cli = [sys.executable, "-m", "flows.cli"]
     rows = []
-    print("| stage | workers | size | GB of text | CPU s | CPU s per GB | peak tree RSS MiB | wall s | load |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print(
+        "| stage | workers | size | GB of text | CPU s | CPU s per GB | peak tree RSS MiB | wall s | load "
+        "| steal % | probe CPU s, mean (before / after) |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for size in args.sizes.split(","):
         raw = work / f"raw-{size}"
         meta = raw / "synth.json"
@@ -164,7 +210,11 @@ def main() -> None:
                 for s in sets:
                     cmd += ["--set", s]
                 load = os.getloadavg()[0]
-                wall, cpu, rss = run_measured(cmd, env, work / f"{root.name}-{stage}.log")
+                stolen, total = steal_jiffies()
+                wall, cpu, rss, probes = run_measured(cmd, env, work / f"{root.name}-{stage}.log")
+                stolen2, total2 = steal_jiffies()
+                steal = 100 * (stolen2 - stolen) / max(1, total2 - total)
+                speed = statistics.mean(probes)
                 row = {
                     "stage": stage,
                     "workers": workers,
@@ -174,11 +224,14 @@ def main() -> None:
                     "rss_mib": rss / 2**20,
                     "wall": wall,
                     "load": load,
+                    "steal_pct": steal,
+                    "probe_cpu": speed,
+                    "probes": probes,
                 }
                 rows.append(row)
                 print(
                     f"| {stage} | {workers} | {size} | {gb:.3f} | {cpu:.1f} | {cpu / gb:.1f} | {rss / 2**20:,.0f} "
-                    f"| {wall:.1f} | {load:.1f} |",
+                    f"| {wall:.1f} | {load:.1f} | {steal:.1f} | {speed:.3f} ({probes[0]:.3f} / {probes[1]:.3f}) |",
                     flush=True,
                 )
     if args.json:
@@ -192,7 +245,7 @@ def main() -> None:
     slopes: dict[tuple[str, int], float] = {}
     for stage in STAGES:
         for workers in sorted({r["workers"] for r in rows}):
-            mine = [r for r in rows if r["stage"] == stage and r["workers"] == workers]
+            mine = sorted((r for r in rows if r["stage"] == stage and r["workers"] == workers), key=lambda r: r["gb"])
             if not mine:
                 continue
             intercept, slope = fit([(r["gb"], r["cpu"]) for r in mine])

@@ -104,21 +104,22 @@ def find_version(tracker: Tracker, name: str, fingerprint: str, model_url: str |
 def ensure_registered_model(tracker: Tracker, name: str) -> None:
     from mlflow.exceptions import MlflowException
 
-    try:
-        tracker.client.get_registered_model(name)
+    def exists() -> bool:
+        try:
+            tracker.client.get_registered_model(name)
+            return True
+        except MlflowException:
+            return False
+
+    if exists():
         return
-    except MlflowException:
-        pass
     try:
         tracker.client.create_registered_model(
             name, description="BERT pretrained by bertflow (MLM + NSP); pyfunc: fill masks, embed text."
         )
-    except MlflowException as exc:
-        # Another run registering on the same store created it since the lookup: theirs will do.
-        try:
-            tracker.client.get_registered_model(name)
-        except MlflowException:
-            raise exc from None
+    except MlflowException:
+        if not exists():  # else another run registering on the same store made it since the lookup
+            raise
 
 
 def set_alias_by_score(tracker: Tracker, name: str, version: str, score: float | None) -> str:

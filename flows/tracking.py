@@ -320,12 +320,12 @@ class Tracker:
                     name, artifact_location=location, tags={"mlflow.experimentKind": EXPERIMENT_KIND}
                 )
                 return self.experiment_id
-            except MlflowException as exc:
+            except MlflowException:
                 # Another run on the same store created it since the lookup (two runs started
                 # together on a new store or server: RESOURCE_ALREADY_EXISTS); use theirs.
                 exp = self.client.get_experiment_by_name(name)
                 if exp is None:
-                    raise exc from None
+                    raise
                 log.info("MLflow experiment %r was created by another run meanwhile: using it", name)
         self.experiment_id = exp.experiment_id
         if exp.tags.get("mlflow.experimentKind") != EXPERIMENT_KIND:

@@ -269,7 +269,8 @@ def _paper(name: str, layers: int, hidden: int, heads: int, parallel: str = "ddp
         preset=name,
         data=DataConfig(required=True),
         corpus=CorpusConfig(num_shards=256),
-        vocab=VocabConfig(vocab_size=30522),
+        # the trainer's memory bounded whatever the corpus: a stable sample of about Wikitext-103's size
+        vocab=VocabConfig(vocab_size=30522, sample_sentences=4_000_000),
         examples=ExamplesConfig(max_seq_lengths=(128, 512), dupe_factor=10, num_shards=1024),
         model=BertConfig(
             vocab_size=None,  # the trained vocabulary's size

@@ -27,6 +27,13 @@ class VocabConfig:
     sample_fraction: float = 1.0
     """Train on this share of the documents, picked by a stable digest of doc_id (the same
     documents on every run, spread over the whole corpus rather than its first files)."""
+    sample_sentences: int = 0
+    """Train on a stable sample of about this many sentences (0: no cap). When the corpus (after
+    sample_fraction) holds more, documents are kept by the same digest of doc_id at the rate
+    sample_sentences / its sentences, spread over the whole corpus. The trainer holds every
+    distinct word it reads, so its memory grows with the corpus; this bounds it whatever the
+    corpus's size (SentencePiece's input_sentence_size plays the same part). The base and large
+    presets set 4,000,000 (docs/scale.md)."""
     word_tokenizer: str = "none"
     """What splits text into words before the subword step, here and in every later
     tokenisation: "none" (BERT's basic tokenizer: whitespace, punctuation, one token per CJK
@@ -48,6 +55,7 @@ class VocabConfig:
             f"must lie in (0, 1], got {self.sample_fraction}",
         )
         check(self.max_sentences >= 0, "vocab.max_sentences", "must be >= 0 (0: all)")
+        check(self.sample_sentences >= 0, "vocab.sample_sentences", "must be >= 0 (0: no cap)")
         check(self.num_unused >= 0, "vocab.num_unused", "must be >= 0")
         check(
             self.vocab_size > self.num_unused + 5 + 100,

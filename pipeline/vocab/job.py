@@ -8,6 +8,7 @@ import time
 from collections.abc import Iterator
 
 import fsspec
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from pipeline.beam.config import to_dict
@@ -65,6 +66,30 @@ class ParquetSentences:
                             yield sentence
 
 
+def corpus_sentences(urls: list[str]) -> int:
+    """Sentences in document Parquet files, from their ``num_sentences`` column alone."""
+    total = 0
+    for url in urls:
+        fs, path = fsspec.core.url_to_fs(url)
+        with fs.open(path, "rb") as f:
+            column = pq.ParquetFile(f, **READ_OPTIONS).read(columns=["num_sentences"]).column(0)
+            total += pc.sum(column).as_py() or 0
+    return total
+
+
+def sampling_rate(config: VocabConfig, urls: list[str]) -> tuple[float, int]:
+    """The share of documents the trainer reads, and the corpus's sentences (0 when not counted).
+
+    ``sample_fraction`` as set; with ``sample_sentences`` below what that share holds, the
+    smaller rate that keeps about ``sample_sentences``."""
+    if not config.sample_sentences:
+        return config.sample_fraction, 0
+    total = corpus_sentences(urls)
+    if total * config.sample_fraction <= config.sample_sentences:
+        return config.sample_fraction, total
+    return config.sample_sentences / total, total
+
+
 class SegmentedSentences:
     """Sentences as the segmenter's words, space-joined (re-iterable, like its source)."""
 
@@ -95,7 +120,9 @@ def run_vocab(config: VocabConfig, corpus_url: str, output_url: str) -> Manifest
     start = time.time()
     corpus = read_manifest(corpus_url)
     inputs = {"corpus": fingerprint_input(corpus_url)}
-    sentences = ParquetSentences(corpus.file_urls(".parquet"), config.max_sentences, config.sample_fraction)
+    urls = corpus.file_urls(".parquet")
+    fraction, total = sampling_rate(config, urls)
+    sentences = ParquetSentences(urls, config.max_sentences, fraction)
     clear_stage(output_url)
 
     segmented = config.word_tokenizer != "none"
@@ -105,11 +132,14 @@ def run_vocab(config: VocabConfig, corpus_url: str, output_url: str) -> Manifest
         vocab, counts = train(words, config)
     else:
         vocab, counts = train_vocab_with_stats(sentences, config)
+    if total:
+        counts["corpus_sentences"] = total
     if counts["learned_tokens"] <= 0:  # only [PAD], [unused*], [UNK], [CLS], [SEP], [MASK]: never "done"
         raise ValueError(
             f"vocab: no piece learnt beyond the {len(vocab)} special entries from {counts.get('sentences_used', 0)} "
             f"sentences of {corpus_url} (vocab.sample_fraction={config.sample_fraction}, "
-            f"vocab.max_sentences={config.max_sentences}): the corpus stage's output has no text to learn from"
+            f"vocab.sample_sentences={config.sample_sentences}, vocab.max_sentences={config.max_sentences}): "
+            "the corpus stage's output has no text to learn from"
         )
     write_vocab(vocab, join_url(output_url, VOCAB_FILE))
     if segmented:

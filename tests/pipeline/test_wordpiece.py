@@ -243,9 +243,39 @@ def test_run_vocab_writes_vocab_tokenizer_and_manifest(tmp_path, vocab):
     assert run_vocab(half, str(corpus), str(out)).counts["sentences_used"] == sampled  # stable
 
 
+def test_sample_sentences_bounds_what_the_trainer_reads_whatever_the_corpus_size(tmp_path):
+    cap = 600
+    for n_docs in (100, 400):  # 1,500 and 6,000 sentences, 15 a document
+        sentences = make_sentences(15 * n_docs, seed=n_docs)
+        docs = [sentences[i : i + 15] for i in range(0, len(sentences), 15)]
+        corpus = tmp_path / f"corpus-{n_docs}"
+        write_corpus(corpus, docs)
+        capped = run_vocab(VocabConfig(vocab_size=600, sample_sentences=cap), str(corpus), str(tmp_path / "v"))
+        used = capped.counts["sentences_used"]
+        assert capped.counts["corpus_sentences"] == len(sentences)
+        assert 0.6 * cap < used < 1.4 * cap, (n_docs, used)  # documents kept by digest: about the cap
+        # the same documents as the rate it stands for, so the same vocabulary
+        rate = VocabConfig(vocab_size=600, sample_fraction=cap / len(sentences))
+        by_rate = run_vocab(rate, str(corpus), str(tmp_path / "r"))
+        assert by_rate.counts["sentences_used"] == used
+        assert read_vocab(str(tmp_path / "v" / "vocab.txt")) == read_vocab(str(tmp_path / "r" / "vocab.txt"))
+        # with sample_fraction as well: the smaller of the two rates, within the fraction's sample
+        both = VocabConfig(vocab_size=600, sample_fraction=0.5, sample_sentences=cap)
+        assert run_vocab(both, str(corpus), str(tmp_path / "b")).counts["sentences_used"] == used
+
+    # a cap the corpus does not reach: every sentence, the uncapped vocabulary
+    corpus = tmp_path / "corpus-100"
+    roomy = run_vocab(VocabConfig(vocab_size=600, sample_sentences=10**6), str(corpus), str(tmp_path / "v"))
+    assert roomy.counts["sentences_used"] == roomy.counts["corpus_sentences"] == 1500
+    run_vocab(VocabConfig(vocab_size=600), str(corpus), str(tmp_path / "r"))
+    assert read_vocab(str(tmp_path / "v" / "vocab.txt")) == read_vocab(str(tmp_path / "r" / "vocab.txt"))
+
+
 def test_sample_fraction_is_validated():
     with pytest.raises(ConfigError, match="vocab.sample_fraction"):
         VocabConfig(sample_fraction=0.0)
+    with pytest.raises(ConfigError, match="vocab.sample_sentences"):
+        VocabConfig(sample_sentences=-1)
 
 
 def test_run_vocab_refuses_an_unfinished_corpus(tmp_path):

@@ -16,7 +16,7 @@ from pipeline.schema.config import ConfigError
 from pipeline.schema.manifest import ManifestError, read_manifest, write_manifest
 from pipeline.schema.parquet import DOCUMENT_SCHEMA
 from pipeline.vocab.config import VocabConfig
-from pipeline.vocab.job import in_sample, run_vocab
+from pipeline.vocab.job import ParquetSentences, corpus_sentences, in_sample, run_vocab
 from pipeline.vocab.tokenizer import bert_normalizer, build_text_tokenizer, build_tokenizer, read_vocab
 from pipeline.vocab.wordpiece import count_alphabet, train_vocab
 
@@ -269,6 +269,24 @@ def test_sample_sentences_bounds_what_the_trainer_reads_whatever_the_corpus_size
     assert roomy.counts["sentences_used"] == roomy.counts["corpus_sentences"] == 1500
     run_vocab(VocabConfig(vocab_size=600), str(corpus), str(tmp_path / "r"))
     assert read_vocab(str(tmp_path / "v" / "vocab.txt")) == read_vocab(str(tmp_path / "r" / "vocab.txt"))
+
+
+@pytest.mark.parametrize("fraction", [0.005, 0.3, 1.0])  # 0.005: one document, in the second file
+def test_parquet_sentences_are_those_of_the_sampled_documents_in_order(tmp_path, fraction):
+    docs = [SENTENCES[i : i + 3] for i in range(0, len(SENTENCES), 3)]  # 500 documents, 2 files
+    write_corpus(tmp_path / "corpus", docs)
+    urls = read_manifest(str(tmp_path / "corpus")).file_urls(".parquet")
+    expected = [
+        sentence
+        for k in range(2)  # the files in order, each a slice of the rows
+        for i, doc in list(enumerate(docs))[k::2]
+        if in_sample(f"t:{i:04d}", fraction)
+        for sentence in doc
+    ]
+    assert list(ParquetSentences(urls, sample_fraction=fraction)) == expected
+    assert 0 < len(expected) and (fraction < 1.0 or len(expected) == len(SENTENCES))
+    assert list(ParquetSentences(urls, max_sentences=7, sample_fraction=fraction)) == expected[:7]
+    assert corpus_sentences(urls) == len(SENTENCES)
 
 
 def test_sample_fraction_is_validated():

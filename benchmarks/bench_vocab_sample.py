@@ -87,7 +87,7 @@ def main() -> None:
         rows[name] = train(args.preset, args.corpus, work / name.split()[0], cap)
         rows[name]["dir"] = work / name.split()[0]
     texts = held_out_text(args.corpus)
-    vocabs = {n: (r["dir"] / "vocab.txt").read_text(encoding="utf-8").split("\n") for n, r in rows.items()}
+    vocabs = {n: (r["dir"] / "vocab.txt").read_text(encoding="utf-8").splitlines() for n, r in rows.items()}
     full, sampled = vocabs.values()
     shared = len(set(full) & set(sampled))
 

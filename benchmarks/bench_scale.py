@@ -164,7 +164,14 @@ def main() -> None:
     parser.add_argument("--work", default=None, help="folder for corpora and roots (kept; corpora reused)")
     parser.add_argument("--paper-gb", type=float, default=19.8, help="text of the paper-scale corpus, GB")
     parser.add_argument("--json", default=None, help="also write every row to this file")
+    parser.add_argument(
+        "--stages", default=",".join(STAGES), help="the stages to run, in order (a later one needs the earlier ones)"
+    )
     args = parser.parse_args()
+    asked = args.stages.split(",")
+    if set(asked) - set(STAGES):
+        parser.error(f"--stages: {sorted(set(asked) - set(STAGES))} not among {STAGES}")
+    stages = [s for s in STAGES if s in asked]
 
     work = Path(args.work or tempfile.mkdtemp(prefix="bertflow-bench-scale-"))
     env = {
@@ -205,7 +212,7 @@ def main() -> None:
                 f"examples.beam.num_workers={workers}",
                 *args.set,
             ]
-            for stage in STAGES:
+            for stage in stages:
                 cmd = [*cli, "stage", stage, "--preset", args.preset, "--root", str(root)]
                 for s in sets:
                     cmd += ["--set", s]
@@ -243,7 +250,7 @@ def main() -> None:
     )
     print("|---|---|---|---|---|---|---|")
     slopes: dict[tuple[str, int], float] = {}
-    for stage in STAGES:
+    for stage in stages:
         for workers in sorted({r["workers"] for r in rows}):
             mine = sorted((r for r in rows if r["stage"] == stage and r["workers"] == workers), key=lambda r: r["gb"])
             if not mine:

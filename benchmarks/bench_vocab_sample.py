@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 TRAIN = """
-import dataclasses, json, resource, sys, time
+import dataclasses, json, resource, sys
 from flows.presets import load_config
 from pipeline.vocab.job import run_vocab
 cfg = dataclasses.replace(load_config(sys.argv[1], []).vocab, sample_sentences=int(sys.argv[4]))

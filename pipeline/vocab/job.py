@@ -77,14 +77,15 @@ def corpus_sentences(urls: list[str]) -> int:
     return total
 
 
-def sampling_rate(config: VocabConfig, urls: list[str]) -> tuple[float, int]:
+def sampling_rate(config: VocabConfig, corpus: Manifest) -> tuple[float, int]:
     """The share of documents the trainer reads, and the corpus's sentences (0 when not counted).
 
     ``sample_fraction`` as set; with ``sample_sentences`` below what that share holds, the
-    smaller rate that keeps about ``sample_sentences``."""
+    smaller rate that keeps about ``sample_sentences``. The corpus's sentences are its manifest's
+    count; a manifest without one has them summed from the files."""
     if not config.sample_sentences:
         return config.sample_fraction, 0
-    total = corpus_sentences(urls)
+    total = int(corpus.counts.get("sentences") or corpus_sentences(corpus.file_urls(".parquet")))
     if total * config.sample_fraction <= config.sample_sentences:
         return config.sample_fraction, total
     return config.sample_sentences / total, total
@@ -120,9 +121,8 @@ def run_vocab(config: VocabConfig, corpus_url: str, output_url: str) -> Manifest
     start = time.time()
     corpus = read_manifest(corpus_url)
     inputs = {"corpus": fingerprint_input(corpus_url)}
-    urls = corpus.file_urls(".parquet")
-    fraction, total = sampling_rate(config, urls)
-    sentences = ParquetSentences(urls, config.max_sentences, fraction)
+    fraction, total = sampling_rate(config, corpus)
+    sentences = ParquetSentences(corpus.file_urls(".parquet"), config.max_sentences, fraction)
     clear_stage(output_url)
 
     segmented = config.word_tokenizer != "none"

@@ -191,7 +191,7 @@ def test_bert_tokenizer_fast_loads_it(vocab, tmp_path):
     assert hf.mask_token_id == 103 and hf.pad_token_id == 0
 
 
-def write_corpus(url, sentences_per_doc: list[list[str]], shards: int = 2) -> None:
+def write_corpus(url, sentences_per_doc: list[list[str]], shards: int = 2, count_sentences: bool = True) -> None:
     rows = [
         {
             "doc_id": f"t:{i:04d}",
@@ -207,7 +207,8 @@ def write_corpus(url, sentences_per_doc: list[list[str]], shards: int = 2) -> No
     for k in range(shards):
         table = pa.Table.from_pylist(rows[k::shards], schema=DOCUMENT_SCHEMA)
         pq.write_table(table, url / f"part-{k:05d}-of-{shards:05d}.parquet")
-    write_manifest("corpus", str(url), {}, {}, {"documents": len(rows)})
+    counts = {"documents": len(rows)} | ({"sentences": sum(map(len, sentences_per_doc))} if count_sentences else {})
+    write_manifest("corpus", str(url), {}, {}, counts)  # the counts the corpus stage writes
 
 
 def test_run_vocab_writes_vocab_tokenizer_and_manifest(tmp_path, vocab):
@@ -262,6 +263,12 @@ def test_sample_sentences_bounds_what_the_trainer_reads_whatever_the_corpus_size
         # with sample_fraction as well: the smaller of the two rates, within the fraction's sample
         both = VocabConfig(vocab_size=600, sample_fraction=0.5, sample_sentences=cap)
         assert run_vocab(both, str(corpus), str(tmp_path / "b")).counts["sentences_used"] == used
+        # a manifest without the sentence count: summed from the files, the same sample
+        write_corpus(corpus, docs, count_sentences=False)
+        assert "sentences" not in read_manifest(str(corpus)).counts
+        uncounted = run_vocab(VocabConfig(vocab_size=600, sample_sentences=cap), str(corpus), str(tmp_path / "u"))
+        assert uncounted.counts["sentences_used"] == used
+        assert uncounted.counts["corpus_sentences"] == len(sentences)
 
     # a cap the corpus does not reach: every sentence, the uncapped vocabulary
     corpus = tmp_path / "corpus-100"

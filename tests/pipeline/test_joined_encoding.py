@@ -1,0 +1,102 @@
+"""The examples job encodes many sentences as one text, split at a mark: the same ids as one by one."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from pipeline.examples.tokens import (
+    SENTENCE_MARK,
+    TokenizeToBuckets,
+    encode_joined,
+    joined_tokenizer,
+)
+from pipeline.vocab.tokenizer import build_text_tokenizer, special_tokens
+
+# Texts whose tokenizing depends on a character's neighbours, if anything does: case (final
+# sigma, dotted I), accents and combining marks at a sentence's start or end, decomposed forms,
+# ideographs (padded with spaces), control and invisible characters (dropped or made spaces),
+# whitespace-only and empty sentences, literal special tokens, other scripts.
+TRICKY = [
+    "Hello world.",
+    "ΟΔΟΣ ΣΟΦΙΑΣ",
+    "İstanbul IS big.",
+    "\u0301leading combining acute",
+    "trailing combining\u0301",
+    "naïve café",
+    "nai\u0308ve cafe\u0301",
+    "北京大学 in 上海",
+    "東京で勉強",
+    "\x00\x01\x02",
+    "   ",
+    "",
+    "tab\there\u00a0nbsp",
+    "zero\u200bwidth\ufeffmarks",
+    "[SEP] and [MASK] as text",
+    "🙂 emoji 👍🏽",
+    "مرحبا بالعالم",
+    "क्ष्‍ ZWJ",
+    "ẞtraße STRASSE",
+    "a",
+    "x" * 300,
+]
+
+
+def vocab_for(texts: list[str]) -> list[str]:
+    chars = sorted({c for t in texts for c in t.lower() + t if not c.isspace()})
+    words = sorted({w.lower() for t in texts for w in t.split()} | {w for t in texts for w in t.split()})
+    return list(dict.fromkeys(special_tokens(9) + chars + ["##" + c for c in chars] + words))
+
+
+def one_by_one(tok, sentences: list[str]) -> list[list[int]]:
+    return [e.ids for e in tok.encode_batch_fast(sentences, add_special_tokens=False)]
+
+
+@pytest.mark.parametrize("lowercase", [True, False])
+@pytest.mark.parametrize("per_text", [1, 3, 64])
+def test_joined_ids_equal_one_by_one(lowercase, per_text):
+    rng = random.Random(7)
+    sentences = [rng.choice(TRICKY) for _ in range(200)]
+    # Random strings over the tricky texts' characters too: any neighbour next to any other.
+    pool = sorted({c for t in TRICKY for c in t}) + [" "] * 10
+    sentences += ["".join(rng.choice(pool) for _ in range(rng.randint(0, 30))) for _ in range(300)]
+    vocab = vocab_for(TRICKY)
+    expected = one_by_one(build_text_tokenizer(vocab, lowercase), sentences)
+    got = encode_joined(joined_tokenizer(vocab, lowercase), sentences, per_text=per_text)
+    assert got == expected
+    assert any(not ids for ids in expected) and sum(map(len, expected)) > 2000  # empties and plenty of ids
+
+
+def test_a_sentence_holding_the_mark_is_refused_and_the_dofn_encodes_one_by_one():
+    vocab = vocab_for(TRICKY)
+    sentences = ["before", f"a{SENTENCE_MARK}b", "after", SENTENCE_MARK]
+    assert encode_joined(joined_tokenizer(vocab, True), sentences) is None
+    dofn = TokenizeToBuckets(vocab, True, 1, "/nonexistent")
+    dofn.setup()
+    expected = one_by_one(build_text_tokenizer(vocab, True), sentences)
+    assert dofn._plain_ids(sentences) == expected
+    assert dofn._plain_ids(TRICKY) == one_by_one(build_text_tokenizer(vocab, True), TRICKY)
+    # Without the fallback the mark would be taken for a boundary: the split would differ.
+    assert len(expected) == 4 and expected[1]
+
+
+def test_the_mark_is_a_token_of_its_own_outside_the_vocabulary():
+    vocab = vocab_for(TRICKY)
+    tok = joined_tokenizer(vocab, True)
+    mark = tok.token_to_id(SENTENCE_MARK)
+    assert mark == len(vocab)
+    ids = tok.encode(f"hello{SENTENCE_MARK}world", add_special_tokens=False).ids
+    assert ids.count(mark) == 1 and ids.index(mark) == 1
+
+
+def test_a_vocabulary_with_repeated_lines_is_encoded_one_by_one():
+    """Repeated lines leave fewer ids than lines: the id after them is some line's own, so the
+    mark cannot have it; the dofn then encodes one sentence at a time, with the same ids."""
+    vocab = vocab_for(TRICKY)
+    repeated = vocab[:20] + ["hello", "hello", "world"] + vocab[20:]
+    assert joined_tokenizer(repeated, True) is None
+    dofn = TokenizeToBuckets(repeated, True, 1, "/nonexistent")
+    dofn.setup()
+    assert dofn.joined is None
+    assert dofn._plain_ids(TRICKY) == one_by_one(build_text_tokenizer(repeated, True), TRICKY)

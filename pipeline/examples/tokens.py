@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Iterator
 from typing import Any
 
 import apache_beam as beam
 import fsspec
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 from apache_beam.metrics import Metrics
@@ -84,36 +86,41 @@ def joined_tokenizer(vocab: list[str], lowercase: bool):
     return tok
 
 
-def encode_joined(tokenizer, sentences: list[str], per_text: int = JOIN_SENTENCES) -> list[list[int]] | None:
-    """Each sentence's ids, as ``encode_batch_fast`` of the sentences one by one gives them, from
-    texts of ``per_text`` sentences joined by :data:`SENTENCE_MARK` (``tokenizer`` from
-    :func:`joined_tokenizer`); ``None`` when a sentence holds the mark (the caller encodes them
-    one by one).
+def encode_joined(
+    tokenizer, sentences: list[str], per_text: int = JOIN_SENTENCES
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """(every sentence's ids one after the other, each sentence's number of ids), as
+    ``encode_batch_fast`` of the sentences one by one gives them, from texts of ``per_text``
+    sentences joined by :data:`SENTENCE_MARK` (``tokenizer`` from :func:`joined_tokenizer`);
+    ``None`` when a sentence holds the mark (the caller encodes them one by one).
 
-    Why: an Encoding per sentence (its tokens, masks, the Python object and its ``ids`` list)
-    costs about a tenth of the tokenizing time of 30-token sentences (measured: 2.6 against
-    2.9 CPU-s over 136,623 sentences, the same ids). The same ids, because everything the text
-    tokenizer does is per character or per whitespace-split word: the mark, an added token, is cut
-    out of the raw text first, and a private-use character has no case, accent, or composition
-    with its neighbours, so each sentence between two marks is normalized, pre-tokenized and
-    split into pieces as it is alone.
+    Why: an Encoding per sentence (its tokens, masks, the Python object and its ``ids`` list),
+    then a list per sentence to write, cost about a tenth of the tokenizing time of 30-token
+    sentences (measured: 2.6 against 2.9 CPU-s over 136,623 sentences, the same ids). The same
+    ids, because everything the text tokenizer does is per character or per whitespace-split
+    word: the mark, an added token, is cut out of the raw text first, and a private-use character
+    has no case, accent, or composition with its neighbours, so each sentence between two marks is
+    normalized, pre-tokenized and split into pieces as it is alone.
     """
     mark_id = tokenizer.token_to_id(SENTENCE_MARK)
     texts = [SENTENCE_MARK.join(sentences[i : i + per_text]) for i in range(0, len(sentences), per_text)]
     if sum(t.count(SENTENCE_MARK) for t in texts) != len(sentences) - len(texts):
         return None
-    out: list[list[int]] = []
-    for start, encoding in zip(
-        range(0, len(sentences), per_text), tokenizer.encode_batch_fast(texts, add_special_tokens=False), strict=True
-    ):
-        ids = encoding.ids
-        at = 0
-        for _ in range(min(per_text, len(sentences) - start) - 1):
-            end = ids.index(mark_id, at)
-            out.append(ids[at:end])
-            at = end + 1
-        out.append(ids[at:])
-    return out
+    ids: list[int] = []
+    for encoding in tokenizer.encode_batch_fast(texts, add_special_tokens=False):
+        ids += encoding.ids
+        ids.append(mark_id)  # after a text's last sentence too: one mark ends each sentence
+    values = np.array(ids, dtype=np.uint32)
+    at_mark = values == mark_id
+    ends = np.flatnonzero(at_mark)
+    return values[~at_mark], np.diff(ends, prepend=-1) - 1
+
+
+def flat_ids(id_lists: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """(the lists' ids one after the other, each list's length): :func:`encode_joined`'s form."""
+    lengths = np.fromiter(map(len, id_lists), dtype=np.int64, count=len(id_lists))
+    values = np.fromiter(itertools.chain.from_iterable(id_lists), dtype=np.uint32, count=int(lengths.sum()))
+    return values, lengths
 
 
 def read_documents(
@@ -217,7 +224,7 @@ class TokenizeToBuckets(beam.DoFn):
                 self.vocab, self.word_tokenizer, self.subword, self.lowercase, specials=False
             )
             self.unk_id = self.tokenizer.token_to_id("[UNK]")
-            self.words = None
+            self.words = self.joined = None
             self.encode = lambda texts, **kw: self.tokenizer.encode_batch(texts, offsets=False, **kw)
             return
         # No truncation: truncate_seq_pair cuts examples, not sentences.
@@ -241,30 +248,26 @@ class TokenizeToBuckets(beam.DoFn):
         )
         for doc_ids, docs in batches:
             flat = [s for doc in docs for s in doc]
-            if self.word_tokenizer == "none" and self.words is None:  # the ids as they are
-                step = ENCODE_SENTENCES
-                encoded = [ids for i in range(0, len(flat), step) for ids in self._plain_ids(flat[i : i + step])]
-            else:
-                encoded = [
-                    self._ids(text, e)
-                    for i in range(0, len(flat), ENCODE_SENTENCES)
-                    for text, e in zip(
-                        flat[i : i + ENCODE_SENTENCES],
-                        self.encode(flat[i : i + ENCODE_SENTENCES], add_special_tokens=False),
-                        strict=True,
-                    )
-                ]
-            at = 0
+            values, lengths = self._encode(flat)
+            ends = np.cumsum(lengths)
+            sentence = token = 0
             for doc_id, sentences in zip(doc_ids, docs, strict=True):
-                ids = [e for e in encoded[at : at + len(sentences)] if e]
-                at += len(sentences)
-                self._count(sentences, ids)
-                if not ids:
+                n = len(sentences)
+                lens = lengths[sentence : sentence + n]
+                end = int(ends[sentence + n - 1]) if n else token
+                doc_values = values[token:end]
+                sentence, token = sentence + n, end
+                kept = lens[lens > 0]  # empty sentences dropped (counted)
+                self._count(n, len(kept), doc_values)
+                if not len(kept):
                     continue
-                ids_buf, docs_buf = buffers.setdefault(stable_shard(doc_id, self.num_buckets), ([], []))
+                ids_buf, values_buf, lengths_buf = buffers.setdefault(
+                    stable_shard(doc_id, self.num_buckets), ([], [], [])
+                )
                 ids_buf.append(doc_id)
-                docs_buf.append(ids)
-                held += sum(map(len, ids))
+                values_buf.append(doc_values)
+                lengths_buf.append(kept)
+                held += len(doc_values)
             if held >= FLUSH_TOKENS:
                 self._flush(buffers, writers, part)
                 held = 0
@@ -274,13 +277,28 @@ class TokenizeToBuckets(beam.DoFn):
             file.close()
             yield bucket, out_url
 
-    def _plain_ids(self, sentences: list[str]) -> list[list[int]]:
-        """Each sentence's ids, encoded ``JOIN_SENTENCES`` to a text (:func:`encode_joined`);
-        one by one where a sentence holds the mark itself."""
-        joined = None if self.joined is None else encode_joined(self.joined, sentences)
-        if joined is not None:
-            return joined
-        return [e.ids for e in self.encode(sentences, add_special_tokens=False)]
+    def _encode(self, sentences: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """(the sentences' ids one after the other, each sentence's number of ids).
+
+        Without a segmenter or word tokenizer, ``ENCODE_SENTENCES`` at a time through
+        :func:`encode_joined` (one by one where a sentence holds its mark); else one Encoding per
+        sentence (the segmenter reads its offsets, the word tokenizer its word starts)."""
+        parts = []
+        step = ENCODE_SENTENCES
+        for i in range(0, len(sentences), step):
+            chunk = sentences[i : i + step]
+            if self.joined is not None and self.word_tokenizer == "none":
+                joined = encode_joined(self.joined, chunk)
+                if joined is not None:
+                    parts.append(joined)
+                    continue
+                parts.append(flat_ids([e.ids for e in self.encode(chunk, add_special_tokens=False)]))
+            else:
+                encodings = self.encode(chunk, add_special_tokens=False)
+                parts.append(flat_ids([self._ids(text, e) for text, e in zip(chunk, encodings, strict=True)]))
+        if not parts:
+            return np.zeros(0, dtype=np.uint32), np.zeros(0, dtype=np.int64)
+        return np.concatenate([v for v, _ in parts]), np.concatenate([n for _, n in parts])
 
     def _ids(self, text: str, encoding) -> list[int]:
         """The token ids; with a segmenter, an ideograph continuing a word gets + vocab size."""
@@ -296,29 +314,36 @@ class TokenizeToBuckets(beam.DoFn):
         v = len(self.vocab)
         return [t + v if cont else t for t, cont in zip(ids, flags, strict=True)]
 
-    def _count(self, sentences: list[str], ids: list[list[int]]) -> None:
+    def _count(self, num_sentences: int, num_kept: int, values: np.ndarray) -> None:
+        """One document's figures: its sentences, those that kept ids, and its ids."""
         self.documents.inc()
-        self.sentences.inc(len(sentences))
-        if len(ids) < len(sentences):
-            self.empty_sentences.inc(len(sentences) - len(ids))
-        if not ids:
+        self.sentences.inc(num_sentences)
+        if num_kept < num_sentences:
+            self.empty_sentences.inc(num_sentences - num_kept)
+        if not num_kept:
             self.skipped.inc()  # nothing to make an example from
-        elif len(ids) == 1:
+        elif num_kept == 1:
             self.single.inc()  # allowed: its examples are all random-next
-        self.unknown.inc(sum(s.count(self.unk_id) for s in ids))  # marked ids are ideographs
-        self.tokens.inc(sum(map(len, ids)))
+        self.unknown.inc(int(np.count_nonzero(values == self.unk_id)))  # marked ids are ideographs
+        self.tokens.inc(len(values))
 
     def _flush(self, buffers, writers, part: int) -> None:
-        for bucket, (doc_ids, docs) in sorted(buffers.items()):
+        id_dtype = np.uint16 if self.schema.field(1).type.value_type.value_type == pa.uint16() else np.uint32
+        for bucket, (doc_ids, values, lengths) in sorted(buffers.items()):
             if bucket not in writers:
                 out_url = join_url(self.work_url, "tokens", f"b{bucket:05d}", f"f{part:05d}.parquet")
                 fs, path = fsspec.core.url_to_fs(out_url)
                 fs.makedirs(fs._parent(path), exist_ok=True)
                 file = fs.open(path, "wb")
                 writers[bucket] = (file, pq.ParquetWriter(file, self.schema, **WRITE_OPTIONS), out_url)
-            table = pa.Table.from_arrays(
-                [pa.array(doc_ids, pa.string()), pa.array(docs, self.schema.field(1).type)],
-                schema=self.schema,
+            # The nested lists from offsets, not from a Python list per sentence.
+            sentence_ends = np.cumsum(np.concatenate(lengths), dtype=np.int32)
+            doc_ends = np.cumsum([len(n) for n in lengths], dtype=np.int32)
+            sentences = pa.ListArray.from_arrays(
+                pa.array(np.concatenate([[0], sentence_ends]).astype(np.int32)),
+                pa.array(np.concatenate(values).astype(id_dtype)),
             )
+            documents = pa.ListArray.from_arrays(pa.array(np.concatenate([[0], doc_ends]).astype(np.int32)), sentences)
+            table = pa.Table.from_arrays([pa.array(doc_ids, pa.string()), documents], schema=self.schema)
             writers[bucket][1].write_table(table)
         buffers.clear()

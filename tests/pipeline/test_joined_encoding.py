@@ -10,6 +10,7 @@ from pipeline.examples.tokens import (
     SENTENCE_MARK,
     TokenizeToBuckets,
     encode_joined,
+    flat_ids,
     joined_tokenizer,
 )
 from pipeline.vocab.tokenizer import build_text_tokenizer, special_tokens
@@ -53,6 +54,14 @@ def one_by_one(tok, sentences: list[str]) -> list[list[int]]:
     return [e.ids for e in tok.encode_batch_fast(sentences, add_special_tokens=False)]
 
 
+def split(flat: tuple) -> list[list[int]]:
+    """(values, lengths) back to one list per sentence."""
+    values, lengths = flat
+    assert len(values) == sum(lengths)
+    ends = [int(x) for x in lengths.cumsum()]
+    return [values[e - n : e].tolist() for e, n in zip(ends, lengths.tolist(), strict=True)]
+
+
 @pytest.mark.parametrize("lowercase", [True, False])
 @pytest.mark.parametrize("per_text", [1, 3, 64])
 def test_joined_ids_equal_one_by_one(lowercase, per_text):
@@ -64,7 +73,7 @@ def test_joined_ids_equal_one_by_one(lowercase, per_text):
     vocab = vocab_for(TRICKY)
     expected = one_by_one(build_text_tokenizer(vocab, lowercase), sentences)
     got = encode_joined(joined_tokenizer(vocab, lowercase), sentences, per_text=per_text)
-    assert got == expected
+    assert split(got) == expected
     assert any(not ids for ids in expected) and sum(map(len, expected)) > 2000  # empties and plenty of ids
 
 
@@ -75,8 +84,8 @@ def test_a_sentence_holding_the_mark_is_refused_and_the_dofn_encodes_one_by_one(
     dofn = TokenizeToBuckets(vocab, True, 1, "/nonexistent")
     dofn.setup()
     expected = one_by_one(build_text_tokenizer(vocab, True), sentences)
-    assert dofn._plain_ids(sentences) == expected
-    assert dofn._plain_ids(TRICKY) == one_by_one(build_text_tokenizer(vocab, True), TRICKY)
+    assert split(dofn._encode(sentences)) == expected
+    assert split(dofn._encode(TRICKY)) == one_by_one(build_text_tokenizer(vocab, True), TRICKY)
     # Without the fallback the mark would be taken for a boundary: the split would differ.
     assert len(expected) == 4 and expected[1]
 
@@ -99,4 +108,55 @@ def test_a_vocabulary_with_repeated_lines_is_encoded_one_by_one():
     dofn = TokenizeToBuckets(repeated, True, 1, "/nonexistent")
     dofn.setup()
     assert dofn.joined is None
-    assert dofn._plain_ids(TRICKY) == one_by_one(build_text_tokenizer(repeated, True), TRICKY)
+    assert split(dofn._encode(TRICKY)) == one_by_one(build_text_tokenizer(repeated, True), TRICKY)
+
+
+def test_flat_ids_keep_empty_lists_and_order():
+    values, lengths = flat_ids([[5, 6], [], [7], []])
+    assert values.tolist() == [5, 6, 7] and lengths.tolist() == [2, 0, 1, 0]
+    values, lengths = flat_ids([])
+    assert values.tolist() == [] and lengths.tolist() == []
+
+
+def test_token_files_hold_each_documents_sentences_as_one_by_one_encoding_gives_them(tmp_path, monkeypatch):
+    """The DoFn end to end: documents in, per-bucket token files out, as the sentences encoded
+    one by one give them: empty-after-tokenizing sentences dropped, documents left with none
+    skipped, a sentence holding the mark and documents across several flushes included."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    import pipeline.examples.tokens as tokens
+    from pipeline.schema.parquet import DOCUMENT_SCHEMA
+
+    monkeypatch.setattr(tokens, "FLUSH_TOKENS", 50)  # several flushes, buffers across documents
+    monkeypatch.setattr(tokens, "ENCODE_SENTENCES", 7)  # several encode calls per batch
+    rng = random.Random(3)
+    docs = [[rng.choice(TRICKY) for _ in range(rng.randint(1, 12))] for _ in range(40)]
+    docs[5] = ["\x00\x01", "   "]  # nothing left: skipped
+    docs[9] = ["kept", f"holds the mark {SENTENCE_MARK} itself", "\x02"]
+    rows = [
+        {"doc_id": f"d{i:03d}", "source": "wiki", "title": "t", "sentences": d, "num_sentences": len(d),
+         "num_chars": sum(map(len, d))}
+        for i, d in enumerate(docs)
+    ]  # fmt: skip
+    url = str(tmp_path / "docs.parquet")
+    pq.write_table(pa.Table.from_pylist(rows, schema=DOCUMENT_SCHEMA), url, row_group_size=8)
+    vocab = vocab_for(TRICKY)
+    dofn = TokenizeToBuckets(vocab, True, 3, str(tmp_path / "work"))
+    dofn.setup()
+    out = list(dofn.process((0, [(url, 0, -1)])))
+    assert sorted(b for b, _ in out) == [0, 1, 2]
+    got = {}
+    for _, file in out:
+        table = pq.read_table(file)
+        assert table.schema == tokens.token_schema(len(vocab))
+        for doc_id, sentences in zip(table.column("doc_id").to_pylist(), table.column("sentences").to_pylist()):
+            got.setdefault(doc_id, []).extend(sentences)  # a document is in one flush of one file
+    reference = build_text_tokenizer(vocab, True)
+    expected = {}
+    for row in rows:
+        ids = [s for s in one_by_one(reference, row["sentences"]) if s]
+        if ids:
+            expected[row["doc_id"]] = ids
+    assert got == expected
+    assert "d005" not in got and len(got["d009"]) == 2

@@ -339,9 +339,11 @@ class TokenizeToBuckets(beam.DoFn):
             # The nested lists from offsets, not from a Python list per sentence.
             sentence_ends = np.cumsum(np.concatenate(lengths), dtype=np.int32)
             doc_ends = np.cumsum([len(n) for n in lengths], dtype=np.int32)
+            ids = np.concatenate(values)
+            if ids.size and int(ids.max()) > np.iinfo(id_dtype).max:  # astype would wrap it silently
+                raise ValueError(f"token id {int(ids.max())} does not fit the token files' {id_dtype.__name__}")
             sentences = pa.ListArray.from_arrays(
-                pa.array(np.concatenate([[0], sentence_ends]).astype(np.int32)),
-                pa.array(np.concatenate(values).astype(id_dtype)),
+                pa.array(np.concatenate([[0], sentence_ends]).astype(np.int32)), pa.array(ids.astype(id_dtype))
             )
             documents = pa.ListArray.from_arrays(pa.array(np.concatenate([[0], doc_ends]).astype(np.int32)), sentences)
             table = pa.Table.from_arrays([pa.array(doc_ids, pa.string()), documents], schema=self.schema)

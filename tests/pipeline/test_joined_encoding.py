@@ -160,3 +160,13 @@ def test_token_files_hold_each_documents_sentences_as_one_by_one_encoding_gives_
             expected[row["doc_id"]] = ids
     assert got == expected
     assert "d005" not in got and len(got["d009"]) == 2
+
+
+def test_an_id_that_does_not_fit_the_token_files_is_an_error_not_a_wrapped_id(tmp_path):
+    import numpy as np
+
+    dofn = TokenizeToBuckets(vocab_for(TRICKY), True, 1, str(tmp_path))
+    dofn.setup()
+    buffers = {0: (["d0"], [np.array([7, 70_000], dtype=np.uint32)], [np.array([2])])}
+    with pytest.raises(ValueError, match="token id 70000 does not fit the token files' uint16"):
+        dofn._flush(buffers, {}, 0)

@@ -10,11 +10,32 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import fsspec
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from pipeline.schema.parquet import READ_OPTIONS
+
+
+def documents_array(
+    values: np.ndarray, sentence_lengths: np.ndarray, doc_sentences: Sequence[int], id_type: pa.DataType
+) -> pa.ListArray:
+    """The token files' ``sentences`` column (documents of sentences of ids, what
+    :class:`BucketDocuments` reads back) from flat ids, each sentence's length and each document's
+    number of sentences: built from offsets, not from a Python list per sentence. An id that does
+    not fit ``id_type`` is an error (a cast would wrap it silently)."""
+    dtype = id_type.to_pandas_dtype()
+    if values.size and int(values.max()) > np.iinfo(dtype).max:
+        raise ValueError(f"token id {int(values.max())} does not fit the token files' {id_type}")
+    sentences = pa.ListArray.from_arrays(_offsets(sentence_lengths), pa.array(values.astype(dtype)))
+    return pa.ListArray.from_arrays(_offsets(doc_sentences), sentences)
+
+
+def _offsets(lengths) -> pa.Array:
+    out = np.zeros(len(lengths) + 1, dtype=np.int32)
+    np.cumsum(lengths, out=out[1:])
+    return pa.array(out)
 
 
 class BucketDocuments(Sequence):

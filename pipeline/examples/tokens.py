@@ -16,6 +16,7 @@ from apache_beam.metrics import Metrics
 
 from pipeline.beam.io import stable_shard
 from pipeline.beam.shards import use_lean_memory_pool
+from pipeline.examples.buckets import documents_array
 from pipeline.examples.masking import VocabIds
 from pipeline.examples.segment import Segmenter, continuation_flags, has_cjk
 from pipeline.schema.parquet import READ_OPTIONS, WRITE_OPTIONS
@@ -280,22 +281,19 @@ class TokenizeToBuckets(beam.DoFn):
     def _encode(self, sentences: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """(the sentences' ids one after the other, each sentence's number of ids).
 
-        Without a segmenter or word tokenizer, ``ENCODE_SENTENCES`` at a time through
-        :func:`encode_joined` (one by one where a sentence holds its mark); else one Encoding per
-        sentence (the segmenter reads its offsets, the word tokenizer its word starts)."""
+        ``ENCODE_SENTENCES`` at a time: through :func:`encode_joined` when the job has its joined
+        tokenizer (no segmenter, no word tokenizer, no repeated vocabulary line) and no sentence of
+        the chunk holds the mark; else one Encoding per sentence (the segmenter reads its offsets,
+        the word tokenizer its word starts)."""
         parts = []
         step = ENCODE_SENTENCES
         for i in range(0, len(sentences), step):
             chunk = sentences[i : i + step]
-            if self.joined is not None and self.word_tokenizer == "none":
-                joined = encode_joined(self.joined, chunk)
-                if joined is not None:
-                    parts.append(joined)
-                    continue
-                parts.append(flat_ids([e.ids for e in self.encode(chunk, add_special_tokens=False)]))
-            else:
+            flat = None if self.joined is None else encode_joined(self.joined, chunk)
+            if flat is None:
                 encodings = self.encode(chunk, add_special_tokens=False)
-                parts.append(flat_ids([self._ids(text, e) for text, e in zip(chunk, encodings, strict=True)]))
+                flat = flat_ids([self._ids(text, e) for text, e in zip(chunk, encodings, strict=True)])
+            parts.append(flat)
         if not parts:
             return np.zeros(0, dtype=np.uint32), np.zeros(0, dtype=np.int64)
         return np.concatenate([v for v, _ in parts]), np.concatenate([n for _, n in parts])
@@ -328,7 +326,6 @@ class TokenizeToBuckets(beam.DoFn):
         self.tokens.inc(len(values))
 
     def _flush(self, buffers, writers, part: int) -> None:
-        id_dtype = np.uint16 if self.schema.field(1).type.value_type.value_type == pa.uint16() else np.uint32
         for bucket, (doc_ids, values, lengths) in sorted(buffers.items()):
             if bucket not in writers:
                 out_url = join_url(self.work_url, "tokens", f"b{bucket:05d}", f"f{part:05d}.parquet")
@@ -336,16 +333,12 @@ class TokenizeToBuckets(beam.DoFn):
                 fs.makedirs(fs._parent(path), exist_ok=True)
                 file = fs.open(path, "wb")
                 writers[bucket] = (file, pq.ParquetWriter(file, self.schema, **WRITE_OPTIONS), out_url)
-            # The nested lists from offsets, not from a Python list per sentence.
-            sentence_ends = np.cumsum(np.concatenate(lengths), dtype=np.int32)
-            doc_ends = np.cumsum([len(n) for n in lengths], dtype=np.int32)
-            ids = np.concatenate(values)
-            if ids.size and int(ids.max()) > np.iinfo(id_dtype).max:  # astype would wrap it silently
-                raise ValueError(f"token id {int(ids.max())} does not fit the token files' {id_dtype.__name__}")
-            sentences = pa.ListArray.from_arrays(
-                pa.array(np.concatenate([[0], sentence_ends]).astype(np.int32)), pa.array(ids.astype(id_dtype))
+            documents = documents_array(
+                np.concatenate(values),
+                np.concatenate(lengths),
+                [len(n) for n in lengths],
+                self.schema.field(1).type.value_type.value_type,
             )
-            documents = pa.ListArray.from_arrays(pa.array(np.concatenate([[0], doc_ends]).astype(np.int32)), sentences)
             table = pa.Table.from_arrays([pa.array(doc_ids, pa.string()), documents], schema=self.schema)
             writers[bucket][1].write_table(table)
         buffers.clear()

@@ -12,6 +12,7 @@ from pipeline.examples.tokens import (
     encode_joined,
     flat_ids,
     joined_tokenizer,
+    plain_tokenizer,
 )
 from pipeline.vocab.tokenizer import build_text_tokenizer, special_tokens
 
@@ -77,6 +78,64 @@ def test_joined_ids_equal_one_by_one(lowercase, per_text):
     assert any(not ids for ids in expected) and sum(map(len, expected)) > 2000  # empties and plenty of ids
 
 
+# Printable ASCII with what BERT's tokenizer treats apart: every punctuation character (ASCII
+# punctuation, the "[SEP]" of a text, runs of them), whitespace it splits at (tab, newline,
+# return), controls it drops (a sentence holding one is not plain), DEL, digits, both cases.
+ASCII = [chr(c) for c in range(0x20, 0x7F)] + ["\t", "\n", "\r", " ", " ", "\x00", "\x0b", "\x0c", "\x1f", "\x7f"]
+
+
+def plain_mix(rng: random.Random) -> list[str]:
+    """Sentences of random ASCII (some with controls), of the tricky texts, and of both."""
+    out = ["".join(rng.choice(ASCII) for _ in range(rng.randint(0, 40))) for _ in range(400)]
+    out += ["[SEP] e.g. U.S.A. -- (a+b)^2=c; ~x|y`z {q} <p> 3.14 $5 50% #1 @me a_b \\ / \"q\" 'r'", "..." * 40]
+    out += [rng.choice(TRICKY) for _ in range(100)]
+    out += [
+        "".join(rng.choice(ASCII + ["é", "Σ", "北", "\u0301"]) for _ in range(rng.randint(0, 40))) for _ in range(100)
+    ]
+    rng.shuffle(out)
+    return out
+
+
+@pytest.mark.parametrize("lowercase", [True, False])
+@pytest.mark.parametrize("per_text", [1, 5, 64])
+def test_plain_ascii_sentences_encoded_apart_give_the_same_ids(lowercase, per_text):
+    """The plain tokenizer (lowercase, whitespace split, ASCII punctuation isolated) on the
+    printable-ASCII sentences, the joined BERT tokenizer on the rest, put back in order: the
+    ids of BERT's tokenizer one sentence at a time."""
+    rng = random.Random(11)
+    sentences = plain_mix(rng)
+    vocab = vocab_for(TRICKY + ["".join(ASCII), "the quick brown fox", "sep mask"])
+    vocab += [w for w in ("[SEP]", "e.g", "##g", "usa", "USA") if w not in vocab]
+    expected = one_by_one(build_text_tokenizer(vocab, lowercase), sentences)
+    plain = plain_tokenizer(vocab, lowercase)
+    got = encode_joined(joined_tokenizer(vocab, lowercase), sentences, per_text=per_text, plain=plain)
+    assert split(got) == expected
+    # Both parts were used, and the plain part alone differs from BERT's on a control character
+    # (dropped by BERT's normalizer, kept by the plain one): the control check is what keeps them equal.
+    assert sum(s.isascii() for s in sentences) > 300 and sum(not s.isascii() for s in sentences) > 50
+    with_control = next(s for s in sentences if "\x00" in s and len(s) > 5)
+    assert one_by_one(plain, [with_control]) != expected[sentences.index(with_control)]
+
+
+def test_plain_tokenizer_differs_from_bert_on_what_is_not_ascii():
+    """Why the split is needed: outside ASCII the plain tokenizer keeps accents and case forms,
+    pads no ideograph and isolates no Unicode punctuation."""
+    vocab = vocab_for(TRICKY + ["naive cafe", "“quoted”"])
+    bert, plain = build_text_tokenizer(vocab, True), plain_tokenizer(vocab, True)
+    for text in ("naïve café", "北京大学", "“quoted”"):
+        assert one_by_one(plain, [text]) != one_by_one(bert, [text])
+    assert plain_tokenizer(vocab[:20] + ["hello", "hello"] + vocab[20:], True) is None
+
+
+def test_a_chunk_all_ascii_or_none_ascii_takes_one_tokenizer():
+    vocab = vocab_for(TRICKY)
+    joined, plain = joined_tokenizer(vocab, True), plain_tokenizer(vocab, True)
+    for sentences in (["Hello world.", "", "a b, c!"], ["naïve café", "北京大学 in 上海"], []):
+        assert split(encode_joined(joined, sentences, plain=plain)) == one_by_one(
+            build_text_tokenizer(vocab, True), sentences
+        )
+
+
 def test_a_sentence_holding_the_mark_is_refused_and_the_dofn_encodes_one_by_one():
     vocab = vocab_for(TRICKY)
     sentences = ["before", f"a{SENTENCE_MARK}b", "after", SENTENCE_MARK]
@@ -107,7 +166,7 @@ def test_a_vocabulary_with_repeated_lines_is_encoded_one_by_one():
     assert joined_tokenizer(repeated, True) is None
     dofn = TokenizeToBuckets(repeated, True, 1, "/nonexistent")
     dofn.setup()
-    assert dofn.joined is None
+    assert dofn.joined is None and dofn.plain is None
     assert split(dofn._encode(TRICKY)) == one_by_one(build_text_tokenizer(repeated, True), TRICKY)
 
 

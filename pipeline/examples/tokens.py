@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -23,7 +22,7 @@ from pipeline.examples.segment import Segmenter, continuation_flags, has_cjk
 from pipeline.schema.parquet import READ_OPTIONS, WRITE_OPTIONS
 from pipeline.schema.storage import join_url
 from pipeline.schema.tokenization import WordTokenizer
-from pipeline.vocab.tokenizer import build_text_tokenizer
+from pipeline.vocab.tokenizer import build_text_tokenizer, plain_ascii, plain_pre_tokenizer
 
 NAMESPACE = "examples"
 """The Beam counters' namespace of the examples job."""
@@ -89,35 +88,18 @@ def joined_tokenizer(vocab: list[str], lowercase: bool):
 
 
 def plain_tokenizer(vocab: list[str], lowercase: bool):
-    """:func:`joined_tokenizer` for sentences of printable ASCII (and tab, newline, carriage
-    return) only: the same ids for them at ~55% of the tokenizing time; ``None`` where
-    :func:`joined_tokenizer` is.
-
-    On such text BERT's normalizer (``pipeline.vocab.tokenizer.bert_normalizer``) only lowercases:
-    it drops no control character (there is none), maps tab/newline/return to spaces (they split
-    words either way), pads no ideograph and strips no accent (NFD of ASCII is ASCII, none is a
-    combining mark). Its pre-tokenizer splits at whitespace, then isolates each character that is
-    ASCII punctuation or of a Unicode punctuation category: in ASCII that is exactly ASCII
-    punctuation. So ``Lowercase`` (or nothing, cased), ``WhitespaceSplit`` and one regex split
-    give the same pieces without the three Unicode table searches a character (control,
-    non-spacing mark, punctuation) that were a fifth of the tokenizer's samples (py-spy
-    ``--native``, docs/speed-data.md section 8)."""
-    from tokenizers import Regex, normalizers, pre_tokenizers
+    """:func:`joined_tokenizer` for the sentences of ``pipeline.vocab.tokenizer.plain_ascii``
+    (printable ASCII): ``Lowercase`` (nothing, cased) and ``plain_pre_tokenizer`` instead of
+    BERT's normalizer and pre-tokenizer, the same ids at ~55% of the tokenizing time; ``None``
+    where :func:`joined_tokenizer` is."""
+    from tokenizers import normalizers
 
     tok = joined_tokenizer(vocab, lowercase)
     if tok is None:
         return None
     tok.normalizer = normalizers.Lowercase() if lowercase else None
-    tok.pre_tokenizer = pre_tokenizers.Sequence(
-        [pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Split(Regex(ASCII_PUNCTUATION), "isolated")]
-    )
+    tok.pre_tokenizer = plain_pre_tokenizer()
     return tok
-
-
-ASCII_PUNCTUATION = r"[!-/:-@\[-`{-~]"
-"""Rust's ``char::is_ascii_punctuation``: U+0021-002F, U+003A-0040, U+005B-0060, U+007B-007E."""
-_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
-"""ASCII characters that BERT's normalizer drops (controls but tab, newline, return)."""
 
 
 def encode_joined(
@@ -140,9 +122,7 @@ def encode_joined(
     """
     if plain is None:
         return _encode_texts(tokenizer, sentences, per_text)
-    ascii_at = [i for i, s in enumerate(sentences) if s.isascii()]
-    if _CONTROL.search("\n".join(sentences[i] for i in ascii_at)):  # rare: sorted out one by one
-        ascii_at = [i for i in ascii_at if not _CONTROL.search(sentences[i])]
+    ascii_at = plain_ascii(sentences)
     if len(ascii_at) == len(sentences):
         return _encode_texts(plain, sentences, per_text)
     if not ascii_at:

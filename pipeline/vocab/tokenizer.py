@@ -5,8 +5,11 @@ fine-tuning tokenise exactly as the vocabulary was trained."""
 
 from __future__ import annotations
 
+import re
+
 import fsspec
 from tokenizers import (
+    Regex,
     Tokenizer,
     decoders,
     models,
@@ -49,6 +52,38 @@ def build_text_tokenizer(vocab: list[str], lowercase: bool) -> Tokenizer:
     tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     tok.decoder = decoders.WordPiece(prefix=PREFIX)
     return tok
+
+
+ASCII_PUNCTUATION = r"[!-/:-@\[-`{-~]"
+"""Rust's ``char::is_ascii_punctuation``: U+0021-002F, U+003A-0040, U+005B-0060, U+007B-007E."""
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+"""ASCII characters that BERT's normalizer drops (controls but tab, newline, return)."""
+
+
+def plain_ascii(sentences: list[str]) -> list[int]:
+    """The places of the sentences of printable ASCII (and tab, newline, return) in ``sentences``.
+
+    On them BERT's normalizer only lowercases: it drops no control character (there is none),
+    maps tab/newline/return to spaces (they split words either way), pads no ideograph and strips
+    no accent (NFD of ASCII is ASCII, none is a combining mark). And BERT's pre-tokenizer, which
+    splits at whitespace and isolates each character that is ASCII punctuation or of a Unicode
+    punctuation category, isolates exactly ASCII punctuation there: :func:`plain_pre_tokenizer`
+    and a lowercase give the same words without three Unicode table searches a character
+    (control, non-spacing mark, punctuation: a fifth of the tokenizer's time, docs/speed-data.md
+    section 8). ``str.isascii`` is a flag in CPython; one regex search over the ASCII sentences
+    joined, one per sentence only when it finds a control."""
+    at = [i for i, s in enumerate(sentences) if s.isascii()]
+    if _CONTROL.search("\n".join(sentences[i] for i in at)):
+        at = [i for i in at if not _CONTROL.search(sentences[i])]
+    return at
+
+
+def plain_pre_tokenizer() -> pre_tokenizers.PreTokenizer:
+    """BERT's pre-tokenizer for the text of :func:`plain_ascii`: whitespace split, then each ASCII
+    punctuation character isolated (one regex, no Unicode table)."""
+    return pre_tokenizers.Sequence(
+        [pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Split(Regex(ASCII_PUNCTUATION), "isolated")]
+    )
 
 
 def build_tokenizer(vocab: list[str], lowercase: bool, max_length: int = 512) -> Tokenizer:

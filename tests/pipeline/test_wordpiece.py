@@ -367,3 +367,94 @@ def test_hugging_face_tokenizes_exactly_as_the_pipeline(tmp_path, lowercase):
     assert checked_unk
     assert ("北" in vocab) and ("##京" not in vocab)  # ideographs are words of their own
     assert ("é" in vocab) != lowercase  # accents kept only when cased
+
+
+# Printable ASCII with what BERT's normalizer and pre-tokenizer treat apart (punctuation, runs of
+# it, tab/newline/return, controls, DEL), and characters outside ASCII that they treat apart too
+# (accents, combining marks, ideographs, Unicode punctuation and spaces, format characters).
+_ASCII = [chr(c) for c in range(0x20, 0x7F)] + ["\t", "\n", "\r", " ", " ", "\x00", "\x0b", "\x1f", "\x7f"]
+_OTHER = ["é", "Å", "Σ", "ς", "İ", "\u0301", "中", "文", "«", "»", "—", "…", "“", "¿", "\u00a0", "\u3000", "\u200b",
+          "\ufeff", "ﬁ", "١", "।", "🙂", "\ufffd"]  # fmt: skip
+
+
+def _mixed(seed: int, count: int) -> list[str]:
+    rng = random.Random(seed)
+    words = ["".join(rng.choice(SYLLABLES) for _ in range(rng.randint(1, 3))) for _ in range(300)]
+    out = []
+    for _ in range(count):
+        parts = [rng.choice(words) if rng.random() < 0.7 else rng.choice(_ASCII) for _ in range(rng.randint(0, 25))]
+        if rng.random() < 0.25:  # a quarter not plain: a character outside ASCII somewhere
+            parts.insert(rng.randint(0, len(parts)), rng.choice(_OTHER))
+        out.append("".join(p if rng.random() < 0.5 else p + " " for p in parts))
+    return out
+
+
+def _bert_words(sentences, lowercase):
+    norm, pre = bert_normalizer(lowercase), pre_tokenizers.BertPreTokenizer()
+    return collections.Counter(w for s in sentences for w, _ in pre.pre_tokenize_str(norm.normalize_str(s)))
+
+
+@pytest.mark.parametrize("lowercase", [True, False])
+def test_plain_text_gives_berts_words_and_characters(lowercase):
+    """Most sentences are lowercased by Python and split without Unicode tables: the words a
+    trainer reads, and the characters and word-inner characters counted, are BERT's."""
+    from pipeline.vocab.tokenizer import plain_pre_tokenizer
+    from pipeline.vocab.wordpiece import _PlainText
+
+    sentences = _mixed(3, 3000)
+    plain = _PlainText(lowercase)
+    pre = plain_pre_tokenizer()
+    got = collections.Counter(
+        w for i in range(0, len(sentences), 500) for w, _ in pre.pre_tokenize_str(plain.words(sentences[i : i + 500]))
+    )
+    assert got == _bert_words(sentences, lowercase)
+    assert plain.spaced  # punctuation outside ASCII was met and spaced
+    fast = count_alphabet(sentences, lowercase, batch_size=97)
+    slow = count_alphabet(sentences, lowercase, batch_size=97, normalizer=bert_normalizer(lowercase))
+    assert fast == slow and len(fast[0]) > 60
+
+
+def test_plain_text_words_differ_without_the_spacing_or_the_control_check():
+    """What keeps the words equal: Unicode punctuation spaced, and a control character sending
+    its sentence through BERT's normalizer (it drops it; the plain path would keep it)."""
+    from pipeline.vocab.tokenizer import plain_pre_tokenizer
+    from pipeline.vocab.wordpiece import _PlainText
+
+    pre = plain_pre_tokenizer()
+    for sentences in (["said «yes» then"], ["ab\x00cd ef"]):
+        plain = _PlainText(True)
+        spaced = collections.Counter(w for w, _ in pre.pre_tokenize_str(plain.words(sentences)))
+        unspaced = collections.Counter(w for w, _ in pre.pre_tokenize_str("\n".join(sentences).lower()))
+        assert spaced == _bert_words(sentences, True) != unspaced
+
+
+@pytest.mark.parametrize("lowercase", [True, False])
+def test_vocabulary_trained_through_plain_text_is_the_bert_trainers(lowercase):
+    """The whole training, against the trainer reading the raw sentences through BERT's own
+    normalizer and pre-tokenizer (as the stage did before): the same list, entry for entry."""
+    from tokenizers import models, trainers
+
+    from pipeline.vocab import wordpiece
+
+    sentences = _mixed(5, 4000) + SENTENCES
+    config = VocabConfig(vocab_size=900, lowercase=lowercase)
+    got = train_vocab(sentences, config)
+
+    def bert_pieces(sentences, config, budget, alphabet, continuations):
+        tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+        tok.normalizer, tok.pre_tokenizer = bert_normalizer(config.lowercase), pre_tokenizers.BertPreTokenizer()
+        trainer = trainers.WordPieceTrainer(
+            vocab_size=budget, min_frequency=config.min_frequency, show_progress=False,
+            special_tokens=continuations, initial_alphabet=alphabet, limit_alphabet=len(alphabet),
+            continuing_subword_prefix="##",
+        )  # fmt: skip
+        tok.train_from_iterator(iter(sentences), trainer)
+        return [t for t, _ in sorted(tok.get_vocab(with_added_tokens=False).items(), key=lambda kv: kv[1])]
+
+    original = wordpiece._train_pieces
+    try:
+        wordpiece._train_pieces = bert_pieces
+        want = train_vocab(sentences, config)
+    finally:
+        wordpiece._train_pieces = original
+    assert got == want and len(got) == 900

@@ -122,21 +122,16 @@ def encode_joined(
     """
     if plain is None:
         return _encode_texts(tokenizer, sentences, per_text)
-    ascii_at = plain_ascii(sentences)
-    if len(ascii_at) == len(sentences):
+    ascii_at, other_at = plain_ascii(sentences)
+    if not other_at:
         return _encode_texts(plain, sentences, per_text)
     if not ascii_at:
         return _encode_texts(tokenizer, sentences, per_text)
-    is_ascii = np.zeros(len(sentences), dtype=bool)
-    is_ascii[ascii_at] = True
-    other_at = np.flatnonzero(~is_ascii)
     rest = _encode_texts(tokenizer, [sentences[i] for i in other_at], per_text)
     if rest is None:
         return None
-    return _interleave(
-        len(sentences), [(np.array(ascii_at), *_encode_texts(plain, [sentences[i] for i in ascii_at], per_text)),
-                         (other_at, *rest)]
-    )  # fmt: skip
+    head = _encode_texts(plain, [sentences[i] for i in ascii_at], per_text)  # ASCII never holds the mark
+    return _interleave(len(sentences), [(ascii_at, *head), (other_at, *rest)])
 
 
 def _encode_texts(tokenizer, sentences: list[str], per_text: int) -> tuple[np.ndarray, np.ndarray] | None:
@@ -154,7 +149,7 @@ def _encode_texts(tokenizer, sentences: list[str], per_text: int) -> tuple[np.nd
     return values[~at_mark], np.diff(ends, prepend=-1) - 1
 
 
-def _interleave(count: int, parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+def _interleave(count: int, parts: list[tuple[list[int], np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
     """(values, lengths) of ``count`` sentences from parts ``(their places, values, lengths)``."""
     lengths = np.zeros(count, dtype=np.int64)
     for at, _, part_lengths in parts:

@@ -60,8 +60,9 @@ _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 """ASCII characters that BERT's normalizer drops (controls but tab, newline, return)."""
 
 
-def plain_ascii(sentences: list[str]) -> list[int]:
-    """The places of the sentences of printable ASCII (and tab, newline, return) in ``sentences``.
+def plain_ascii(sentences: list[str]) -> tuple[list[int], list[int]]:
+    """The places in ``sentences`` of those of printable ASCII (and tab, newline, return), and of
+    the others.
 
     On them BERT's normalizer only lowercases: it drops no control character (there is none),
     maps tab/newline/return to spaces (they split words either way), pads no ideograph and strips
@@ -75,7 +76,10 @@ def plain_ascii(sentences: list[str]) -> list[int]:
     at = [i for i, s in enumerate(sentences) if s.isascii()]
     if _CONTROL.search("\n".join(sentences[i] for i in at)):
         at = [i for i in at if not _CONTROL.search(sentences[i])]
-    return at
+    if len(at) == len(sentences):
+        return at, []
+    taken = set(at)
+    return at, [i for i in range(len(sentences)) if i not in taken]
 
 
 def plain_pre_tokenizer() -> pre_tokenizers.PreTokenizer:

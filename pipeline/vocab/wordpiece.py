@@ -124,14 +124,8 @@ def count_alphabet(
         # Drop each word's first character; whatever non-space is left sat inside a word.
         inner.update(_FIRST_OF_WORD.sub("", text.translate(to_space)))
 
-    batch: list[str] = []
-    for sentence in sentences:
-        n += 1
-        batch.append(sentence)
-        if len(batch) >= batch_size:
-            add(batch)
-            batch = []
-    if batch:
+    for batch in _batches(sentences, batch_size):
+        n += len(batch)
         add(batch)
     return chars, {c for c in inner if not c.isspace()}, n
 
@@ -157,14 +151,13 @@ class _PlainText:
 
     def normalized(self, batch: list[str], spaced: bool = False) -> str:
         """The sentences as BERT's normalizer gives them, in another order (newline-joined)."""
-        at = plain_ascii(batch)
+        at, other_at = plain_ascii(batch)
         plain = "\n".join(batch[i] for i in at)
         if self.lowercase:
             plain = plain.lower()
-        if len(at) == len(batch):
+        if not other_at:
             return plain
-        taken = set(at)
-        other = self.normalizer.normalize_str("\n".join(s for i, s in enumerate(batch) if i not in taken))
+        other = self.normalizer.normalize_str("\n".join(batch[i] for i in other_at))
         if spaced:
             for c in set(other) - self.seen:
                 self.seen.add(c)

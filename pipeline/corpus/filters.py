@@ -142,15 +142,26 @@ def reject_row(
 
 _ASCII_NON_LETTERS = bytes(b for b in range(128) if not chr(b).isalpha())
 _ASCII_SPACES = bytes(b for b in range(128) if chr(b).isspace())
+# Every byte but an ASCII letter: what a UTF-8 text keeps of its ASCII letters (a character
+# outside ASCII is encoded in bytes >= 0x80 only).
+_BYTES_NOT_ASCII_LETTERS = _ASCII_NON_LETTERS + bytes(range(128, 256))
+_NON_ASCII = re.compile(r"[^\x00-\x7f]+")
 
 
 def letters_and_visible(text: str) -> tuple[int, int]:
-    """(letters, non-space characters) of a text; ASCII text is counted by byte translation in
-    C, other text character by character."""
+    """(letters, non-space characters) of a text. The ASCII characters are counted by byte
+    translation in C (of the text's UTF-8), the others one by one (text of Latin script: a few,
+    found by one regex scan)."""
     if text.isascii():
         data = text.encode("ascii")
         return len(data.translate(None, _ASCII_NON_LETTERS)), len(data.translate(None, _ASCII_SPACES))
-    return sum(map(str.isalpha, text)), len(text) - sum(map(str.isspace, text))
+    others = "".join(_NON_ASCII.findall(text))
+    if len(others) * 2 > len(text):  # mostly outside ASCII (Chinese, Japanese): one pass
+        return sum(map(str.isalpha, text)), len(text) - sum(map(str.isspace, text))
+    data = text.encode("utf-8", "surrogatepass")  # a lone surrogate is neither letter nor space
+    letters = len(data.translate(None, _BYTES_NOT_ASCII_LETTERS)) + sum(map(str.isalpha, others))
+    spaces = len(data) - len(data.translate(None, _ASCII_SPACES)) + sum(map(str.isspace, others))
+    return letters, len(text) - spaces
 
 
 def sentence_reject(sentence: str, config: CorpusConfig) -> str | None:

@@ -211,6 +211,10 @@ _HEADING = re.compile(r"^(={1,6})\s*(.*?)\s*\1\s*$")
 _INTERNAL_LINK = re.compile(r"\[\[([^\[\]]*(?:\[(?!\[)[^\[\]]*|\](?!\])[^\[\]]*)*)\]\]")
 _EXTERNAL_LINK = re.compile(r"\[(?:https?://|ftp://|//|mailto:)[^\s\]]*(?:[ \t]+([^\]\n]*))?\]", re.I)
 _BARE_URL = re.compile(r"\b(?:https?|ftp)://[^\s<>\[\]{}|]+", re.I)
+# _BARE_URL without its \b, case folded by hand (re.I lets "s" match U+017F, kept here), and \w
+# to check the boundary before each URL it finds.
+_BARE_URL_CANDIDATE = re.compile(r"(?:[hH][tT][tT][pP][sS\u017f]?|[fF][tT][pP])://[^\s<>\[\]{}|]+")
+_WORD = re.compile(r"\w")
 _MAGIC_WORD = re.compile(r"__[A-Z]+__")
 _QUOTES = re.compile(r"'{2,}")
 _LANG_CODE = re.compile(r"^[a-z]{2,3}(?:-[a-z]{2,8})*$|^simple$")
@@ -235,8 +239,6 @@ _DROP_NAMESPACES = frozenset(
 )
 _EMPTY_PARENS = re.compile(r"\(\s*(?:[,;:]\s*)*\)")
 _PAREN_LEAD = re.compile(r"\(\s*[,;:]\s*")
-_SPACE_BEFORE_PUNCT = re.compile(r"\s+([,.;:!?)\]])")
-_SPACE_AFTER_OPEN = re.compile(r"([(\[])\s+")
 _WS = re.compile(r"\s+")
 # Japanese and Chinese: a space between two wide characters (CJK, kana, full-width punctuation)
 # is left by removed markup ({{要出典}}, a ref), never written: "呼ばれていた 。" -> "呼ばれていた。"
@@ -427,7 +429,25 @@ def _resolve_links(text: str) -> str:
     if "//" not in text and "mailto:" not in text:
         return text  # no URL: skip both scans
     text = _EXTERNAL_LINK.sub(lambda m: m.group(1) or "", text)
-    return _BARE_URL.sub("", text)
+    return _drop_bare_urls(text) if "://" in text else text
+
+
+def _drop_bare_urls(text: str) -> str:
+    """``_BARE_URL.sub("", text)``, found ~10x faster: the same pattern without its leading
+    ``\b`` starts with a character class, which re scans for in C; when every URL it finds has
+    the boundary (no word character before it) the two patterns find the same URLs, left to
+    right, and the text is cut here; otherwise (``xhttp://...``) the pattern itself decides."""
+    spans = [m.span() for m in _BARE_URL_CANDIDATE.finditer(text)]
+    if not spans:
+        return text
+    if any(start and _WORD.match(text, start - 1) for start, _ in spans):
+        return _BARE_URL.sub("", text)
+    out, last = [], 0
+    for start, end in spans:
+        out.append(text[last:start])
+        last = end
+    out.append(text[last:])
+    return "".join(out)
 
 
 # -- 4. lines: headings, sections, lists -------------------------------------------------------
@@ -472,6 +492,11 @@ _INVISIBLE = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u00ad\u200b\u2060\
 
 
 _PARA_SEP = "\ue000"
+# Spaces after an opening bracket, before a closing one or a mark, dropped in _tidy, where " " is
+# the only whitespace left: a pattern that starts with a literal is searched for in C (~30% less
+# than with \s+).
+_SPACES_AFTER_OPEN = re.compile(r"([(\[]) +")
+_SPACES_BEFORE_PUNCT = re.compile(r" +([,.;:!?)\]])")
 
 
 def _tidy(paragraph: str) -> str:
@@ -481,18 +506,20 @@ def _tidy(paragraph: str) -> str:
         text = unicodedata.normalize("NFC", text)
     # Every whitespace run to one space (also &nbsp;, U+00A0, and other Unicode spaces: str.split
     # and re's \s agree on every code point); a join is ~3x faster than _WS.sub here, and the
-    # ends it drops are dropped by the final strip anyway (the subs below only delete).
+    # ends it drops are dropped by the final strip anyway (the subs below only delete). From here
+    # on the only whitespace is " ": nothing below inserts any.
     text = " ".join(text.split())
     if "[[" in text or "]]" in text or "{{" in text or "}}" in text:
         text = _LEFTOVER.sub("", text)
     if "(" in text:
         text = _PAREN_LEAD.sub("(", text)
         text = _EMPTY_PARENS.sub("", text)
-    text = _SPACE_AFTER_OPEN.sub(r"\1", text)
-    text = _SPACE_BEFORE_PUNCT.sub(r"\1", text)
+    text = _SPACES_AFTER_OPEN.sub(r"\1", text)
+    text = _SPACES_BEFORE_PUNCT.sub(r"\1", text)
     if _HAS_WIDE.search(text):
         text = _SPACE_BETWEEN_WIDE.sub("", text)
-    return " ".join(text.split())
+    # The deletions above can leave a double space or one at an end, nothing else to collapse.
+    return " ".join(text.split()) if "  " in text else text.strip(" ")
 
 
 def clean_wikitext(text: str) -> list[str]:

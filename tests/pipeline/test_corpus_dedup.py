@@ -285,3 +285,27 @@ DATAFLOW_SCALE = {
     "num_workers": 10,
     "max_num_workers": 100,
 }
+
+
+def test_letters_and_visible_counts_every_character_as_str_does():
+    """The byte-translation count of ASCII inside non-ASCII text (a UTF-8 encoding, the other
+    characters found by a regex) equals str.isalpha / str.isspace character by character: every
+    code point (lone surrogates included) between ASCII, and random mixes of any share."""
+    import random
+
+    from pipeline.corpus.filters import letters_and_visible
+
+    def by_char(text):
+        return sum(map(str.isalpha, text)), len(text) - sum(map(str.isspace, text))
+
+    for c in range(0x110000):
+        text = "ab " + chr(c) + " 1."
+        assert letters_and_visible(text) == by_char(text), hex(c)
+    rng = random.Random(2)
+    for _ in range(3000):
+        share = rng.random()
+        text = "".join(
+            chr(rng.randrange(0x80, 0x110000)) if rng.random() < share else chr(rng.randrange(0, 0x80))
+            for _ in range(rng.randrange(0, 80))
+        )
+        assert letters_and_visible(text) == by_char(text), repr(text)

@@ -251,3 +251,100 @@ def test_token_search_from_braces_and_line_starts_is_the_regex_search():
         for pos in range(len(text) + 1):
             want, got = _BRACE_TOKEN.search(text, pos), _next_token(text, pos)
             assert (want and (want.span(), want.groups())) == (got and (got.span(), got.groups())), (text, pos)
+
+
+def test_bare_urls_found_from_their_scheme_are_the_pattern_s():
+    """_drop_bare_urls finds URLs without _BARE_URL's leading \\b and checks the boundary itself;
+    on random text (schemes in any case, U+017F that re.I folds to "s", word characters before a
+    scheme, URLs inside URLs) it must give what the pattern's own sub gives."""
+    import random
+
+    from pipeline.corpus.wikitext import _BARE_URL, _drop_bare_urls
+
+    rng = random.Random(5)
+    pieces = [
+        "http://",
+        "HTTPS://",
+        "Ftp://",
+        "httpſ://",
+        "x",
+        "_",
+        "é",
+        "9",
+        " ",
+        "\n",
+        "a.b/c",
+        "|",
+        "{",
+        "<",
+        "]",
+        "http",
+        "://",
+        "ftp",
+        "s://",
+        "(",
+        "https://e.org/?u=http://f",
+    ]
+    for _ in range(5000):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randrange(0, 25)))
+        assert _drop_bare_urls(text) == _BARE_URL.sub("", text), text
+    assert _drop_bare_urls("see http://a.org/x and xhttp://b.org, (ftp://c)") == "see  and xhttp://b.org, ("
+
+
+def test_tidy_is_the_whitespace_regexes_it_replaced():
+    """_tidy drops spaces around brackets and marks with " +" patterns and collapses at the end
+    only when a deletion left two spaces: the same text as with the \\s+ patterns and a final
+    split/join (random paragraphs of every kind of space, brackets, marks, leftovers, CJK)."""
+    import html
+    import random
+    import unicodedata
+
+    from pipeline.corpus import wikitext as w
+
+    def tidy_before(paragraph):
+        text = html.unescape(paragraph) if "&" in paragraph else paragraph
+        text = w._INVISIBLE.sub("", text)
+        text = unicodedata.normalize("NFC", text)
+        text = " ".join(text.split())
+        text = w._LEFTOVER.sub("", text)
+        text = w._EMPTY_PARENS.sub("", w._PAREN_LEAD.sub("(", text))
+        text = re.sub(r"([(\[])\s+", r"\1", text)
+        text = re.sub(r"\s+([,.;:!?)\]])", r"\1", text)
+        text = w._SPACE_BETWEEN_WIDE.sub("", text)
+        return " ".join(text.split())
+
+    rng = random.Random(11)
+    pieces = [
+        " ",
+        "  ",
+        "\t",
+        "\n",
+        "\u00a0",
+        "\u3000",
+        "\x1f",
+        "\u200b",
+        "a",
+        "word",
+        "(",
+        ")",
+        "[",
+        "]",
+        ",",
+        ".",
+        ";",
+        "!",
+        "[[",
+        "]]",
+        "{{",
+        "}}",
+        "( , )",
+        "&amp;",
+        "&nbsp;",
+        "漢",
+        "字",
+        "e\u0301",
+        w._PARA_SEP,
+    ]
+    for _ in range(5000):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randrange(0, 30)))
+        assert w._tidy(text) == tidy_before(text), text

@@ -131,14 +131,58 @@ def raw_chunks(f, left: int | None = None) -> Iterator[bytes]:
         yield raw
 
 
-def file_chunks(url: str) -> Iterator[bytes]:
-    """The decompressed bytes of a whole file (compression from its name), chunk by chunk."""
+def file_chunks(url: str, fast_bz2: bool = False) -> Iterator[bytes]:
+    """The decompressed bytes of a whole file (compression from its name), chunk by chunk.
+
+    ``fast_bz2``: a ``.bz2`` file through ``indexed_bzip2`` when it is installed (see
+    :func:`_bz2_chunks`; it holds the GIL, so not for a thread that should overlap others)."""
     kind = compression_of(url)
     with fsspec.open(url, "rb") as f:
         if kind is None:
             yield from raw_chunks(f)
+        elif kind == "bz2" and fast_bz2 and f.seekable() and _indexed_bzip2() is not None:
+            yield from _bz2_chunks(f)
         else:
             yield from inflate(raw_chunks(f), kind)
+
+
+def _indexed_bzip2():
+    try:
+        import indexed_bzip2
+    except ImportError:
+        return None
+    return indexed_bzip2
+
+
+def _bz2_chunks(f) -> Iterator[bytes]:
+    """A seekable bz2 file's decompressed bytes, CHUNK at a time, through ``indexed_bzip2``'s
+    decoder (one thread: ~25% less CPU than libbz2's, measured on a real enwiki dump: 1.39 vs
+    1.87 CPU-s for 61 MB of XML), with :func:`inflate`'s contract: where that decoder fails (a
+    cut, a bad block) or ends before the file does (it ignores bytes after the last stream),
+    the stdlib's decompresses the file again and yields what follows the bytes already given,
+    raising :class:`TruncatedInput` or :class:`CorruptInput` where it fails. A sound file is
+    decoded once."""
+    size = f.seek(0, io.SEEK_END)
+    f.seek(0)
+    given = 0
+    whole = False
+    try:
+        with _indexed_bzip2().IndexedBzip2File(f, parallelization=1) as decoder:
+            while chunk := decoder.read(CHUNK):
+                yield chunk
+                given += len(chunk)
+            whole = decoder.tell_compressed() == 8 * size
+    except Exception:  # a fault of the data: the stdlib's decompressor says which, below
+        pass
+    if whole:
+        return
+    f.seek(0)
+    for chunk in inflate(raw_chunks(f), "bz2"):
+        if given >= len(chunk):
+            given -= len(chunk)
+            continue
+        yield chunk[given:]
+        given = 0
 
 
 class _ChunkReader(io.RawIOBase):

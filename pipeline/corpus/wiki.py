@@ -108,9 +108,9 @@ def _sample(data: bytes) -> str:
 
 
 # -- byte sources ------------------------------------------------------------------------------
-def _file_chunks(url: str) -> Iterator[bytes]:
+def _file_chunks(url: str, fast_bz2: bool = False) -> Iterator[bytes]:
     """Decompressed bytes of a whole file (compression from the name), chunk by chunk."""
-    return file_chunks(url)
+    return file_chunks(url, fast_bz2)
 
 
 def _range_chunks(url: str, start: int, end: int) -> Iterator[bytes]:
@@ -469,7 +469,8 @@ def iter_wiki(
 
     ``reader``: "thread" decompresses on a second thread, "inline" in this one (one core); the
     same items either way (:func:`pipeline.corpus.wiki_reader.read_wiki` adds "process")."""
-    chunks = _file_chunks(url) if start is None else _range_chunks(url, start, end)
+    # indexed_bzip2's decoder holds the GIL: only where nothing is to overlap it
+    chunks = _file_chunks(url, reader != "thread") if start is None else _range_chunks(url, start, end)
     state = Transcoding()
     chunks = utf8_chunks(chunks, state, _file_head(url) if start else None)  # UTF-8: untouched
     if reader == "thread" and (start is not None or url.lower().endswith((".bz2", ".gz"))):

@@ -22,6 +22,7 @@ import re
 import pyarrow as pa
 
 from pipeline.corpus.config import CorpusConfig
+from pipeline.corpus.sentences import squeezed
 
 RECORD_REJECTS = (
     # read
@@ -116,7 +117,7 @@ def digest(text: str) -> str:
 
 def normalise(text: str) -> str:
     """Case- and whitespace-insensitive form of a sentence or document, for exact dedup."""
-    return " ".join(text.casefold().split())
+    return squeezed(text.casefold())
 
 
 def text_digest(sentences: list[str]) -> str:

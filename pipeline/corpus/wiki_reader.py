@@ -27,10 +27,8 @@ import subprocess
 import sys
 from collections.abc import Iterator
 
-from pipeline.corpus.documents import page_record
 from pipeline.corpus.records import Page, ReadEvent
 from pipeline.corpus.wiki import DEFAULT_MAX_PAGE_BYTES, iter_wiki, plan_reads
-from pipeline.corpus.wikitext import clean_wikitext
 
 log = logging.getLogger("bertflow.corpus")
 
@@ -188,11 +186,15 @@ def plan(url: str, config) -> list[tuple[str, int | None, int | None]]:
 
 def paragraphs(text: str, config) -> list[str]:
     """A page's wikitext cleaned to paragraphs."""
+    from pipeline.corpus.wikitext import clean_wikitext  # here: the reader child needs none of it
+
     return clean_wikitext(text)
 
 
 def read_unit(dofn, unit):
     """A dump file or a range of it: article records; other pages and faults are rejects."""
+    from pipeline.corpus.documents import page_record  # here: the reader child needs none of it
+
     _, url, start, end, part, parts = unit
     config = dofn.config
     read = 0

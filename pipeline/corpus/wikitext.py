@@ -216,7 +216,7 @@ _BARE_URL = re.compile(r"\b(?:https?|ftp)://[^\s<>\[\]{}|]+", re.I)
 _BARE_URL_CANDIDATE = re.compile(r"(?:[hH][tT][tT][pP][sS\u017f]?|[fF][tT][pP])://[^\s<>\[\]{}|]+")
 _WORD = re.compile(r"\w")
 _MAGIC_WORD = re.compile(r"__[A-Z]+__")
-_QUOTES = re.compile(r"'{2,}")
+_QUOTES = re.compile(r"''+")  # 2 or more: "'{2,}" has no literal prefix for re to search by (4x slower)
 _LANG_CODE = re.compile(r"^[a-z]{2,3}(?:-[a-z]{2,8})*$|^simple$")
 _DROP_NAMESPACES = frozenset(
     {"file", "image", "media", "category"}

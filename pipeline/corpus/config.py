@@ -70,8 +70,9 @@ class CorpusConfig:
     wiki_reader: str = "auto"
     """How a worker reads a dump: "process" (a child process decompresses, scans and parses
     pages beside the cleaning), "thread" (decompression on a second thread), "inline" (one
-    thread); "auto": "process" with a local runner and 2+ cores per worker, else "thread" with
-    2+ cores, else "inline". The output is the same."""
+    thread; a whole .bz2 through indexed_bzip2's faster decoder); "auto": "process" with a local
+    runner and 2+ cores per worker, "inline" on one core or a local runner with a core or less per
+    worker, else "thread". The output is the same."""
     text_field: str = "text"
     """The text source's field (JSONL key, Parquet/Arrow column) holding each document's text; a
     record without it, or with a null or non-string one, is rejected (missing_text)."""

@@ -52,8 +52,10 @@ def test_reader_mode_follows_the_cores_per_worker(monkeypatch):
     for cores, runner, workers, mode in [
         (1, "FnApiRunner", 1, "inline"),
         (2, "FnApiRunner", 1, "process"),
-        (2, "FnApiRunner", 2, "thread"),
+        (2, "FnApiRunner", 2, "inline"),  # a core per worker: no core for a thread
+        (3, "FnApiRunner", 2, "thread"),
         (8, "FnApiRunner", 4, "process"),
+        (8, "FnApiRunner", 8, "inline"),
         (8, "DataflowRunner", 1, "thread"),
         (1, "DataflowRunner", 1, "inline"),
     ]:

@@ -184,7 +184,7 @@ def compare(args) -> None:
     if dump.exists() and sidecar.exists():  # the same generated dump, kept from an earlier run
         pages, nbytes = json.loads(sidecar.read_text())
     else:
-        pages, nbytes = make_dump(dump, args.mb, args.dump, args.copies)
+        pages, nbytes = make_dump(dump, args.mb, args.dump, args.copies if args.dump else 0)  # --mb: no copies
         sidecar.write_text(json.dumps([pages, nbytes]))
     mb = nbytes / 1e6
     print(f"dump: {pages} pages, {mb:.1f} MB of XML ({dump.stat().st_size / 1e6:.1f} MB bz2)")

@@ -52,7 +52,7 @@ def wiki_reader_mode(mode: str, runner: str, workers: int) -> str:
 
     Inline, a whole ``.bz2`` dump is decoded by ``indexed_bzip2`` (which holds the GIL; a thread
     would only wait for it): measured on the real enwiki dump x10 at two workers on two cores,
-    8.8 against 9.2 CPU-s with the stdlib's decoder on a thread, the same wall time (6.6 s)."""
+    8.6 against 9.2 CPU-s with the stdlib's decoder on a thread, wall 6.4 against 6.6 s."""
     if mode != "auto":
         return mode
     cores = available_cores()

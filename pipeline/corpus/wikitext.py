@@ -27,6 +27,7 @@ Design choices:
 
 from __future__ import annotations
 
+import bisect
 import html
 import re
 import unicodedata
@@ -184,27 +185,41 @@ _STRAY_CLOSE = re.compile(r"</(?:" + "|".join(_DROP_NAMES) + r")\s*>", re.I)
 # Brace/table tokens: runs of 2+ braces, or a table opening/closing at the start of a line.
 _BRACE_TOKEN = re.compile(r"(\{\{+)|(\}\}+)|^[ \t:]*(\{\||\|\})", re.M)
 # A token starts at a brace or at a line start. re has no fast skip for _BRACE_TOKEN (one
-# alternative starts with ^), so its search tries every character; these are found first.
-_BRACE_OR_LINE = re.compile(r"[{}\n]")
+# alternative starts with ^), so its search tries every character. Found instead: the braces, and
+# once per text the line starts that hold a table's "{|" or "|}" (after spaces and colons).
+_BRACE = re.compile(r"[{}]")
+_TABLE_LINE = re.compile(r"\n[ \t:]*(?:\{\||\|\})")  # its start + 1: a line start _BRACE_TOKEN matches at
+_TABLE_FIRST_LINE = re.compile(r"[ \t:]*(?:\{\||\|\})")
+
+
+def _token_finder(text: str):
+    """``pos -> _BRACE_TOKEN.search(text, pos)``, trying only braces and the line starts where
+    the table alternative matches (found by one C scan for a newline): ~2x faster than trying
+    every brace and every line start, ~4x than the search itself."""
+    tables = [m.start() + 1 for m in _TABLE_LINE.finditer(text)]
+    if _TABLE_FIRST_LINE.match(text):
+        tables.insert(0, 0)
+    brace, match, n = _BRACE.search, _BRACE_TOKEN.match, len(text)
+
+    def next_token(pos: int) -> re.Match | None:
+        k = bisect.bisect_left(tables, pos)
+        table = tables[k] if k < len(tables) else n + 1
+        while True:
+            found = brace(text, pos)
+            at = found.start() if found is not None else n + 1
+            if table <= at:
+                return match(text, table) if table <= n else None
+            m = match(text, at)
+            if m:
+                return m
+            pos = at + 1
+
+    return next_token
 
 
 def _next_token(text: str, pos: int) -> re.Match | None:
-    """``_BRACE_TOKEN.search(text, pos)``, trying only where a token can start (~2x faster)."""
-    match = _BRACE_TOKEN.match
-    if pos == 0 or text[pos - 1 : pos] == "\n":
-        m = match(text, pos)
-        if m:
-            return m
-    find = _BRACE_OR_LINE.search
-    while True:
-        found = find(text, pos)
-        if found is None:
-            return None
-        i = found.start()
-        m = match(text, i + 1 if text[i] == "\n" else i)  # match() sees the real line starts
-        if m:
-            return m
-        pos = i + 1
+    """``_BRACE_TOKEN.search(text, pos)`` (one search; :func:`strip_braces` keeps a finder)."""
+    return _token_finder(text)(pos)
 
 
 _HEADING = re.compile(r"^(={1,6})\s*(.*?)\s*\1\s*$")
@@ -298,12 +313,13 @@ def strip_braces(text: str, _depth: int = 0) -> str:
     visible text (:func:`pipeline.corpus.templates.render_template`, mostly a space).
     """
     n = len(text)
+    next_token = _token_finder(text)
     stack: list[list] = []  # ["B", braces still open, start, braces opened] or ["T", 0, start, 0]
     spans: list[tuple[int, int, int]] = []  # (start, end, kind): 2 template, 3+ param, 0 table/literal
     pos = 0
     open_b = 0  # "B" entries on the stack
     while pos < n:
-        m = _next_token(text, pos)
+        m = next_token(pos)
         if m is None:
             break
         opening, closing, table = m.group(1), m.group(2), m.group(3)

@@ -1,6 +1,7 @@
 """Rule-based sentence splitting and book paragraphs."""
 
 import pytest
+from fuzz_texts import random_texts
 
 from pipeline.corpus.sentences import book_paragraphs, split_sentences
 
@@ -114,11 +115,9 @@ def test_book_paragraphs_windows_newlines_and_empty():
 
 
 def test_candidates_found_from_their_first_character_are_the_regex_matches():
-    import random
 
     from pipeline.corpus.sentences import _CANDIDATE, _candidates
 
-    rng = random.Random(5)
     pieces = [
         ".",
         "..",
@@ -141,8 +140,7 @@ def test_candidates_found_from_their_first_character_are_the_regex_matches():
         "Б",
         "と",
     ]
-    for _ in range(3000):
-        text = "".join(rng.choice(pieces) for _ in range(rng.randrange(0, 25)))
+    for text in random_texts(pieces, 3000, 25, seed=5):
         assert [(m.span(), m.groups()) for m in _candidates(text)] == [
             (m.span(), m.groups()) for m in _CANDIDATE.finditer(text)
         ], text
@@ -152,15 +150,12 @@ def test_squeezed_is_split_and_join():
     """squeezed returns a text as it is when it holds only single spaces between words (checked
     with isprintable, which is False for every whitespace character but " "): the same as
     " ".join(text.split()) next to every code point, and on random spacing."""
-    import random
 
     from pipeline.corpus.sentences import squeezed
 
     for c in range(0x110000):
         for text in ("a" + chr(c) + "b", chr(c), "a " + chr(c)):
             assert squeezed(text) == " ".join(text.split()), hex(c)
-    rng = random.Random(4)
     pieces = [" ", "  ", "\t", "\n", "\u00a0", "\u2028", "\x1f", "\u200b", "a", "bc", "."]
-    for _ in range(5000):
-        text = "".join(rng.choice(pieces) for _ in range(rng.randrange(0, 12)))
+    for text in random_texts(pieces, 5000, 12, seed=4):
         assert squeezed(text) == " ".join(text.split()), repr(text)

@@ -3,6 +3,7 @@
 import re
 
 import pytest
+from fuzz_texts import random_texts
 
 from pipeline.corpus.wikitext import clean_wikitext, strip_braces
 
@@ -245,14 +246,11 @@ def test_sentence_introducing_a_dropped_list_goes_with_it():
 def test_token_search_from_braces_and_line_starts_is_the_regex_search():
     """_next_token tries only braces and line starts; it must find what the regex search finds
     from every position (random markup: braces, tables, colons, spaces, newlines)."""
-    import random
 
     from pipeline.corpus.wikitext import _BRACE_TOKEN, _next_token
 
-    rng = random.Random(3)
     pieces = ["{", "}", "{{", "}}}", "{|", "|}", "|", ":", " ", "\t", "\n", "a", "b c", "\n:{|", "\n |}", "\r", "|}}"]
-    for _ in range(400):
-        text = "".join(rng.choice(pieces) for _ in range(rng.randrange(0, 30)))
+    for text in random_texts(pieces, 400, 30, seed=3):
         for pos in range(len(text) + 1):
             want, got = _BRACE_TOKEN.search(text, pos), _next_token(text, pos)
             assert (want and (want.span(), want.groups())) == (got and (got.span(), got.groups())), (text, pos)
@@ -262,11 +260,9 @@ def test_bare_urls_found_from_their_scheme_are_the_pattern_s():
     """_drop_bare_urls finds URLs without _BARE_URL's leading \\b and checks the boundary itself;
     on random text (schemes in any case, U+017F that re.I folds to "s", word characters before a
     scheme, URLs inside URLs) it must give what the pattern's own sub gives."""
-    import random
 
     from pipeline.corpus.wikitext import _BARE_URL, _drop_bare_urls
 
-    rng = random.Random(5)
     pieces = [
         "http://",
         "HTTPS://",
@@ -290,8 +286,7 @@ def test_bare_urls_found_from_their_scheme_are_the_pattern_s():
         "(",
         "https://e.org/?u=http://f",
     ]
-    for _ in range(5000):
-        text = "".join(rng.choice(pieces) for _ in range(rng.randrange(0, 25)))
+    for text in random_texts(pieces, 5000, 25, seed=5):
         assert _drop_bare_urls(text) == _BARE_URL.sub("", text), text
     assert _drop_bare_urls("see http://a.org/x and xhttp://b.org, (ftp://c)") == "see  and xhttp://b.org, ("
 
@@ -301,7 +296,6 @@ def test_tidy_is_the_whitespace_regexes_it_replaced():
     only when a deletion left two spaces: the same text as with the \\s+ patterns and a final
     split/join (random paragraphs of every kind of space, brackets, marks, leftovers, CJK)."""
     import html
-    import random
     import unicodedata
 
     from pipeline.corpus import wikitext as w
@@ -318,7 +312,6 @@ def test_tidy_is_the_whitespace_regexes_it_replaced():
         text = w._SPACE_BETWEEN_WIDE.sub("", text)
         return " ".join(text.split())
 
-    rng = random.Random(11)
     pieces = [
         " ",
         "  ",
@@ -350,6 +343,5 @@ def test_tidy_is_the_whitespace_regexes_it_replaced():
         "e\u0301",
         w._PARA_SEP,
     ]
-    for _ in range(5000):
-        text = "".join(rng.choice(pieces) for _ in range(rng.randrange(0, 30)))
+    for text in random_texts(pieces, 5000, 30, seed=11):
         assert w._tidy(text) == tidy_before(text), text

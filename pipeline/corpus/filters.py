@@ -156,10 +156,10 @@ def letters_and_visible(text: str) -> tuple[int, int]:
     if text.isascii():
         data = text.encode("ascii")
         return len(data.translate(None, _ASCII_NON_LETTERS)), len(data.translate(None, _ASCII_SPACES))
-    others = "".join(_NON_ASCII.findall(text))
-    if len(others) * 2 > len(text):  # mostly outside ASCII (Chinese, Japanese): one pass
-        return sum(map(str.isalpha, text)), len(text) - sum(map(str.isspace, text))
     data = text.encode("utf-8", "surrogatepass")  # a lone surrogate is neither letter nor space
+    if len(data) > 2 * len(text):  # mostly outside ASCII (Chinese, Japanese): one pass
+        return sum(map(str.isalpha, text)), len(text) - sum(map(str.isspace, text))
+    others = "".join(_NON_ASCII.findall(text))
     letters = len(data.translate(None, _BYTES_NOT_ASCII_LETTERS)) + sum(map(str.isalpha, others))
     spaces = len(data) - len(data.translate(None, _ASCII_SPACES)) + sum(map(str.isspace, others))
     return letters, len(text) - spaces

@@ -217,11 +217,6 @@ def _token_finder(text: str):
     return next_token
 
 
-def _next_token(text: str, pos: int) -> re.Match | None:
-    """``_BRACE_TOKEN.search(text, pos)`` (one search; :func:`strip_braces` keeps a finder)."""
-    return _token_finder(text)(pos)
-
-
 _HEADING = re.compile(r"^(={1,6})\s*(.*?)\s*\1\s*$")
 _INTERNAL_LINK = re.compile(r"\[\[([^\[\]]*(?:\[(?!\[)[^\[\]]*|\](?!\])[^\[\]]*)*)\]\]")
 _EXTERNAL_LINK = re.compile(r"\[(?:https?://|ftp://|//|mailto:)[^\s\]]*(?:[ \t]+([^\]\n]*))?\]", re.I)

@@ -244,15 +244,16 @@ def test_sentence_introducing_a_dropped_list_goes_with_it():
 
 
 def test_token_search_from_braces_and_line_starts_is_the_regex_search():
-    """_next_token tries only braces and line starts; it must find what the regex search finds
-    from every position (random markup: braces, tables, colons, spaces, newlines)."""
+    """The token finder tries only braces and table line starts; it must find what the regex
+    search finds from every position (random markup: braces, tables, colons, spaces, newlines)."""
 
-    from pipeline.corpus.wikitext import _BRACE_TOKEN, _next_token
+    from pipeline.corpus.wikitext import _BRACE_TOKEN, _token_finder
 
     pieces = ["{", "}", "{{", "}}}", "{|", "|}", "|", ":", " ", "\t", "\n", "a", "b c", "\n:{|", "\n |}", "\r", "|}}"]
     for text in random_texts(pieces, 400, 30, seed=3):
+        next_token = _token_finder(text)
         for pos in range(len(text) + 1):
-            want, got = _BRACE_TOKEN.search(text, pos), _next_token(text, pos)
+            want, got = _BRACE_TOKEN.search(text, pos), next_token(pos)
             assert (want and (want.span(), want.groups())) == (got and (got.span(), got.groups())), (text, pos)
 
 

@@ -150,6 +150,8 @@ def wx_docs(out: Path) -> list[list[str]]:
 # -- the comparison --------------------------------------------------------------------------------
 OURS = """
 import logging, sys
+from pipeline.runtime import economical_gc
+economical_gc()  # as in bertflow's own processes (the stage runs in the command's worker)
 from pipeline.beam.config import BeamConfig
 from pipeline.corpus.config import CorpusConfig
 from pipeline.corpus.job import run_corpus

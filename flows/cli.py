@@ -25,6 +25,7 @@ from flows.overrides import suggest
 from flows.presets import PRESETS
 from flows.summary_table import print_summary  # noqa: F401 (print_summary: read from here too)
 from flows.table import CHAIN  # the stage table imports no torch, Beam, Prefect or MLflow
+from pipeline.runtime import economical_gc
 
 
 def _choice(kind: str, choices) -> Callable[[str], str]:
@@ -257,6 +258,7 @@ def _fields_help() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    economical_gc()
     try:
         code = _dispatch(argv)
         sys.stdout.flush()  # a closed pipe is met here, not in the interpreter's exit

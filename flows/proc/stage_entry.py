@@ -27,12 +27,14 @@ from flows.proc.protocol import (
 )
 from flows.table import get_stage
 from flows.tracking import log_fn_from_env
+from pipeline.runtime import economical_gc
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="run one row of the stage table in this process")
     parser.add_argument("--spec", required=True, help="JSON file: stage, root, url, inputs, restart, config")
     args = parser.parse_args(argv)
+    economical_gc()
     spec = read_spec(args.spec)
     silence_library_noise()
     handler = logging.StreamHandler(sys.stderr)

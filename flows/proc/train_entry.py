@@ -49,6 +49,7 @@ from flows.proc.protocol import (
     tracking_gone,
 )
 from flows.tracking import log_fn_from_env
+from pipeline.runtime import economical_gc
 
 log = logging.getLogger("bertflow.pretrain")
 
@@ -139,6 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="bertflow pretraining process")
     parser.add_argument("--spec", required=True, help="JSON file: stage, root, url, inputs, restart, config")
     args = parser.parse_args(argv)
+    economical_gc()
     spec = read_spec(args.spec)
     rank = int(os.environ.get("RANK", "0"))
     if "LOCAL_RANK" in os.environ:  # under torchrun: stop with it (its workers run in their own sessions)

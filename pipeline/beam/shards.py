@@ -30,6 +30,7 @@ import fsspec
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.ipc  # noqa: F401 (pa.ipc)
 import pyarrow.parquet as pq
 
 from pipeline.schema.parquet import READ_OPTIONS, WRITE_OPTIONS
@@ -76,6 +77,31 @@ def write_table(url: str, table: pa.Table) -> None:
     """One Parquet file (zstd) holding ``table``; parent folders made as needed."""
     with _open_write(url) as f:
         pq.write_table(table, f, **WRITE_OPTIONS)
+
+
+def write_transient(url: str, table: pa.Table) -> None:
+    """One work file of a job, written and read back by the same job (never an output):
+    an Arrow IPC stream, uncompressed on a local filesystem, zstd on any other (an object store,
+    where the bytes moved cost more than the CPU). Read with :func:`read_transient`.
+
+    Not Parquet: a handing-off reader writes every page it reads once more and every worker
+    reads it back; 5.7 MB of wikitext (the real enwiki dump's 206 pages) took 29.6 ms of CPU
+    to write and read back as Parquet with zstd (the outputs' options), 14.3 ms uncompressed,
+    6.2 ms as an uncompressed Arrow stream (22.5 ms with zstd buffers): Parquet's encodings are
+    for data that is kept and scanned, a transient file needs neither. The price: a local work
+    folder holds ~2.5x the bytes of zstd (5.76 against 2.30 MB there) until its job removes it."""
+    fs, _ = fsspec.core.url_to_fs(url)
+    local = "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,))
+    options = pa.ipc.IpcWriteOptions(compression=None if local else "zstd")
+    with _open_write(url) as f, pa.ipc.new_stream(f, table.schema, options=options) as writer:
+        writer.write_table(table)
+
+
+def read_transient(url: str) -> list[dict[str, Any]]:
+    """Every row of a file :func:`write_transient` wrote, as dicts."""
+    fs, path = fsspec.core.url_to_fs(url)
+    with fs.open(path, "rb") as f:
+        return pa.ipc.open_stream(f).read_all().to_pylist()
 
 
 def read_rows(url: str) -> list[dict[str, Any]]:

@@ -42,7 +42,7 @@ from typing import Any
 import fsspec
 import pyarrow as pa
 
-from pipeline.beam.shards import KEY, MAX_FAN_IN, RunWriter, iter_merged, read_rows, write_table
+from pipeline.beam.shards import KEY, MAX_FAN_IN, RunWriter, iter_merged, read_transient, write_transient
 from pipeline.corpus.config import CorpusConfig
 from pipeline.corpus.filters import near_duplicates
 from pipeline.schema.storage import join_url, write_atomically
@@ -325,8 +325,8 @@ def drop_files(runs: list[tuple[str, int]], work_url: str, part: int) -> dict[st
     for block in walk(runs, join_url(work_url, f"merge-drops-p{part:05d}"), DROP_SCHEMA):
         for group in by_field(block, "fragment"):
             fragment = group[0]["fragment"]
-            url = join_url(work_url, "drops-by-fragment", f"{fragment}.parquet")
-            write_table(url, pa.Table.from_pylist(group, schema=DROP_SCHEMA))
+            url = join_url(work_url, "drops-by-fragment", f"{fragment}.arrows")
+            write_transient(url, pa.Table.from_pylist(group, schema=DROP_SCHEMA))
             files[fragment] = url
     return files
 
@@ -362,5 +362,5 @@ def _by_partition(runs: list) -> dict[int, list[tuple[str, int]]]:
     return dict(sorted(out.items()))
 
 
-read_drops = read_rows
+read_drops = read_transient
 """The rows of a drops file written by :func:`decide_drops`."""

@@ -41,7 +41,13 @@ import pyarrow.parquet as pq
 
 from pipeline.beam.dofns import RUNS
 from pipeline.beam.io import shard_name
-from pipeline.beam.shards import KEY, merge_runs_in_levels, read_rows, use_lean_memory_pool, write_table
+from pipeline.beam.shards import (
+    KEY,
+    merge_runs_in_levels,
+    read_transient,
+    use_lean_memory_pool,
+    write_transient,
+)
 from pipeline.corpus.config import CorpusConfig
 from pipeline.corpus.decide import HASH_BYTES, drop_files, exact_documents, one_per_doc_id, shared_paragraphs, sort_key
 from pipeline.corpus.filters import REJECT_SCHEMA, digest, normalise, text_digest
@@ -139,7 +145,8 @@ class FragmentWriter:
     def _flush(self) -> None:
         if not self.rows:
             return
-        write_table(fragment_url(self.work_url, self.fragment), pa.Table.from_pylist(self.rows, schema=FRAGMENT_SCHEMA))
+        rows = pa.Table.from_pylist(self.rows, schema=FRAGMENT_SCHEMA)
+        write_transient(fragment_url(self.work_url, self.fragment), rows)
         self.written.append(self.fragment)
         self.rows, self.fragment = [], _new_id()
 
@@ -154,11 +161,11 @@ def _new_id() -> str:
 
 
 def fragment_url(work_url: str, fragment: str) -> str:
-    return join_url(work_url, "fragments", f"{fragment}.parquet")
+    return join_url(work_url, "fragments", f"{fragment}.arrows")
 
 
 def read_fragment(work_url: str, fragment: str) -> list[dict[str, Any]]:
-    return read_rows(fragment_url(work_url, fragment))
+    return read_transient(fragment_url(work_url, fragment))
 
 
 # -- Beam: writing DoFns ----------------------------------------------------------------------
@@ -229,7 +236,7 @@ class _ApplyDrops(Rejecting):
         fragment, urls = element
         whole: dict[int, tuple[str, str]] = {}
         parts: dict[int, dict[int, str]] = {}
-        for drop in (d for url in urls if url for d in read_rows(url)):
+        for drop in (d for url in urls if url for d in read_transient(url)):
             row, paragraph = drop["row"], drop["paragraph"]
             if paragraph < 0:
                 whole[row] = (drop["reason"], drop["detail"])

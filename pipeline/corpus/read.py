@@ -10,16 +10,13 @@ import logging
 import uuid
 
 import apache_beam as beam
-import fsspec
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from pipeline.beam.dofns import RUNS
-from pipeline.beam.shards import write_table
+from pipeline.beam.shards import read_transient, write_transient
 from pipeline.corpus.config import CorpusConfig
 from pipeline.corpus.rejects import Rejecting
 from pipeline.corpus.sources import resolve, source_of
-from pipeline.schema.parquet import READ_OPTIONS
 from pipeline.schema.storage import join_url
 
 log = logging.getLogger("bertflow.corpus")
@@ -135,8 +132,8 @@ class _RecordBatches:
     def _flush(self) -> list[str]:
         if not self.rows:
             return []
-        url = join_url(self.work_url, "batches", f"{uuid.uuid4().hex}.parquet")
-        write_table(url, pa.Table.from_pylist(self.rows, schema=RECORD_SCHEMA))
+        url = join_url(self.work_url, "batches", f"{uuid.uuid4().hex}.arrows")
+        write_transient(url, pa.Table.from_pylist(self.rows, schema=RECORD_SCHEMA))
         self.rows, self.held = [], 0
         return [url]
 
@@ -149,9 +146,7 @@ class _ReadBatch(beam.DoFn):
     folder, so a retried bundle reads it again)."""
 
     def process(self, url: str):
-        fs, path = fsspec.core.url_to_fs(url)
-        with fs.open(path, "rb") as f:
-            yield from pq.read_table(f, **READ_OPTIONS).to_pylist()
+        yield from read_transient(url)
 
 
 class ReadUnits(beam.PTransform):

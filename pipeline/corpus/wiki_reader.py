@@ -30,6 +30,7 @@ from collections.abc import Iterator
 
 from pipeline.corpus.records import Page, ReadEvent
 from pipeline.corpus.wiki import DEFAULT_MAX_PAGE_BYTES, iter_wiki, plan_reads
+from pipeline.runtime import economical_gc
 
 log = logging.getLogger("bertflow.corpus")
 
@@ -164,6 +165,7 @@ def read_exactly(fd: int, size: int) -> bytes:
 
 
 def _main(argv: list[str]) -> int:
+    economical_gc()
     url, start, end, max_page_bytes, part, parts = json.loads(argv[0])
     fd = sys.stdout.fileno()
     batch: list[tuple] = []

@@ -25,7 +25,6 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -50,25 +49,20 @@ def _healthy(api_url: str) -> bool:
         return False
 
 
-_UVICORN = (
-    "import runpy, sys; from pipeline.runtime import economical_gc; economical_gc(); sys.argv[0] = 'uvicorn'; "
-    "runpy.run_module('uvicorn', run_name='__main__', alter_sys=True)"
-)
-"""``python -m uvicorn``, in a process whose garbage collector runs as in bertflow's own
-(``pipeline.runtime``): the server's start is mostly imports, of which the collector took 0.28 of
-2.9 CPU-seconds at Python's thresholds."""
-
-
 def server_command(port: int) -> list[str]:
     """The command Prefect's ``SubprocessASGIServer`` runs (prefect 3.x, ``_run_uvicorn_command``:
-    uvicorn's command line, the same arguments), started through :data:`_UVICORN`."""
+    ``python -m uvicorn`` and the same arguments), its garbage collector as in bertflow's own
+    processes (``pipeline.runtime.module_command``: the server's start is mostly imports, of which
+    the collector took 0.28 of 2.9 CPU-seconds at Python's thresholds)."""
     import prefect
 
-    return [
-        sys.executable, "-c", _UVICORN, "--app-dir", str(prefect.__module_path__.parent),
+    from pipeline.runtime import module_command
+
+    return module_command(
+        "uvicorn", "--app-dir", str(prefect.__module_path__.parent),
         "--factory", "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(port),
         "--log-level", "error", "--lifespan", "on",
-    ]  # fmt: skip
+    )  # fmt: skip
 
 
 def server_env() -> dict[str, str]:

@@ -47,6 +47,7 @@ import tempfile
 import time
 
 from flows.proc.protocol import GRACE_SECONDS, describe_exit, set_parent_death_signal
+from pipeline.runtime import module_command
 
 ENV_WORKER = "BERTFLOW_WORKER"
 ENV_LAST_WORDS = "BERTFLOW_LAST_WORDS"
@@ -79,10 +80,11 @@ def _worker_preexec() -> None:
 
 def supervise(argv: list[str], what: str, command: list[str] | None = None) -> int:
     """Run ``python -m flows.cli ARGV`` (or ``command``) as the worker and own its lifetime; its
-    exit code. The worker's closing line (:func:`say_last`) is printed last, after the sweep."""
+    exit code. (Started through ``pipeline.runtime.module_command``: its collector tuned before
+    its first import.) The worker's closing line (:func:`say_last`) is printed last, after the sweep."""
     with tempfile.TemporaryDirectory(prefix="bertflow-supervisor-") as tmp:
         last_words = os.path.join(tmp, "last-words")
-        rc = _supervise(command or [sys.executable, "-m", "flows.cli", *argv], what, last_words)
+        rc = _supervise(command or module_command("flows.cli", *argv), what, last_words)
         if os.path.exists(last_words):
             with open(last_words, encoding="utf-8") as f:
                 sys.stderr.write(f.read())

@@ -34,18 +34,19 @@ import sys
 GEN0_THRESHOLD = 10_000
 """Allocations (net of frees) between collections of the youngest generation (Python: 700)."""
 
-_REGISTERED: list[bool] = []
+_frozen_at_exit = False
 
 
 def economical_gc() -> None:
     """Collect less often in this process, and not at its exit (see the module docstring).
     Once per process; a higher threshold set by the user is kept."""
+    global _frozen_at_exit
     threshold, *older = gc.get_threshold()
     if 0 < threshold < GEN0_THRESHOLD:
         gc.set_threshold(GEN0_THRESHOLD, *older)
-    if not _REGISTERED:
+    if not _frozen_at_exit:
         atexit.register(gc.freeze)
-        _REGISTERED.append(True)
+        _frozen_at_exit = True
 
 
 _RUN_MODULE = (

@@ -34,6 +34,7 @@ import pyarrow.ipc  # noqa: F401 (pa.ipc)
 import pyarrow.parquet as pq
 
 from pipeline.schema.parquet import READ_OPTIONS, WRITE_OPTIONS
+from pipeline.schema.storage import is_local_fs
 
 KEY = "sort_key"
 """Transient uint64 column: picks the order (and so the shard) of a row; dropped on write."""
@@ -90,8 +91,7 @@ def write_transient(url: str, table: pa.Table) -> None:
     6.2 ms as an uncompressed Arrow stream (22.5 ms with zstd buffers): Parquet's encodings are
     for data that is kept and scanned, a transient file needs neither. The price: a local work
     folder holds ~2.5x the bytes of zstd (5.76 against 2.30 MB there) until its job removes it."""
-    fs, _ = fsspec.core.url_to_fs(url)
-    local = "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,))
+    local = is_local_fs(fsspec.core.url_to_fs(url)[0])
     options = pa.ipc.IpcWriteOptions(compression=None if local else "zstd")
     with _open_write(url) as f, pa.ipc.new_stream(f, table.schema, options=options) as writer:
         writer.write_table(table)

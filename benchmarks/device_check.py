@@ -82,7 +82,23 @@ def environment(device: str, peak: float) -> dict:
     name = torch.cuda.get_device_name(0) if device == "cuda" else "cpu"
     if not peak and device == "cuda":
         peak = next((v for k, v in PEAK_BF16_TFLOPS.items() if k in name), 0.0)
-    return {"torch": torch.__version__, "transformers": hf, "device": name, "peak_bf16_tflops": peak}
+    env = {"torch": torch.__version__, "transformers": hf, "device": name, "peak_bf16_tflops": peak}
+    env["matmul_bf16_tflops"] = matmul_ceiling(device) if device == "cuda" else None
+    return env
+
+
+def matmul_ceiling(device: str, n: int = 8192, warmup: int = 3, repeat: int = 10) -> float:
+    """The bf16 rate this device reaches on a plain n x n x n matrix product of random data (the
+    mean of ``repeat`` after ``warmup``): the ceiling every row's TFLOP/s is also read against."""
+    a, b = (torch.randn(n, n, device=device, dtype=torch.bfloat16) for _ in range(2))
+    for _ in range(warmup):
+        a @ b
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(repeat):
+        a @ b
+    torch.cuda.synchronize()
+    return 2 * n**3 * repeat / (time.perf_counter() - t) / 1e12
 
 
 def run_gpu_tier(args) -> dict:
@@ -165,31 +181,70 @@ def measure(impl: str, shape: str, seq: int, batch_size: int, args, peak: float)
     return row
 
 
-def step_table(args, peak: float, hf: bool, deadline: float) -> list[dict]:
-    rows, spent = [], {}
-    for shape in args.shapes:
-        for seq, batch in zip(args.seqs, args.batch):
-            for impl in IMPLEMENTATIONS:
-                base = {"model": shape, "seq": seq, "batch": batch, "implementation": impl}
-                if impl.startswith("transformers") and not hf:
-                    rows.append({**base, "skipped": "transformers is not installed"})
-                    continue
-                guess = spent.get((shape, impl), 0.0)  # the same row at another length: its last cost
-                if time.perf_counter() + guess > deadline:
-                    rows.append({**base, "skipped": "time budget"})
-                    continue
-                t = time.perf_counter()
-                row = measure(impl, shape, seq, batch, args, peak)
-                spent[(shape, impl)] = time.perf_counter() - t
-                rows.append(row)
-                _print_row(row)
-    for row in rows:  # the ratio to transformers sdpa at the same model, length and batch
+TARGET_ROWS = 3
+"""The first model's first three implementations (ours unpadded compiled and the two transformers
+rows it is compared with) are the targets: measured at every length before any other row."""
+
+
+def row_order(args) -> list[tuple[str, int, int, str]]:
+    """Every (model, seq, batch, implementation) of the table, the target rows first, then the
+    first model's other rows, then the other models' (each group length by length)."""
+    rows = [
+        (shape, seq, batch, impl)
+        for shape in args.shapes
+        for seq, batch in zip(args.seqs, args.batch)
+        for impl in IMPLEMENTATIONS
+    ]
+
+    def group(row):
+        first = row[0] == args.shapes[0]
+        return 0 if first and IMPLEMENTATIONS.index(row[3]) < TARGET_ROWS else 1 if first else 2
+
+    return sorted(rows, key=group)  # stable: each group keeps the table's order
+
+
+def step_table(args, peak: float, hf: bool, deadline: float, on_row=None) -> list[dict]:
+    """The rows measured in ``row_order``, returned in the table's order; ``on_row(rows)`` after
+    each one (the report is rewritten then: a check stopped at its limit keeps what it measured)."""
+    order = row_order(args)
+    done, spent = {}, {}
+    for key in order:
+        shape, seq, batch, impl = key
+        base = {"model": shape, "seq": seq, "batch": batch, "implementation": impl}
+        # the same row at another length: its last cost; a first one: a guess (compiling costs most)
+        guess = spent.get((shape, impl), args.first_guess_s * (3 if "compiled" in impl else 1))
+        if impl.startswith("transformers") and not hf:
+            done[key] = {**base, "skipped": "transformers is not installed"}
+        elif time.perf_counter() + guess > deadline:
+            done[key] = {**base, "skipped": "time budget"}
+        else:
+            t = time.perf_counter()
+            done[key] = measure(impl, shape, seq, batch, args, peak)
+            spent[(shape, impl)] = time.perf_counter() - t
+            _print_row(done[key])
+        rows = [done[k] for k in sorted(done, key=_table_order(args))]
+        _ratios(rows)
+        if on_row:
+            on_row(rows)
+    return [done[k] for k in sorted(done, key=_table_order(args))]
+
+
+def _table_order(args):
+    def key(row: tuple[str, int, int, str]) -> tuple[int, int, int]:
+        shape, seq, _, impl = row
+        return args.shapes.index(shape), args.seqs.index(seq), IMPLEMENTATIONS.index(impl)
+
+    return key
+
+
+def _ratios(rows: list[dict]) -> None:
+    """Each measured row's ratio to transformers sdpa at the same model, length and batch."""
+    for row in rows:
         ref = next(
             (r for r in rows if r["implementation"] == "transformers sdpa" and _same(r, row) and "seq_per_s" in r), None
         )
         if ref and "seq_per_s" in row:
             row["vs_transformers_sdpa"] = row["seq_per_s"] / ref["seq_per_s"]
-    return rows
 
 
 def _same(a: dict, b: dict) -> bool:
@@ -280,9 +335,10 @@ class _TimeUp(Exception):
     pass
 
 
-def pretrain_small(args, objective: str = "") -> dict:
+def pretrain_small(args, objective: str = "", on_point=None) -> dict:
     """The small preset's network pretrained on ``objective``'s examples (the default's if empty)
-    for ``--train-seconds``: its MLM (and sentence-level) accuracy against time."""
+    for ``--train-seconds``: its MLM (and sentence-level) accuracy against time. ``on_point(run)``
+    with the run so far after each held-out evaluation."""
     from flows.presets import load_config  # the small preset's network (needs what model.train needs)
     from model.train import run_pretrain
 
@@ -315,6 +371,8 @@ def pretrain_small(args, objective: str = "") -> dict:
             point.update({k: metrics[k] for k in ("mlm_accuracy", "mlm_loss", "examples_per_sec") if k in metrics})
             point.update({k: v for k, v in metrics.items() if k.endswith("_accuracy")})  # every loss's, held-out too
             curve.append(point)
+            if on_point and any(k.startswith("eval_") for k in point):
+                on_point(_pretrain_result(args, objective, seq, batch, written, curve))
             if "mlm_accuracy" in metrics:
                 print(
                     f"  {elapsed:6.0f} s step {step:6d} mlm_acc {metrics['mlm_accuracy']:.3f} "
@@ -329,6 +387,10 @@ def pretrain_small(args, objective: str = "") -> dict:
             run_pretrain(cfg, model, examples, os.path.join(work, "run"), log_fn=log_fn)
         except _TimeUp:
             pass
+    return _pretrain_result(args, objective, seq, batch, written, curve)
+
+
+def _pretrain_result(args, objective: str, seq: int, batch: int, written: float, curve: list[dict]) -> dict:
     evals = [p for p in curve if "eval_mlm_accuracy" in p]
     return {
         "objective": objective or "the default",
@@ -337,7 +399,7 @@ def pretrain_small(args, objective: str = "") -> dict:
         "batch": batch,
         "shards_written_s": written,
         "seconds": args.train_seconds,
-        "curve": curve,
+        "curve": list(curve),
         "last_eval_mlm_accuracy": evals[-1]["eval_mlm_accuracy"] if evals else None,
     }
 
@@ -345,30 +407,37 @@ def pretrain_small(args, objective: str = "") -> dict:
 # -- report -----------------------------------------------------------------------------------------
 def markdown(result: dict) -> str:
     env = result["environment"]
+    ceiling = env.get("matmul_bf16_tflops") or float("nan")
     out = [
         f"# Device check: {env['device']}, torch {env['torch']}, transformers {env['transformers'] or 'not installed'}",
         "",
         f"`pytest -m gpu`: {result['pytest']['summary']}",
         "",
-        f"bf16 training step, peak {env['peak_bf16_tflops'] or '?'} TFLOP/s; FLOPs of the real tokens for every row",
+        f"bf16 training step, peak {env['peak_bf16_tflops'] or '?'} TFLOP/s (dense, datasheet); measured bf16 "
+        f"matrix product {ceiling:.0f} TFLOP/s; FLOPs of the real tokens for every row".replace(" nan TFLOP/s", " -"),
         "",
-        "| model | seq | batch | implementation | seq/s | tokens/s | TFLOP/s | MFU | × transformers sdpa | warm-up s |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| model | seq | batch | implementation | seq/s | tokens/s | TFLOP/s | MFU | of the measured product "
+        "| × transformers sdpa | warm-up s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in result["steps"]:
         lead = f"| {r['model']} | {r['seq']} | {r['batch']} | {r['implementation']} |"
         if "seq_per_s" not in r:
-            out.append(f"{lead} {r.get('skipped') or r.get('error')} | | | | | |")
+            out.append(f"{lead} {r.get('skipped') or r.get('error')} | | | | | | |")
             continue
         mfu = f"{r['mfu']:.1%}" if r.get("mfu") is not None else "-"
         ratio = f"{r['vs_transformers_sdpa']:.2f}" if "vs_transformers_sdpa" in r else "-"
+        of_product = f"{r['tflops'] / ceiling:.1%}" if ceiling == ceiling else "-"
         out.append(
-            f"{lead} {r['seq_per_s']:.1f} | {r['tokens_per_s']:.0f} | {r['tflops']:.1f} | {mfu} | {ratio} | "
-            f"{r['warmup_s']:.0f} |"
+            f"{lead} {r['seq_per_s']:.1f} | {r['tokens_per_s']:.0f} | {r['tflops']:.1f} | {mfu} | {of_product} | "
+            f"{ratio} | {r['warmup_s']:.0f} |"
         )
     runs = result.get("pretrain_by_objective") or {"": result.get("pretrain")}
     for objective, p in runs.items():
         if not p:
+            continue
+        if "error" in p:
+            out += ["", f"Pretraining ({objective}): {p['error'][:300]}"]
             continue
         out += [
             "",
@@ -413,13 +482,19 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         help="examples.objective(s) to pretrain the small preset on, comma-separated, each for --train-seconds "
         "(default: the default objective)",
     )
+    p.add_argument(
+        "--first-guess-s",
+        type=float,
+        default=20.0,
+        help="what a row not yet measured at any length is taken to cost when the budget is checked (x3 compiled)",
+    )
     p.add_argument("--pytest-timeout", type=float, default=120.0)
     p.add_argument("--no-pytest", action="store_true")
     args = p.parse_args(argv)
     args.pytest_args = []
     if args.smoke:
         args.shapes, args.seqs, args.batch = "tiny", "32", "4"
-        args.warmup, args.steps, args.compile_backend = 1, 2, "eager"
+        args.warmup, args.steps, args.compile_backend, args.first_guess_s = 1, 2, "eager", 0.0
         args.train_seconds, args.train_seq, args.train_batch = 2.0, 32, 8
         args.train_examples, args.train_warmup, args.train_log_every = 400, 2, 2
         args.train_min_steps = 8  # two log windows and a held-out evaluation, however loaded the machine
@@ -436,6 +511,18 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def save(result: dict, out: str) -> None:
+    """The JSON and the markdown as they stand (rewritten after every step)."""
+    os.makedirs(out, exist_ok=True)
+    for name, text in (
+        ("device_check.json", json.dumps(result, indent=1, default=str)),
+        ("device_check.md", markdown(result)),
+    ):
+        with open(os.path.join(out, name + ".tmp"), "w") as f:
+            f.write(text)
+        os.replace(os.path.join(out, name + ".tmp"), os.path.join(out, name))
+
+
 def main(argv: list[str] | None = None) -> dict:
     args = parse(argv)
     started = time.perf_counter()
@@ -447,22 +534,34 @@ def main(argv: list[str] | None = None) -> dict:
     result["pytest"] = (
         {"summary": "not run (--no-pytest)", "returncode": None} if args.no_pytest else run_gpu_tier(args)
     )
-    deadline = (
-        started + args.budget_s - len(args.objective) * args.train_seconds - 20
-    )  # the pretraining runs keep their time
+    result["steps"], result["pretrain_by_objective"] = [], {}
+    save(result, args.out)
+    deadline = started + args.budget_s - len(args.objective) * args.train_seconds - 20  # pretraining keeps its time
     print("\nbf16 training step (median of the measured steps):", flush=True)
-    result["steps"] = step_table(args, env["peak_bf16_tflops"], env["transformers"] is not None, deadline)
-    result["pretrain_by_objective"] = {}
+
+    def on_row(rows: list[dict]) -> None:
+        result["steps"] = rows
+        save(result, args.out)
+
+    result["steps"] = step_table(args, env["peak_bf16_tflops"], env["transformers"] is not None, deadline, on_row)
     for objective in args.objective:
         print(f"\npretraining the small preset for {args.train_seconds:.0f} s ({objective}):", flush=True)
-        result["pretrain_by_objective"][objective] = pretrain_small(args, objective)
+
+        def on_point(run: dict, objective: str = objective) -> None:
+            result["pretrain_by_objective"][objective] = run
+            save(result, args.out)
+
+        try:
+            result["pretrain_by_objective"][objective] = pretrain_small(args, objective, on_point)
+        except Exception as exc:  # reported, the other objectives still run
+            result["pretrain_by_objective"][objective] = {
+                "objective": objective,
+                "error": f"{type(exc).__name__}: {exc}",
+            }
+            print(f"  failed: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
     result["pretrain"] = result["pretrain_by_objective"][args.objective[0]]
     result["seconds"] = time.perf_counter() - started
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "device_check.json"), "w") as f:
-        json.dump(result, f, indent=1, default=str)
-    with open(os.path.join(args.out, "device_check.md"), "w") as f:
-        f.write(markdown(result))
+    save(result, args.out)
     print(f"\n{markdown(result)}\nwritten to {args.out}/ in {result['seconds']:.0f} s", flush=True)
     return result
 

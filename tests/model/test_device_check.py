@@ -4,6 +4,7 @@ and writes its JSON and markdown; rows without transformers or past the budget s
 
 import importlib.util
 import json
+import os
 import time
 from pathlib import Path
 
@@ -80,3 +81,76 @@ def test_an_unknown_objective_is_refused_naming_the_flag(device_check):
 
     with pytest.raises(ConfigError, match="--objective: unknown objective 'electra'"):
         device_check.parse(["--smoke", "--objective", "electra"])
+
+
+def test_the_target_rows_are_measured_first_and_reported_in_the_tables_order(device_check):
+    args = device_check.parse(["--smoke", "--device", "cpu"])
+    args.shapes, args.seqs, args.batch = ["large", "base"], [128, 512], [128, 32]
+    order = device_check.row_order(args)
+    targets = device_check.IMPLEMENTATIONS[: device_check.TARGET_ROWS]
+    first = [(s, q, b, i) for s, (q, b) in (("large", (128, 128)), ("large", (512, 32))) for i in targets]
+    assert order[:6] == first and len(order) == len(set(order)) == 24
+    assert all(shape == "base" for shape, *_ in order[12:])
+    seen: list[list[dict]] = []
+    rows = device_check.step_table(args, 0.0, hf=True, deadline=time.perf_counter() - 1, on_row=seen.append)
+    assert len(seen) == 24 and [len(r) for r in seen] == list(range(1, 25))  # the report after every row
+    assert [(r["model"], r["seq"], r["implementation"]) for r in rows] == [
+        (s, q, i) for s in ("large", "base") for q in (128, 512) for i in device_check.IMPLEMENTATIONS
+    ]
+
+
+def test_the_report_is_on_disk_after_every_step(device_check, tmp_path, monkeypatch):
+    """A check stopped at the device's time limit keeps what it measured: the JSON and markdown
+    are rewritten after the GPU tier, every row and every held-out evaluation."""
+    saved: list[dict] = []
+    real_save = device_check.save
+
+    def spy(result, out):
+        real_save(result, out)
+        saved.append(json.loads((Path(out) / "device_check.json").read_text()))
+
+    monkeypatch.setattr(device_check, "save", spy)
+    device_check.main(["--smoke", "--device", "cpu", "--out", str(tmp_path), "--no-pytest"])
+    steps = [len([r for r in s["steps"] if "seq_per_s" in r or "skipped" in r]) for s in saved]
+    assert steps[:8] == [0, 1, 2, 3, 4, 5, 6, 6]
+    curves = [len(s["pretrain_by_objective"].get("mlm+nsp", {}).get("curve", [])) for s in saved]
+    assert curves[6] == 0 and 0 < curves[7] < curves[-1]  # a partial curve before the whole one
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+BLOCKER = """import sys
+class _Absent:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("apache_beam", "prefect", "mlflow"):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+sys.meta_path.insert(0, _Absent())
+"""
+
+
+@pytest.mark.parametrize("stack", ["absent", "installed"])
+def test_the_gpu_tier_collects_where_the_data_stack_is_not_installed(tmp_path, stack):
+    """The device's image has no Beam, Prefect or MLflow (nor zstandard): there a test file that
+    needs a package not installed is reported skipped, naming it, and the tier runs; a missing
+    module of the project's own still fails, and where the stack is installed nothing changes."""
+    import shutil
+    import subprocess
+    import sys
+
+    shutil.copy(SCRIPT.parents[1] / "tests" / "conftest.py", tmp_path / "conftest.py")
+    (tmp_path / "test_needs_beam.py").write_text("import apache_beam\n\ndef test_beam():\n    pass\n")
+    (tmp_path / "test_needs_a_package.py").write_text("import no_such_package_anywhere\n")
+    (tmp_path / "test_plain.py").write_text("def test_plain():\n    pass\n")
+    (tmp_path / "test_broken.py").write_text("import model.no_such_module_of_ours\n")
+    (tmp_path / "block").mkdir()
+    (tmp_path / "block" / "sitecustomize.py").write_text(BLOCKER)
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "block")} if stack == "absent" else dict(os.environ)
+    cmd = [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "--continue-on-collection-errors"]
+    p = subprocess.run([*cmd, str(tmp_path)], capture_output=True, text=True, env=env, cwd=tmp_path)
+    out = p.stdout + p.stderr
+    assert "ERROR collecting test_broken.py" in out and p.returncode != 0, out
+    if stack == "absent":
+        assert "test_needs_beam.py:0: needs apache_beam, which is not installed here" in out, out
+        assert "test_needs_a_package.py:0: needs no_such_package_anywhere, which is not installed here" in out, out
+        assert "1 passed, 2 skipped, 1 error" in out, out
+    else:
+        assert "ERROR collecting test_needs_a_package.py" in out and "2 passed, 2 errors" in out, out

@@ -45,6 +45,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 
 import numpy as np
 import torch
@@ -107,10 +108,13 @@ def run_gpu_tier(args) -> dict:
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.pytest_timeout)
         lines = [x for x in p.stdout.splitlines() if x.strip()]
-        summary, rc = (lines[-1] if lines else p.stderr.strip()[-300:]), p.returncode
-    except subprocess.TimeoutExpired:
-        summary, rc = f"timed out after {args.pytest_timeout} s", -1
+        summary, rc, text = (lines[-1] if lines else p.stderr.strip()[-300:]), p.returncode, p.stdout + p.stderr
+    except subprocess.TimeoutExpired as exc:
+        summary, rc, text = f"timed out after {args.pytest_timeout} s", -1, str(exc.stdout or "")
     out = {"command": " ".join(cmd[1:]), "returncode": rc, "summary": summary, "seconds": time.perf_counter() - t}
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "pytest_gpu.txt"), "w") as f:  # the failures' tracebacks, whole
+        f.write(text)
     print(f"\npytest -m gpu: {summary} (exit {rc}, {out['seconds']:.0f} s)", flush=True)
     return out
 
@@ -173,6 +177,7 @@ def measure(impl: str, shape: str, seq: int, batch_size: int, args, peak: float)
         row["error"] = "out of memory"
     except Exception as exc:  # a row that fails is reported, the check goes on
         row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+        row["traceback"] = traceback.format_exc()[-6000:]
     finally:
         r = None
         gc.collect()
@@ -193,7 +198,7 @@ def row_order(args) -> list[tuple[str, int, int, str]]:
         (shape, seq, batch, impl)
         for shape in args.shapes
         for seq, batch in zip(args.seqs, args.batch)
-        for impl in IMPLEMENTATIONS
+        for impl in args.implementations
     ]
 
     def group(row):
@@ -254,7 +259,7 @@ def _same(a: dict, b: dict) -> bool:
 def _print_row(row: dict) -> None:
     head = f"  {row['model']:<5} {row['seq']:>4} x {row['batch']:<4} {row['implementation']:<52}"
     if "error" in row:
-        print(f"{head} {row['error']}", flush=True)
+        print(f"{head} {row['error'].splitlines()[0]}", flush=True)
         return
     mfu = f"{row['mfu']:6.1%}" if row.get("mfu") is not None else "     -"
     print(
@@ -344,7 +349,8 @@ def pretrain_small(args, objective: str = "", on_point=None) -> dict:
 
     seq, batch = args.train_seq, args.train_batch
     model = load_config("small").model
-    model = model if not args.smoke else dataclasses.replace(model, vocab_size=512)
+    # the preset's vocab_size is the trained vocabulary's (None until the vocab stage): 8,192 here
+    model = dataclasses.replace(model, vocab_size=512 if args.smoke else model.vocab_size or 8192)
     with tempfile.TemporaryDirectory() as work:
         t = time.perf_counter()
         examples = write_example_shards(
@@ -423,7 +429,8 @@ def markdown(result: dict) -> str:
     for r in result["steps"]:
         lead = f"| {r['model']} | {r['seq']} | {r['batch']} | {r['implementation']} |"
         if "seq_per_s" not in r:
-            out.append(f"{lead} {r.get('skipped') or r.get('error')} | | | | | | |")
+            why = (r.get("skipped") or r.get("error") or "").splitlines()[0]
+            out.append(f"{lead} {why} | | | | | | |")
             continue
         mfu = f"{r['mfu']:.1%}" if r.get("mfu") is not None else "-"
         ratio = f"{r['vs_transformers_sdpa']:.2f}" if "vs_transformers_sdpa" in r else "-"
@@ -465,6 +472,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--shapes", default="large,base")
     p.add_argument("--seqs", default="128,512")
     p.add_argument("--batch", default="128,32", help="sequences per step, one per --seqs")
+    p.add_argument(
+        "--implementations",
+        default="",
+        help="the rows: indices into IMPLEMENTATIONS (0: ours unpadded compiled), comma-separated; default all",
+    )
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--steps", type=int, default=8, help="measured steps per row (median)")
     p.add_argument("--peak-tflops", type=float, default=0.0, help="the device's dense bf16 peak; 0: known GPUs")
@@ -504,6 +516,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     from pipeline.schema.objectives import DEFAULT_OBJECTIVE, get_objective
 
     args.objective = [get_objective(o, "--objective").name for o in (args.objective or DEFAULT_OBJECTIVE).split(",")]
+    picked = [int(i) for i in args.implementations.split(",")] if args.implementations else range(len(IMPLEMENTATIONS))
+    args.implementations = [IMPLEMENTATIONS[i] for i in picked]
     args.shapes = args.shapes.split(",")
     args.seqs = [int(x) for x in args.seqs.split(",")]
     args.batch = [int(x) for x in args.batch.split(",")]
@@ -557,8 +571,9 @@ def main(argv: list[str] | None = None) -> dict:
             result["pretrain_by_objective"][objective] = {
                 "objective": objective,
                 "error": f"{type(exc).__name__}: {exc}",
+                "traceback": traceback.format_exc()[-6000:],
             }
-            print(f"  failed: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
+            print(f"  failed: {traceback.format_exc()[-3000:]}", flush=True)
     result["pretrain"] = result["pretrain_by_objective"][args.objective[0]]
     result["seconds"] = time.perf_counter() - started
     save(result, args.out)

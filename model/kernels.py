@@ -154,7 +154,10 @@ def _padded_index(cu: torch.Tensor, total: int, width: int) -> torch.Tensor:
     """For each of ``total`` packed rows, its place in a (B * width) padded layout; cu (B + 1,)."""
     row = torch.arange(total, device=cu.device)
     cu = cu.long()
-    seq = torch.searchsorted(cu[1:], row, right=True)  # the sequence of each row
+    # the sequence of each row: how many boundaries are <= it, less cu[0] (= 0). The whole ``cu``,
+    # not ``cu[1:]``: inductor's CUDA lowering of searchsorted reads the sorted sequence's strides
+    # and cannot on a slice ("NotImplementedError: SliceView", torch 2.11 on an H200)
+    seq = torch.searchsorted(cu, row, right=True) - 1
     return seq * width + (row - cu[seq])
 
 

@@ -165,3 +165,11 @@ def test_training_unpadded_matches_padded(examples, tmp_path):
     for key in ("last_mlm_loss", "mlm_accuracy", "eval_mlm_loss", "eval_mlm_accuracy", "eval_nsp_accuracy"):
         assert m1.counts[key] == pytest.approx(m0.counts[key], rel=1e-4, abs=1e-5), key
     assert [sorted(d) for d in log1] == [sorted(d) for d in log0]  # the same metrics, evaluation included
+
+
+def test_padded_index_places_each_row_in_its_sequences_slot():
+    """Sequences of 3, 0 (empty), 4 and 1 rows in a layout 5 wide: row r of sequence b at
+    b * 5 + its place in b (the searchsorted over the whole ``cu``, less one)."""
+    cu = torch.tensor([0, 3, 3, 7, 8], dtype=torch.int32)
+    want = [b * 5 + i for b, n in enumerate((3, 0, 4, 1)) for i in range(n)]
+    assert kernels._padded_index(cu, 8, 5).tolist() == want

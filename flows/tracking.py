@@ -215,90 +215,13 @@ def prepare_store(uri: str, seconds: float = BUSY_SECONDS) -> None:
     )
     with exclusive(path + ".lock", seconds, busy):
         if not os.path.exists(path):
-            _copy_schema(path)
+            from flows import mlflow_schema
+
+            mlflow_schema.copy_schema(path)  # a cached empty database: no migrations
         client = MlflowClient(tracking_uri=uri, registry_uri=uri)
         client.search_experiments(max_results=1)  # builds the tracking store: creates and migrates its tables
         client.search_registered_models(max_results=1)  # and the registry's
     _PREPARED.add(uri)
-
-
-def schema_template() -> str:
-    """The cached empty MLflow database of this MLflow (its tables at the last migration, no
-    rows but alembic's revision): ``$XDG_CACHE_HOME/bertflow`` (``~/.cache/bertflow``), named by
-    MLflow's version and a digest of its migration scripts' names."""
-    import hashlib
-
-    import mlflow
-    import mlflow.store.db_migrations as migrations
-
-    folder = os.path.join(os.path.dirname(migrations.__file__), "versions")
-    names = sorted(n for n in os.listdir(folder) if n.endswith(".py"))
-    digest = hashlib.sha256("\n".join(names).encode()).hexdigest()[:16]
-    cache = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
-    return os.path.join(cache, "bertflow", "mlflow-schema", f"mlflow-{mlflow.__version__}-{digest}.db")
-
-
-def _copy_schema(path: str) -> bool:
-    """A new store's file copied from :func:`schema_template` (made first if missing, made again
-    if it is not at this MLflow's head revision): MLflow's
-    ~70 migrations cost 1.4 CPU-s on every new root (a fresh ``MlflowClient``, measured), the copy
-    milliseconds. The copy holds MLflow's tables at its head revision and nothing else: the
-    client that opens it next finds them current and adds the default experiment, as it does
-    after migrating. False (the caller migrates as before) where the cache cannot be written."""
-    import shutil
-
-    template = schema_template()
-    try:
-        if os.path.exists(template) and _revision(template) != _head_revision():
-            log.warning("MLflow schema template %s is not at this MLflow's head revision: made again", template)
-            os.remove(template)
-        if not os.path.exists(template):
-            _make_schema_template(template)
-        tmp = f"{path}.template-{os.getpid()}"
-        shutil.copyfile(template, tmp)
-        os.replace(tmp, path)
-        return True
-    except OSError as exc:
-        log.debug("no MLflow schema template (%s): the store is created by migration", exc)
-        return False
-
-
-def _head_revision() -> str:
-    from mlflow.store.db.utils import _get_latest_schema_revision
-
-    return _get_latest_schema_revision()  # MLflow's own check of a store (its _verify_schema); 15 ms
-
-
-def _revision(db_path: str) -> str | None:
-    try:
-        with contextlib.closing(sqlite3.connect(f"file:{db_path}?mode=ro", uri=True)) as db:
-            row = db.execute("select version_num from alembic_version").fetchone()
-        return row[0] if row else None
-    except sqlite3.Error:
-        return None
-
-
-def _make_schema_template(template: str) -> None:
-    """MLflow's own table creation and migrations (``_initialize_tables``) on a new file, published
-    whole (``os.replace``) under a lock beside it, so concurrent runs make it once."""
-    from mlflow.store.db.utils import _initialize_tables
-    from sqlalchemy import create_engine
-
-    from flows.filelock import exclusive
-
-    os.makedirs(os.path.dirname(template), exist_ok=True)
-    with exclusive(template + ".lock", BUSY_SECONDS, f"MLflow schema template {template} stayed locked"):
-        if os.path.exists(template):
-            return
-        tmp = f"{template}.{os.getpid()}.tmp"
-        with contextlib.suppress(OSError):
-            os.remove(tmp)
-        engine = create_engine(f"sqlite:///{tmp}")
-        try:
-            _initialize_tables(engine)
-        finally:
-            engine.dispose()
-        os.replace(tmp, template)
 
 
 SQLITE_BUSY_SECONDS = 20.0

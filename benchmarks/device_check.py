@@ -516,8 +516,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     from pipeline.schema.objectives import DEFAULT_OBJECTIVE, get_objective
 
     args.objective = [get_objective(o, "--objective").name for o in (args.objective or DEFAULT_OBJECTIVE).split(",")]
-    picked = [int(i) for i in args.implementations.split(",")] if args.implementations else range(len(IMPLEMENTATIONS))
-    args.implementations = [IMPLEMENTATIONS[i] for i in picked]
+    picked = args.implementations.split(",") if args.implementations else range(len(IMPLEMENTATIONS))
+    if any(str(i) not in {str(n) for n in range(len(IMPLEMENTATIONS))} for i in picked):
+        rows = "; ".join(f"{n}: {name}" for n, name in enumerate(IMPLEMENTATIONS))
+        p.error(f"--implementations {args.implementations!r}: indices from 0 to {len(IMPLEMENTATIONS) - 1} ({rows})")
+    args.implementations = [IMPLEMENTATIONS[int(i)] for i in picked]
     args.shapes = args.shapes.split(",")
     args.seqs = [int(x) for x in args.seqs.split(",")]
     args.batch = [int(x) for x in args.batch.split(",")]

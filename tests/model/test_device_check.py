@@ -99,6 +99,15 @@ def test_the_target_rows_are_measured_first_and_reported_in_the_tables_order(dev
     ]
 
 
+def test_implementations_pick_rows_by_index_and_a_bad_index_is_refused(device_check, capsys):
+    args = device_check.parse(["--smoke", "--device", "cpu", "--implementations", "0,1,5"])
+    assert args.implementations == [device_check.IMPLEMENTATIONS[i] for i in (0, 1, 5)]
+    for bad in ("6", "x", "0,,1", "-1"):
+        with pytest.raises(SystemExit):
+            device_check.parse(["--smoke", "--implementations", bad])
+        assert "indices from 0 to 5 (0: ours unpadded compiled;" in capsys.readouterr().err
+
+
 def test_the_report_is_on_disk_after_every_step(device_check, tmp_path, monkeypatch):
     """A check stopped at the device's time limit keeps what it measured: the JSON and markdown
     are rewritten after the GPU tier, every row and every held-out evaluation."""

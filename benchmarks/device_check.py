@@ -211,9 +211,8 @@ def row_order(args) -> list[tuple[str, int, int, str]]:
 def step_table(args, peak: float, hf: bool, deadline: float, on_row=None) -> list[dict]:
     """The rows measured in ``row_order``, returned in the table's order; ``on_row(rows)`` after
     each one (the report is rewritten then: a check stopped at its limit keeps what it measured)."""
-    order = row_order(args)
-    done, spent = {}, {}
-    for key in order:
+    done, spent, rows = {}, {}, []
+    for key in row_order(args):
         shape, seq, batch, impl = key
         base = {"model": shape, "seq": seq, "batch": batch, "implementation": impl}
         # the same row at another length: its last cost; a first one: a guess (compiling costs most)
@@ -231,7 +230,7 @@ def step_table(args, peak: float, hf: bool, deadline: float, on_row=None) -> lis
         _ratios(rows)
         if on_row:
             on_row(rows)
-    return [done[k] for k in sorted(done, key=_table_order(args))]
+    return rows
 
 
 def _table_order(args):

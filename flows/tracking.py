@@ -35,7 +35,7 @@ Design choices:
    server went.
 6. **A new SQLite store is created under a lock**: MLflow creates and migrates a database's tables
    the first time a client opens it, and two runs opening one new file at once both failed
-   mid-migration and left it broken (``_alembic_tmp_tags already exists``). :func:`prepare_store`
+   mid-migration and left it broken (``_alembic_tmp_tags already exists``). ``flows.mlflow_store.prepare_store``
    does that first open under ``flock`` on ``<database>.lock``; the others wait, then find the
    tables made.
 7. **Artifacts live with the store, not with whichever root came first**: the experiment's
@@ -63,6 +63,7 @@ import sqlite3
 import time
 from typing import Any
 
+from flows.mlflow_store import BUSY_SECONDS, prepare_store, sqlite_path
 from pipeline.schema.config import flatten, redact
 
 log = logging.getLogger("bertflow.flow")
@@ -76,7 +77,6 @@ EXPERIMENT_KIND = "custom_model_development"
 tools read; MLflow 3.17's UI takes its view from the URL instead: :func:`ui_url`)."""
 UI_DEFAULT = "http://127.0.0.1:5000"
 """Where ``mlflow ui`` serves by default."""
-BUSY_SECONDS = 180.0
 _BUSY = ("database is locked", "database is busy", "database table is locked")
 _MAX_PARAM_LEN = 6000
 
@@ -186,42 +186,6 @@ class _Retrying:
                     wait = min(wait * 2, 5.0)
 
         return call
-
-
-_PREPARED: set[str] = set()
-
-
-def sqlite_path(uri: str) -> str | None:
-    """The database file of a ``sqlite:///`` URI (None: another kind of store, or in memory)."""
-    if not uri.startswith("sqlite:///"):
-        return None
-    path = uri.removeprefix("sqlite:///").split("?", 1)[0]
-    return os.path.abspath(path) if path and path != ":memory:" else None
-
-
-def prepare_store(uri: str, seconds: float = BUSY_SECONDS) -> None:
-    """Create or migrate a SQLite store under an exclusive lock on ``<database>.lock`` beside it
-    (design choice 6), once per process and URI; other stores are left to their server."""
-    path = sqlite_path(uri)
-    if path is None or uri in _PREPARED:
-        return
-    from mlflow.tracking import MlflowClient
-
-    from flows.filelock import exclusive
-
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    busy = (
-        f"MLflow store {path}: another process has held {path}.lock for {seconds:.0f} s while creating or migrating it"
-    )
-    with exclusive(path + ".lock", seconds, busy):
-        if not os.path.exists(path):
-            from flows import mlflow_schema
-
-            mlflow_schema.copy_schema(path)  # a cached empty database: no migrations
-        client = MlflowClient(tracking_uri=uri, registry_uri=uri)
-        client.search_experiments(max_results=1)  # builds the tracking store: creates and migrates its tables
-        client.search_registered_models(max_results=1)  # and the registry's
-    _PREPARED.add(uri)
 
 
 SQLITE_BUSY_SECONDS = 20.0

@@ -1,5 +1,5 @@
 """A new root's MLflow store is copied from a cached empty database instead of being migrated
-(``flows.mlflow_schema``, called by ``flows.tracking.prepare_store``): MLflow's ~70 migrations
+(``flows.mlflow_store.prepare_store``): MLflow's ~70 migrations
 cost 1.4 CPU-s on every new root. The copy must be the database MLflow itself would have made,
 the template made once, and a template at another revision or a cache that cannot be written
 must fall back to making it again or to migrating."""
@@ -8,13 +8,13 @@ import sqlite3
 
 import pytest
 
-from flows import mlflow_schema, tracking
+from flows import mlflow_store, tracking
 
 
 @pytest.fixture
 def cache(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    monkeypatch.setattr(tracking, "_PREPARED", set())
+    monkeypatch.setattr(mlflow_store, "_PREPARED", set())
     return tmp_path / "cache"
 
 
@@ -53,12 +53,12 @@ def test_a_store_from_the_template_is_the_one_mlflow_migrates(cache, tmp_path, m
 
     copied = tmp_path / "a" / "mlflow.db"
     tracking.prepare_store(f"sqlite:///{copied}")
-    template = mlflow_schema.schema_template()
+    template = mlflow_store.schema_template()
     assert template.startswith(str(cache / "bertflow" / "mlflow-schema")) and len(migrations) == 1
     tracking.prepare_store(f"sqlite:///{tmp_path / 'b' / 'mlflow.db'}")
     assert len(migrations) == 1  # the second new store: a copy, no migration
 
-    monkeypatch.setattr(mlflow_schema, "copy_schema", lambda path: False)  # MLflow's own creation
+    monkeypatch.setattr(mlflow_store, "copy_schema", lambda path: None)  # MLflow's own creation
     migrated = tmp_path / "ref" / "mlflow.db"
     tracking.prepare_store(f"sqlite:///{migrated}")
     assert len(migrations) == 2
@@ -81,21 +81,21 @@ def test_a_store_from_the_template_is_the_one_mlflow_migrates(cache, tmp_path, m
 
 def test_a_template_not_at_mlflows_head_is_made_again(cache, tmp_path, caplog):
     tracking.prepare_store(f"sqlite:///{tmp_path / 'first' / 'mlflow.db'}")
-    template = mlflow_schema.schema_template()
+    template = mlflow_store.schema_template()
     with sqlite3.connect(template) as db:  # another revision than this MLflow's head
         db.execute("update alembic_version set version_num = 'abcdef123456'")
     store = tmp_path / "second" / "mlflow.db"
     tracking.prepare_store(f"sqlite:///{store}")
     assert "is not at this MLflow's head revision: made again" in caplog.text
-    head = mlflow_schema._head_revision()
-    assert mlflow_schema._revision(str(store)) == mlflow_schema._revision(template) == head != "abcdef123456"
+    head = mlflow_store._head_revision()
+    assert mlflow_store._revision(str(store)) == mlflow_store._revision(template) == head != "abcdef123456"
 
 
 def test_a_cache_that_cannot_be_written_falls_back_to_migrating(tmp_path, monkeypatch):
     blocker = tmp_path / "not-a-folder"
     blocker.write_text("")
     monkeypatch.setenv("XDG_CACHE_HOME", str(blocker))  # makedirs under a file: OSError
-    monkeypatch.setattr(tracking, "_PREPARED", set())
+    monkeypatch.setattr(mlflow_store, "_PREPARED", set())
     store = tmp_path / "root" / "mlflow.db"
     tracking.prepare_store(f"sqlite:///{store}")
     assert _dump(store)[1]["alembic_version"]

@@ -1,4 +1,5 @@
-"""A new SQLite store of MLflow's, copied from a cached empty database instead of migrated.
+"""MLflow's SQLite stores: where one's file is, and a new one created under a lock, copied from a
+cached empty database instead of migrated.
 
 MLflow creates a new SQLite store by running its migrations (~70 in MLflow 3.17), and every new
 root has a new store (``<root>/mlflow.db``): 1.38 CPU-seconds each, measured (a fresh
@@ -7,8 +8,8 @@ stage command whose fixed cost is ~3 CPU-s with a Prefect server. :func:`copy_sc
 :func:`schema_template`, an empty database that MLflow's own ``_initialize_tables`` made once per
 MLflow version, checked against MLflow's head revision before each copy. The client that opens
 the copy finds its tables current and adds the default experiment, as it does after migrating
-(``tests/flows/test_mlflow_schema_template.py`` compares the two). ``flows.tracking.prepare_store``
-calls it under its lock on the new store.
+(``tests/flows/test_mlflow_schema_template.py`` compares the two). :func:`prepare_store` calls it
+under its lock on the new store (``flows.tracking``'s design choice 6).
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ import sqlite3
 
 log = logging.getLogger("bertflow.flow")
 
-LOCK_WAIT_S = 180.0
-"""How long a run waits for another one making the template."""
+BUSY_SECONDS = 180.0
+"""How long a run waits for a store another process holds (its lock here, a busy database in
+``flows.tracking``'s retries), and for another run making the template."""
 
 
 def schema_template() -> str:
@@ -40,27 +42,27 @@ def schema_template() -> str:
     return os.path.join(cache, "bertflow", "mlflow-schema", f"mlflow-{mlflow.__version__}-{digest}.db")
 
 
-def copy_schema(path: str) -> bool:
+def copy_schema(path: str) -> None:
     """A new store's file (``path``, which must not exist) copied from :func:`schema_template`,
     made first if missing and made again if it is not at this MLflow's head revision; milliseconds
-    against the migrations' 1.4 CPU-s. False (the caller's client migrates as before) where the
-    cache cannot be written."""
+    against the migrations' 1.4 CPU-s. Where the cache cannot be written nothing is copied, and
+    the caller's client migrates the new store as before."""
     import shutil
 
     template = schema_template()
+    tmp = f"{path}.template-{os.getpid()}"
     try:
         if os.path.exists(template) and _revision(template) != _head_revision():
             log.warning("MLflow schema template %s is not at this MLflow's head revision: made again", template)
             os.remove(template)
         if not os.path.exists(template):
             _make_schema_template(template)
-        tmp = f"{path}.template-{os.getpid()}"
         shutil.copyfile(template, tmp)
         os.replace(tmp, path)
-        return True
     except OSError as exc:
         log.debug("no MLflow schema template (%s): the store is created by migration", exc)
-        return False
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
 
 
 def _head_revision() -> str:
@@ -87,7 +89,7 @@ def _make_schema_template(template: str) -> None:
     from flows.filelock import exclusive
 
     os.makedirs(os.path.dirname(template), exist_ok=True)
-    with exclusive(template + ".lock", LOCK_WAIT_S, f"MLflow schema template {template} stayed locked"):
+    with exclusive(template + ".lock", BUSY_SECONDS, f"MLflow schema template {template} stayed locked"):
         if os.path.exists(template):
             return
         tmp = f"{template}.{os.getpid()}.tmp"
@@ -99,3 +101,37 @@ def _make_schema_template(template: str) -> None:
         finally:
             engine.dispose()
         os.replace(tmp, template)
+
+
+_PREPARED: set[str] = set()
+
+
+def sqlite_path(uri: str) -> str | None:
+    """The database file of a ``sqlite:///`` URI (None: another kind of store, or in memory)."""
+    if not uri.startswith("sqlite:///"):
+        return None
+    path = uri.removeprefix("sqlite:///").split("?", 1)[0]
+    return os.path.abspath(path) if path and path != ":memory:" else None
+
+
+def prepare_store(uri: str, seconds: float = BUSY_SECONDS) -> None:
+    """Create or migrate a SQLite store under an exclusive lock on ``<database>.lock`` beside it
+    (``flows.tracking``, design choice 6), once per process and URI; other stores are left to their server."""
+    path = sqlite_path(uri)
+    if path is None or uri in _PREPARED:
+        return
+    from mlflow.tracking import MlflowClient
+
+    from flows.filelock import exclusive
+
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    busy = (
+        f"MLflow store {path}: another process has held {path}.lock for {seconds:.0f} s while creating or migrating it"
+    )
+    with exclusive(path + ".lock", seconds, busy):
+        if not os.path.exists(path):
+            copy_schema(path)  # a cached empty database: no migrations
+        client = MlflowClient(tracking_uri=uri, registry_uri=uri)
+        client.search_experiments(max_results=1)  # builds the tracking store: creates and migrates its tables
+        client.search_registered_models(max_results=1)  # and the registry's
+    _PREPARED.add(uri)

@@ -13,6 +13,11 @@ it at the end, logging Prefect's own lines ("Starting temporary server on ...", 
 temporary server on ..."). The server process is the one Prefect would start: same database,
 same migrations on start, same UI-less ephemeral app.
 
+By default the server is shared and outlives the command (``flows.shared_server``): the next
+command within ``BERTFLOW_PREFECT_SERVER_LINGER_S`` seconds uses it instead of starting one (its
+start is 3-4 CPU-seconds of imports, the largest part of a stage's fixed cost); the setting ``0``
+keeps the server to the command, started and stopped here as described above.
+
 Nothing changes when Prefect has an API (``PREFECT_API_URL``: a ``prefect server`` or Cloud) or
 its ephemeral mode is off: then it yields ``None`` and Prefect's client does what it always did.
 The UI address Prefect would infer from the temporary API (``View at http://127.0.0.1:PORT/...``,
@@ -103,10 +108,23 @@ def temporary_server(meanwhile: Callable[[], object] | None = None) -> Iterator[
     if settings.api.url or not settings.server.ephemeral.enabled:
         yield None
         return
+    from flows.prefect_db import prefect_sqlite_path
+    from flows.shared_server import attached, linger_seconds
+
+    linger = linger_seconds()
     ensure_logging_setup()  # what `import prefect.main` does, which the flow's import does later
     logger = get_logger()  # "prefect", as the lines Prefect logs for its own temporary server
     timeout = settings.server.ephemeral.startup_timeout_seconds
     env = server_env()
+    database = prefect_sqlite_path()
+    if linger > 0 and database is not None:  # shared between commands (flows.shared_server)
+        with attached(database, env, linger, timeout, meanwhile, _healthy, logger) as address:
+            try:
+                with temporary_settings({PREFECT_API_URL: f"{address}/api", PREFECT_UI_URL: ""}):
+                    yield f"{address}/api"
+            finally:
+                _drain_to_api()
+        return
     port = _free_port()
     address = f"http://127.0.0.1:{port}"
     logger.info("Starting temporary server on %s", address)

@@ -435,12 +435,13 @@ def card_sources(cfg: RunConfig, root: str):
     return CardSources(*urls, raw=stage_inputs("corpus", cfg, root))
 
 
-def group_input_names(group: str) -> list[str]:
+def group_input_names(group: str, cfg: RunConfig | None = None) -> list[str]:
     """The inputs a group's flow takes as URL parameters: those every stage of it reads from the
-    same default URL (a downstream task's data differs per task, its model does not)."""
+    same default URL (a downstream task's data differs per task, its model does not); ``cfg``:
+    the tiny preset, when the caller has it already."""
     from flows.presets import load_config
 
-    cfg = load_config("tiny")
+    cfg = cfg or load_config("tiny")
     names = stage_names(cfg, (group,))
     first = get_stage(names[0]).inputs(cfg, "/root")
     others = [get_stage(n).inputs(cfg, "/root") for n in names[1:]]

@@ -12,6 +12,9 @@ os.environ.setdefault("DO_NOT_TRACK", "1")
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Every command of the suite stops its Prefect temporary server as it ends (no server outlives a
+# test); tests/flows/test_shared_server.py runs the default, a server kept up between commands.
+os.environ.setdefault("BERTFLOW_PREFECT_SERVER_LINGER_S", "0")
 
 
 import logging  # noqa: E402 - after the environment above, which imports read

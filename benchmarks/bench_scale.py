@@ -203,6 +203,9 @@ def main() -> None:
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
         "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180",
         "MLFLOW_DISABLE_TELEMETRY": "true",
+        # every row with its own Prefect temporary server, in its CPU and tree RSS, as in the series
+        # of docs/scale.md (a server shared between commands would not be in the rows' rusage)
+        "BERTFLOW_PREFECT_SERVER_LINGER_S": "0",
     }
     cli = [sys.executable, "-m", "flows.cli"]
     warm_up(cli, env, work)

@@ -34,7 +34,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 
 PORT_IN_USE = 3
 """uvicorn's exit code when the port was taken between the choice and the bind (Prefect's too)."""
@@ -109,7 +109,7 @@ def temporary_server(meanwhile: Callable[[], object] | None = None) -> Iterator[
         yield None
         return
     from flows.prefect_db import prefect_sqlite_path
-    from flows.shared_server import attached, linger_seconds
+    from flows.shared_server import Unshareable, attached, linger_seconds
 
     linger = linger_seconds()
     ensure_logging_setup()  # what `import prefect.main` does, which the flow's import does later
@@ -118,13 +118,18 @@ def temporary_server(meanwhile: Callable[[], object] | None = None) -> Iterator[
     env = server_env()
     database = prefect_sqlite_path()
     if linger > 0 and database is not None:  # shared between commands (flows.shared_server)
-        with attached(database, env, linger, timeout, meanwhile, _healthy, logger) as address:
+        with ExitStack() as stack:
             try:
-                with temporary_settings({PREFECT_API_URL: f"{address}/api", PREFECT_UI_URL: ""}):
-                    yield f"{address}/api"
-            finally:
-                _drain_to_api()
-        return
+                address = stack.enter_context(attached(database, env, linger, timeout, meanwhile, _healthy, logger))
+            except Unshareable as exc:
+                logger.warning("Prefect's temporary server cannot be shared (%s): this command starts its own", exc)
+            else:
+                try:
+                    with temporary_settings({PREFECT_API_URL: f"{address}/api", PREFECT_UI_URL: ""}):
+                        yield f"{address}/api"
+                finally:
+                    _drain_to_api()
+                return
     port = _free_port()
     address = f"http://127.0.0.1:{port}"
     logger.info("Starting temporary server on %s", address)

@@ -49,6 +49,11 @@ _STARTED: list[subprocess.Popen] = []
 """The hosts this process started, kept referenced: they outlive it by design."""
 
 
+class Unshareable(OSError):
+    """The server's files cannot be made beside the database (a read-only or foreign folder): the
+    command starts a server of its own, as with a linger of 0."""
+
+
 def linger_seconds() -> float:
     """``BERTFLOW_PREFECT_SERVER_LINGER_S`` as seconds (default :data:`DEFAULT_LINGER_S`)."""
     raw = os.environ.get(ENV_LINGER, "").strip()
@@ -135,7 +140,10 @@ def attached(
 
     files = paths(database, server_key(env))
     deadline = time.monotonic() + timeout
-    lease = os.open(files["clients"], os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        lease = os.open(files["clients"], os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise Unshareable(f"{files['clients']}: {exc.strerror or exc}") from exc
     try:
         stopping = f"Prefect's temporary server ({files['clients']}) was still stopping after {timeout} s"
         _lock(lease, fcntl.LOCK_SH, deadline, stopping)

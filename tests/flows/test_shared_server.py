@@ -171,6 +171,24 @@ def test_commands_started_together_start_one_server(tmp_path):
     assert _gone(state["pid"], ports.pop(), within=20)
 
 
+def test_where_the_servers_files_cannot_be_made_the_command_starts_its_own(tmp_path):
+    home = tmp_path / "home"
+    env = _env(home, linger=30)
+    nowhere = (  # a folder nobody can write in
+        "import flows.shared_server as s\n"
+        "s.paths = lambda db, key: {k: f'/proc/none/x.{k}' for k in ('json', 'clients', 'lock', 'log')}\n"
+    )
+    command = [sys.executable, "-c", nowhere + RUN, "own"]
+    proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and "result 42" in out, out[-3000:]
+    assert "cannot be shared (/proc/none/x.clients" in out and "Stopping temporary server on" in out, out[-3000:]
+    port = int(out.split("url http://127.0.0.1:")[1].split("/")[0])
+    with socket.socket() as s:
+        assert s.connect_ex(("127.0.0.1", port)) != 0  # stopped with the command, as with a linger of 0
+    assert not list(home.glob("prefect.db.server-*"))
+
+
 def test_the_linger_setting(monkeypatch):
     monkeypatch.delenv(ENV_LINGER, raising=False)
     assert linger_seconds() == DEFAULT_LINGER_S

@@ -21,7 +21,9 @@ code (another code version would find its stages stale and ``run`` would redo th
 ``--stage-fit SIZE1,SIZE2`` also runs ``bertflow stage corpus`` on synthetic corpora of two sizes
 and prints the fit's intercept: the fixed cost of a stage through the command line. ``--tree``
 prints one ``stage corpus`` on the bundled sample by process (supervisor, worker, Prefect's
-temporary server, the dump reader), from /proc: where that fixed cost is paid.
+temporary server, the dump reader), from /proc: where that fixed cost is paid. ``--series`` runs
+``stage corpus``, ``vocab`` and ``examples`` on one new root in a row, as a script does, and
+counts a shared server's idle time after the last one too.
 
 Prefect's temporary server is shared between commands by default (``flows.shared_server``): it
 outlives the command that started it, so ``rusage`` does not see it; its CPU seconds during each
@@ -190,6 +192,31 @@ def tree(argv: list[str], env: dict[str, str]) -> tuple[list[tuple[str, float]],
     return rows, wall
 
 
+def series(env: dict[str, str], work: str) -> None:
+    """``bertflow stage corpus``, ``vocab`` and ``examples`` (the tiny preset) on one new root, one
+    after the other as a script runs them, then until a shared temporary server has stopped: the
+    CPU seconds of the three commands (a shared server's share during each included) and of that
+    server's idle time after the last one, its whole life counted."""
+    root = os.path.join(work, "series")
+    cpus = []
+    for stage in ("corpus", "vocab", "examples"):
+        got = measure(["stage", stage, "--preset", "tiny", "--root", root], env)
+        if got["code"] != 0:
+            raise SystemExit(f"stage {stage} failed: {got['stderr']}")
+        cpus.append(got["cpu"])
+        print(f"  stage {stage}: {got['cpu']:.2f} CPU-s (of which a shared server {got['server_cpu']:.2f}), "
+              f"{got['wall']:.1f} s wall")  # fmt: skip
+    at_last = shared_servers(env)
+    start, seen, alive = time.perf_counter(), dict(at_last), dict(at_last)
+    while alive:  # each until it has exited (its state file goes just before)
+        time.sleep(0.5)
+        alive = {pid: st[0] for pid in alive if (st := _proc_stat(pid)) is not None}
+        seen.update(alive)
+    idle = sum(seen[pid] - cpu for pid, cpu in at_last.items())
+    print(f"  three commands: {sum(cpus):.2f} CPU-s; a shared server after the last one: {idle:.2f} CPU-s over "
+          f"{time.perf_counter() - start:.0f} s; in all {sum(cpus) + idle:.2f} CPU-s")  # fmt: skip
+
+
 def stage_tree(env: dict[str, str], work: str, repeat: int = 1) -> None:
     """``bertflow stage corpus --preset tiny`` on the bundled sample, by process, the least CPU of
     ``repeat`` runs after a first (the root's stores exist, as on a machine that has run before)."""
@@ -210,6 +237,7 @@ def main() -> None:
     parser.add_argument("--stage-fit", default=None, metavar="SIZE1,SIZE2", help="e.g. 1MB,8MB")
     parser.add_argument("--stage-fit-only", action="store_true", help="only the stage fit (no --root needed)")
     parser.add_argument("--tree", action="store_true", help="also: one stage's CPU by process (Linux)")
+    parser.add_argument("--series", action="store_true", help="also: three stage commands in a row (no --root needed)")
     parser.add_argument("--json", default=None, help="save the figures here (for --before)")
     parser.add_argument("--before", default=None, help="figures saved by an earlier --json, printed beside")
     args = parser.parse_args()
@@ -219,9 +247,9 @@ def main() -> None:
     print(f"code: {code}; root: {args.root}; best of {args.repeat}; CPU-s = user + sys (rusage); "
           f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}")  # fmt: skip
     figures: dict[str, dict[str, float]] = {}
-    only = args.stage_fit_only or (args.tree and not args.root)
+    only = args.stage_fit_only or ((args.tree or args.series) and not args.root)
     if not only and not args.root:
-        parser.error("--root is needed (or --stage-fit-only, or --tree alone)")
+        parser.error("--root is needed (or --stage-fit-only, or --tree or --series alone)")
     for name, argv in commands(os.path.abspath(args.root or ".")).items():
         if only or (name.startswith("run") and args.skip_run):
             continue
@@ -233,13 +261,18 @@ def main() -> None:
     if args.tree:
         with tempfile.TemporaryDirectory(prefix="bertflow-bench-") as work:
             stage_tree(env, work, args.repeat)
+    if args.series:
+        with tempfile.TemporaryDirectory(prefix="bertflow-bench-") as work:
+            print("\nstage corpus, vocab, examples --preset tiny, one after the other:")
+            series(env, work)
     before = json.load(open(args.before)) if args.before else {}
 
     def cell(fig: dict | None, key: str, fmt: str) -> str:
         return format(fig[key], fmt) if fig and fig.get(key) else "-"
 
-    print(f"\n{'command':<22} {'exit':>4} {'CPU-s':>7} {'RSS MB':>7} {'wall s':>7} {'load':>5}   "
-          f"{'target':<22} {'before: CPU-s':>13} {'RSS MB':>7} {'wall s':>7} {'load':>5}")  # fmt: skip
+    if figures:
+        print(f"\n{'command':<22} {'exit':>4} {'CPU-s':>7} {'RSS MB':>7} {'wall s':>7} {'load':>5}   "
+              f"{'target':<22} {'before: CPU-s':>13} {'RSS MB':>7} {'wall s':>7} {'load':>5}")  # fmt: skip
     for name, fig in figures.items():
         cpu, rss, wall = TARGETS.get(name, (None, None, None))
         target = ", ".join(t for t in (cpu and f"<= {cpu} CPU-s", rss and f"<= {rss} MB", wall and f"<= {wall} s") if t)

@@ -13,7 +13,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
-RUN = """
+HEAD = """
 import logging, sys
 from flows.prefect_db import prepare_prefect_database
 from flows.prefect_server import temporary_server
@@ -24,7 +24,12 @@ from prefect import flow, task, get_run_logger
 def double(x):
     get_run_logger().info("doubling %d", x)
     return 2 * x
+"""
+"""A script's start: Prefect's database prepared as the command prepares it, a task that logs."""
 
+RUN = (
+    HEAD
+    + """
 @flow
 def hello():
     for i in range(20):
@@ -36,6 +41,7 @@ with temporary_server() as url:
     print("result", hello())
 print("server code imported:", "prefect.server.api.server" in sys.modules)
 """
+)
 
 
 def test_the_flow_runs_against_a_server_started_here_and_nothing_is_lost(tmp_path):

@@ -14,23 +14,15 @@ import time
 from pathlib import Path
 
 import pytest
+from test_prefect_server import HEAD
 
 from flows.shared_server import DEFAULT_LINGER_S, ENV_LINGER, linger_seconds, read_state
 
 ROOT = Path(__file__).resolve().parents[2]
 
-RUN = """
-import sys
-from flows.prefect_db import prepare_prefect_database
-from flows.prefect_server import temporary_server
-prepare_prefect_database()
-from prefect import flow, task, get_run_logger
-
-@task
-def double(x):
-    get_run_logger().info("doubling %d", x)
-    return 2 * x
-
+RUN = (
+    HEAD
+    + """
 @flow(name=sys.argv[1])
 def hello():
     get_run_logger().info("hello from %s", sys.argv[1])
@@ -40,6 +32,7 @@ with temporary_server() as url:
     print("url", url, flush=True)
     print("result", hello(), flush=True)
 """
+)
 
 
 def _env(home, linger: float) -> dict[str, str]:

@@ -19,15 +19,22 @@ def exclusive(lock_path: str, seconds: float, busy: str, poll: float = 0.1) -> I
 
     fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        deadline = time.monotonic() + seconds
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise TimeoutError(busy) from None
-                time.sleep(poll)
+        wait_for_flock(fd, fcntl.LOCK_EX, time.monotonic() + seconds, busy, poll)
         yield
     finally:
         os.close(fd)
+
+
+def wait_for_flock(fd: int, how: int, deadline: float, busy: str, poll: float = 0.1) -> None:
+    """``flock(fd, how)`` (``fcntl.LOCK_EX`` or ``LOCK_SH``), retried until ``deadline``
+    (``time.monotonic()``), then :class:`TimeoutError` with ``busy``."""
+    import fcntl
+
+    while True:
+        try:
+            fcntl.flock(fd, how | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                raise TimeoutError(busy) from None
+            time.sleep(poll)

@@ -31,10 +31,10 @@ import os
 import socket
 import subprocess
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
+
+from flows.shared_server import healthy
 
 PORT_IN_USE = 3
 """uvicorn's exit code when the port was taken between the choice and the bind (Prefect's too)."""
@@ -44,14 +44,6 @@ def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def _healthy(api_url: str) -> bool:
-    try:
-        with urllib.request.urlopen(f"{api_url}/health", timeout=2) as response:
-            return response.status == 200
-    except (urllib.error.URLError, OSError):
-        return False
 
 
 def server_command(port: int) -> list[str]:
@@ -117,19 +109,25 @@ def temporary_server(meanwhile: Callable[[], object] | None = None) -> Iterator[
     timeout = settings.server.ephemeral.startup_timeout_seconds
     env = server_env()
     database = prefect_sqlite_path()
-    if linger > 0 and database is not None:  # shared between commands (flows.shared_server)
-        with ExitStack() as stack:
+    with ExitStack() as stack:
+        address = None
+        if linger > 0 and database is not None:  # shared between commands (flows.shared_server)
             try:
-                address = stack.enter_context(attached(database, env, linger, timeout, meanwhile, _healthy, logger))
+                address = stack.enter_context(attached(database, env, linger, timeout, meanwhile, logger))
             except Unshareable as exc:
                 logger.warning("Prefect's temporary server cannot be shared (%s): this command starts its own", exc)
-            else:
-                try:
-                    with temporary_settings({PREFECT_API_URL: f"{address}/api", PREFECT_UI_URL: ""}):
-                        yield f"{address}/api"
-                finally:
-                    _drain_to_api()
-                return
+        if address is None:
+            address = stack.enter_context(_own_server(env, timeout, meanwhile, logger))
+        try:
+            with temporary_settings({PREFECT_API_URL: f"{address}/api", PREFECT_UI_URL: ""}):
+                yield f"{address}/api"
+        finally:
+            _drain_to_api()  # before the server goes (this command's own) or the command ends
+
+
+@contextmanager
+def _own_server(env: dict[str, str], timeout: float, meanwhile, logger) -> Iterator[str]:
+    """A server of this command's own, on a free port, stopped at the end of the block."""
     port = _free_port()
     address = f"http://127.0.0.1:{port}"
     logger.info("Starting temporary server on %s", address)
@@ -138,7 +136,7 @@ def temporary_server(meanwhile: Callable[[], object] | None = None) -> Iterator[
         deadline = time.monotonic() + timeout
         if meanwhile is not None:
             meanwhile()
-        while not _healthy(f"{address}/api"):
+        while not healthy(f"{address}/api"):
             code = proc.poll()
             if code == PORT_IN_USE:  # taken meanwhile: another port, as Prefect does
                 port = _free_port()
@@ -149,10 +147,8 @@ def temporary_server(meanwhile: Callable[[], object] | None = None) -> Iterator[
             if time.monotonic() > deadline:
                 raise RuntimeError(f"Prefect's temporary server on {address} did not answer within {timeout} s")
             time.sleep(0.1)
-        with temporary_settings({PREFECT_API_URL: f"{address}/api", PREFECT_UI_URL: ""}):
-            yield f"{address}/api"
+        yield address
     finally:
-        _drain_to_api()
         logger.info("Stopping temporary server on %s", address)
         proc.terminate()
         try:

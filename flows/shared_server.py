@@ -92,7 +92,8 @@ def read_state(path: str) -> dict | None:
         return None
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """Whether a process ``pid`` exists (a zombie too: its health check says the rest)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -102,17 +103,16 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _lock(fd: int, how: int, deadline: float, busy: str) -> None:
-    import fcntl
+def healthy(api_url: str) -> bool:
+    """Whether Prefect's API at ``api_url`` answers its ``/health``."""
+    import urllib.error
+    import urllib.request
 
-    while True:
-        try:
-            fcntl.flock(fd, how | fcntl.LOCK_NB)
-            return
-        except BlockingIOError:
-            if time.monotonic() > deadline:
-                raise TimeoutError(busy) from None
-            time.sleep(0.05)
+    try:
+        with urllib.request.urlopen(f"{api_url}/health", timeout=2) as response:
+            return response.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
 
 
 def _touch(path: str) -> None:
@@ -129,14 +129,13 @@ def attached(
     linger: float,
     timeout: float,
     meanwhile: Callable[[], object] | None,
-    healthy: Callable[[str], bool],
     log,
 ) -> Iterator[str]:
     """The address (``http://127.0.0.1:PORT``) of the shared server of ``database``, started here
     when none is up; this command holds its lease for the block."""
     import fcntl
 
-    from flows.filelock import exclusive
+    from flows.filelock import exclusive, wait_for_flock
 
     files = paths(database, server_key(env))
     deadline = time.monotonic() + timeout
@@ -146,15 +145,15 @@ def attached(
         raise Unshareable(f"{files['clients']}: {exc.strerror or exc}") from exc
     try:
         stopping = f"Prefect's temporary server ({files['clients']}) was still stopping after {timeout} s"
-        _lock(lease, fcntl.LOCK_SH, deadline, stopping)
+        wait_for_flock(lease, fcntl.LOCK_SH, deadline, stopping, poll=0.05)
         _touch(files["clients"])
-        address, started = _running(files["json"], healthy), False
+        address, started = _running(files["json"]), False
         if address is None:
             busy = f"another command was starting Prefect's temporary server for {timeout} s ({files['lock']})"
             with exclusive(files["lock"], timeout, busy):
-                address = _running(files["json"], healthy)  # started by the command that held the lock
+                address = _running(files["json"])  # started by the command that held the lock
                 if address is None:
-                    address, started = _start(files, env, deadline, meanwhile, healthy, log, linger), True
+                    address, started = _start(files, env, deadline, meanwhile, log, linger), True
         if not started:
             log.info("Using the temporary server on %s (started by an earlier command)", address)
             if meanwhile is not None:
@@ -166,15 +165,15 @@ def attached(
         os.close(lease)
 
 
-def _running(state_path: str, healthy: Callable[[str], bool]) -> str | None:
+def _running(state_path: str) -> str | None:
     state = read_state(state_path)
-    if state is None or not _alive(int(state["pid"])):
+    if state is None or not alive(int(state["pid"])):
         return None
     address = f"http://127.0.0.1:{int(state['port'])}"
     return address if healthy(f"{address}/api") else None
 
 
-def _start(files, env, deadline, meanwhile, healthy, log, linger) -> str:
+def _start(files, env, deadline, meanwhile, log, linger) -> str:
     from pipeline.runtime import module_command
 
     with open(files["log"], "ab") as out:

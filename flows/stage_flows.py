@@ -22,12 +22,13 @@ from flows.prefect_tasks import SetupError, refused, session
 from flows.presets import load_config
 from flows.table import CHAIN, get_stage, group_input_names, stage_names
 
+_TINY = load_config("tiny")
+"""What names a group's inputs and its doc, loaded once for every group (12 loads were 0.06 of a
+stage command's CPU-seconds)."""
 
-def make_stage_flow(group: str, tiny=None):
-    """``tiny``: the tiny preset's config (what names the inputs and the doc), loaded once for all
-    the groups by the module (12 loads were 0.06 of a stage command's CPU-seconds)."""
-    tiny = tiny or load_config("tiny")
-    urls = group_input_names(group, tiny)
+
+def make_stage_flow(group: str):
+    urls = group_input_names(group, _TINY)
 
     def run_group(**params: Any) -> dict[str, Any]:
         start = time.time()
@@ -54,7 +55,7 @@ def make_stage_flow(group: str, tiny=None):
     ]
     run_group.__signature__ = inspect.Signature(params, return_annotation=dict[str, Any])
     run_group.__name__ = f"stage_{group}"
-    first = get_stage(stage_names(tiny, (group,))[0])
+    first = get_stage(stage_names(_TINY, (group,))[0])
     run_group.__doc__ = f"Run the {group} stage alone: {first.doc}."
     return flow(run_group, name=f"stage-{group}", task_runner=ThreadPoolTaskRunner(max_workers=4), log_prints=True)
 
@@ -62,13 +63,12 @@ def make_stage_flow(group: str, tiny=None):
 # The entry points of prefect.yaml's stage deployments (``flows/stage_flows.py:<group>``), written
 # out so that a reader (and ``prefect deploy``) finds them in the source; a group of the table
 # without its line here fails tests/flows/test_table.py.
-_TINY = load_config("tiny")
-corpus = make_stage_flow("corpus", _TINY)
-vocab = make_stage_flow("vocab", _TINY)
-examples = make_stage_flow("examples", _TINY)
-pretrain = make_stage_flow("pretrain", _TINY)
-export = make_stage_flow("export", _TINY)
-finetune = make_stage_flow("finetune", _TINY)
+corpus = make_stage_flow("corpus")
+vocab = make_stage_flow("vocab")
+examples = make_stage_flow("examples")
+pretrain = make_stage_flow("pretrain")
+export = make_stage_flow("export")
+finetune = make_stage_flow("finetune")
 
 STAGE_FLOWS = {group: globals()[group] for group in CHAIN if group in globals()}
 """Every group's flow, in chain order."""

@@ -42,7 +42,8 @@ from flows.presets import RunConfig, config_from_dict
 from flows.proc.protocol import STOP
 from flows.runner import check_inputs_ready, run_stage_unit, stage_state
 from flows.table import get_stage, stage_url
-from flows.tracking import ENV_RUN_ID, ENV_TRACKING_URI, Tracker
+from flows.tracker_sqlite import open_tracker
+from flows.tracking import ENV_RUN_ID, ENV_TRACKING_URI
 from pipeline.schema.config import redact
 
 log = logging.getLogger("bertflow.flow")
@@ -156,7 +157,7 @@ def finetune_unit(
     cfg = config_from_dict(data)
     log_fn = None
     if run_id and mlflow_uri:
-        tracker = Tracker(mlflow_uri)
+        tracker = open_tracker(mlflow_uri)
         log_fn = lambda metrics, step: tracker.log_metrics(run_id, metrics, step)
     return run_stage_unit(stage, cfg, root, unit_id, force=force, log_fn=log_fn, given=given or None, in_process=True)
 

@@ -29,17 +29,22 @@ BUSY_SECONDS = 180.0
 def schema_template() -> str:
     """The cached empty MLflow database of this MLflow (its tables at the last migration, no
     rows but alembic's revision): ``$XDG_CACHE_HOME/bertflow`` (``~/.cache/bertflow``), named by
-    MLflow's version and a digest of its migration scripts' names."""
+    MLflow's version and a digest of its migration scripts' names. Found without importing MLflow
+    (its package's folder, its distribution's version): ``flows.tracker_sqlite`` asks for it in a
+    process that never imports MLflow."""
     import hashlib
+    import importlib.metadata
+    import importlib.util
 
-    import mlflow
-    import mlflow.store.db_migrations as migrations
-
-    folder = os.path.join(os.path.dirname(migrations.__file__), "versions")
+    spec = importlib.util.find_spec("mlflow")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModuleNotFoundError("MLflow is not installed", name="mlflow")
+    folder = os.path.join(spec.submodule_search_locations[0], "store", "db_migrations", "versions")
     names = sorted(n for n in os.listdir(folder) if n.endswith(".py"))
     digest = hashlib.sha256("\n".join(names).encode()).hexdigest()[:16]
     cache = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
-    return os.path.join(cache, "bertflow", "mlflow-schema", f"mlflow-{mlflow.__version__}-{digest}.db")
+    version = importlib.metadata.version("mlflow")
+    return os.path.join(cache, "bertflow", "mlflow-schema", f"mlflow-{version}-{digest}.db")
 
 
 def copy_schema(path: str) -> None:

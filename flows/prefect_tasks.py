@@ -44,6 +44,7 @@ from flows.table import (
     stage_names,
     stage_url,
 )
+from flows.tracker_sqlite import open_tracker
 from flows.tracking import (
     ENV_RUN_ID,
     ENV_TRACKING_URI,
@@ -90,7 +91,7 @@ class Tracking:
     parent_run_id: str
 
     def tracker(self) -> Tracker:
-        t = Tracker(self.uri)
+        t = open_tracker(self.uri)
         t.experiment_id = self.experiment_id
         return t
 
@@ -122,7 +123,7 @@ def session(
         raise SetupError(f"{name}: configuration error: {exc}") from None
     with RootLock(root), _prefect_logs():
         follow_moved_root(root, tracking_uri)
-        tracker = Tracker(tracking_uri)
+        tracker = open_tracker(tracking_uri)
         tracker.use_experiment(EXPERIMENT, artifact_root=store_artifact_root(tracking_uri, root))
         killed = tracker.mark_killed_runs(root)
         if killed:
@@ -146,13 +147,8 @@ def session(
 
 def end_run(tracker: Tracker, run_id: str, ok: bool) -> None:
     """End an MLflow run: FINISHED, FAILED, or KILLED once the stop request came."""
-    if not ok and STOP.requested is not None:
-        try:
-            tracker.client.set_terminated(run_id, "KILLED")
-        except Exception as exc:  # in a finally: the error that stopped the run stays the one reported
-            log.warning("MLflow run %s could not be marked KILLED: %s", run_id, exc)
-    else:
-        tracker.end_run(run_id, ok, quiet=not ok)
+    killed = not ok and STOP.requested is not None  # in a finally: the error on its way out stays the one reported
+    tracker.end_run(run_id, ok, quiet=not ok, status="KILLED" if killed else None)
 
 
 def _flow_run_id() -> str:

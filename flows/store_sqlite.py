@@ -54,9 +54,14 @@ LAYOUT: dict[str, frozenset[str]] = {
         "run_id status status_message run_link storage_location workspace",
         "model_version_tags": "key value name version workspace",
         "registered_model_aliases": "alias version name workspace",
+        "datasets": "dataset_uuid experiment_id name digest dataset_source_type dataset_source dataset_schema "
+        "dataset_profile",
+        "inputs": "input_uuid source_type source_id destination_type destination_id step",
+        "input_tags": "input_uuid name value",
     }.items()
 }
-"""The columns of each table this module reads or writes, as MLflow 3.17 makes them."""
+"""The columns of each table this module or ``flows.tracker_sqlite`` reads or writes, as MLflow
+3.17 makes them."""
 WORKSPACE = "default"
 _DELETED = "Deleted_Internal"  # the current_stage of a deleted model version
 
@@ -155,7 +160,7 @@ def local_artifacts(location: str) -> str | None:
     return urllib.request.url2pathname(urllib.parse.urlparse(location).path)
 
 
-def _sanitized(value: float) -> tuple[float, bool]:
+def sanitized(value: float) -> tuple[float, bool]:
     """(value, is_nan) as MLflow stores a metric: NaN as 0, infinities as the largest float."""
     if math.isnan(value):
         return 0.0, True
@@ -189,7 +194,7 @@ def write_run(
     latest: dict[str, tuple[int, float, bool]] = {}
     rows = []
     for key, value, at in metrics:
-        stored, is_nan = _sanitized(float(value))
+        stored, is_nan = sanitized(float(value))
         rows.append((key, stored, at, run_id, 0, is_nan))
         if key not in latest or (at, stored) > latest[key][:2]:  # MLflow's latest: by step, time, value
             latest[key] = (at, stored, is_nan)

@@ -50,7 +50,9 @@ Design choices:
    of MB for one query. A server or another database is still asked through MLflow. The cost:
    the query knows MLflow's table layout (``experiments``, ``runs``, ``tags``), which
    ``tests/flows/test_cli.py`` checks against runs MLflow itself wrote. A finished root's ``run``
-   reads its registry and writes its one run the same way (``flows.store_sqlite``).
+   reads its registry and writes its one run the same way (``flows.store_sqlite``), and a flow
+   writes its runs on a SQLite store of MLflow's layout with ``sqlite3`` too
+   (``flows.tracker_sqlite.open_tracker``; this module's :class:`Tracker` is MLflow's client).
 """
 
 from __future__ import annotations
@@ -307,15 +309,16 @@ class Tracker:
         run = self.client.create_run(self.experiment_id, run_name=name, tags=all_tags)
         return run.info.run_id
 
-    def end_run(self, run_id: str, ok: bool = True, quiet: bool = False) -> None:
-        """Mark the run FINISHED (or FAILED). ``quiet``: log a failure to do so instead of raising
-        (in a ``finally`` whose error must stay the one reported)."""
+    def end_run(self, run_id: str, ok: bool = True, quiet: bool = False, status: str | None = None) -> None:
+        """Mark the run FINISHED (or FAILED; ``status`` when given: KILLED). ``quiet``: log a
+        failure to do so instead of raising (in a ``finally`` whose error must stay the one reported)."""
+        status = status or ("FINISHED" if ok else "FAILED")
         try:
-            self.client.set_terminated(run_id, "FINISHED" if ok else "FAILED")
+            self.client.set_terminated(run_id, status)
         except Exception as exc:
             if not quiet:
                 raise
-            log.warning("MLflow run %s could not be marked %s: %s", run_id, "FINISHED" if ok else "FAILED", exc)
+            log.warning("MLflow run %s could not be marked %s: %s", run_id, status, exc)
 
     def log_params(self, run_id: str, params: dict[str, Any]) -> None:
         from mlflow.entities import Param
@@ -533,20 +536,6 @@ def git_commit() -> str:
     if out.returncode != 0:
         return "unknown"
     return out.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
-
-
-def log_fn_from_env():
-    """In a stage's own process: a ``log_fn`` writing to the MLflow run the flow passed through
-    the environment, or None (no run given, or a rank other than 0)."""
-    run_id = os.environ.get(ENV_RUN_ID)
-    if not run_id or int(os.environ.get("RANK", "0")) != 0:
-        return None
-    tracker = Tracker(os.environ[ENV_TRACKING_URI])
-
-    def log_to_mlflow(metrics: dict[str, float], step: int) -> None:
-        tracker.log_metrics(run_id, metrics, step)
-
-    return log_to_mlflow
 
 
 def param_items(params: dict[str, Any]) -> list[tuple[str, str]]:

@@ -83,11 +83,13 @@ def run_flow(args, overrides, root: str, tracking_uri: str, given: dict[str, str
 
 def _flow_imports(command: str, tracking_uri: str) -> None:
     """What every flow run imports before its first stage: the flow's module (Prefect's engine)
-    and MLflow's client (its session opens the parent run); done while Prefect's temporary
-    server starts."""
+    and MLflow's client where its runs need it (``flows.tracker_sqlite``); done while Prefect's
+    temporary server starts."""
+    import flows.tracker_sqlite
     import flows.tracking
 
-    flows.tracking.import_client(tracking_uri)
+    if not flows.tracker_sqlite.without_mlflow(tracking_uri):  # else no MLflow at all (its runs: sqlite3)
+        flows.tracking.import_client(tracking_uri)
     if command == "run":
         import flows.pretrain_flow  # noqa: F401
     else:

@@ -26,7 +26,7 @@ from flows.proc.protocol import (
     read_spec,
 )
 from flows.table import get_stage
-from flows.tracking import log_fn_from_env
+from flows.tracker_sqlite import log_fn_from_env
 from pipeline.runtime import economical_gc
 
 

@@ -48,7 +48,7 @@ from flows.proc.protocol import (
     set_parent_death_signal,
     tracking_gone,
 )
-from flows.tracking import log_fn_from_env
+from flows.tracker_sqlite import log_fn_from_env
 from pipeline.runtime import economical_gc
 
 log = logging.getLogger("bertflow.pretrain")

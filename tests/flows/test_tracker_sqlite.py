@@ -190,8 +190,11 @@ def test_a_stage_command_records_its_runs_without_importing_mlflow(tmp_path):
 
     mlflow_store.prepare_store(f"sqlite:///{tmp_path}/warm/mlflow.db")  # the cached template exists
     root = tmp_path / "root"
-    env = {**os.environ, "PYTHONPROFILEIMPORTTIME": "1"}
-    env.pop(tracker_sqlite.ENV_MLFLOW_CLIENT, None)
+    # the root's own store and Prefect's temporary server: an earlier test's ``mlflow.set_tracking_uri``
+    # sets MLFLOW_TRACKING_URI in this process
+    env = {**os.environ, "PYTHONPROFILEIMPORTTIME": "1", "MLFLOW_TRACKING_URI": ""}
+    for name in (tracker_sqlite.ENV_MLFLOW_CLIENT, "PREFECT_API_URL"):
+        env.pop(name, None)
     argv = [sys.executable, "-m", "flows.cli", "stage", "corpus", "--preset", "tiny", "--root", str(root)]
     out = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]

@@ -233,3 +233,17 @@ def test_a_busy_store_is_waited_for_and_said_so(stores, monkeypatch, caplog):
     assert holder.wait(timeout=30) == 0 and time.monotonic() - start > 2
     assert any("MLflow store busy" in r.getMessage() and "log_params" in r.getMessage() for r in caplog.records)
     assert ours.client.get_run(run).data.params == {"a": "1"}
+
+
+def test_a_url_kind_not_known_here_is_logged_through_mlflow(stores):
+    """A dataset URL of a kind ``dataset_source`` does not know goes to MLflow's own registry,
+    through MLflow's client made then, on the same store: what MLflow records for it, or nothing
+    where MLflow has no source for it either (as before)."""
+    _, ours = stores
+    ours.use_experiment("bertflow", artifact_root="/tmp/unused-artifacts")
+    run = ours.start_run("r")
+    assert ours._mlflow is None
+    ours.log_datasets(run, {"wiki": "/data/wiki", "odd": "weird://x/y"}, {"wiki": "w" * 40})
+    assert ours._mlflow is not None  # MLflow's client, made for it
+    got = ours.client.get_run(run).inputs.dataset_inputs
+    assert [(d.dataset.name, d.dataset.source_type) for d in got] == [("wiki", "local")]

@@ -52,20 +52,30 @@ def copy_schema(path: str) -> None:
     made first if missing and made again if it is not at this MLflow's head revision; milliseconds
     against the migrations' 1.4 CPU-s. Where the cache cannot be written nothing is copied, and
     the caller's client migrates the new store as before."""
-    import shutil
-
     template = schema_template()
-    tmp = f"{path}.template-{os.getpid()}"
     try:
-        if os.path.exists(template) and _revision(template) != _head_revision():
+        if os.path.exists(template) and revision(template) != _head_revision():
             log.warning("MLflow schema template %s is not at this MLflow's head revision: made again", template)
             os.remove(template)
         if not os.path.exists(template):
             _make_schema_template(template)
-        shutil.copyfile(template, tmp)
-        os.replace(tmp, path)
+        publish_copy(template, path)
     except OSError as exc:
         log.debug("no MLflow schema template (%s): the store is created by migration", exc)
+
+
+def publish_copy(template: str, path: str, finish=None) -> None:
+    """``path`` made a copy of ``template``, then ``finish(copy)`` on the copy when given, published
+    whole (``os.replace``): no store is ever seen half made."""
+    import shutil
+
+    tmp = f"{path}.template-{os.getpid()}"
+    try:
+        shutil.copyfile(template, tmp)
+        if finish is not None:
+            finish(tmp)
+        os.replace(tmp, path)
+    finally:
         with contextlib.suppress(OSError):
             os.remove(tmp)
 
@@ -76,7 +86,8 @@ def _head_revision() -> str:
     return _get_latest_schema_revision()  # MLflow's own check of a store (its _verify_schema); 15 ms
 
 
-def _revision(db_path: str) -> str | None:
+def revision(db_path: str) -> str | None:
+    """A store's alembic revision (None: none, or not a database)."""
     try:
         with contextlib.closing(sqlite3.connect(f"file:{db_path}?mode=ro", uri=True)) as db:
             row = db.execute("select version_num from alembic_version").fetchone()

@@ -37,14 +37,13 @@ import hashlib
 import json
 import logging
 import os
-import shutil
 import sqlite3
 import time
 import urllib.parse
 import uuid
 from typing import Any
 
-from flows.mlflow_store import BUSY_SECONDS, schema_template, sqlite_path
+from flows.mlflow_store import BUSY_SECONDS, publish_copy, revision, schema_template, sqlite_path
 from flows.store_sqlite import WORKSPACE, layout_differences, local_artifacts, running_runs, sanitized
 from flows.tracking import (
     ENV_RUN_ID,
@@ -121,32 +120,12 @@ def usable(uri: str, path: str) -> bool:
             os.makedirs(os.path.dirname(path), exist_ok=True)
             busy = f"MLflow store {path}: another process has held {path}.lock for {BUSY_SECONDS:.0f} s"
             with exclusive(path + ".lock", BUSY_SECONDS, busy):
-                if not os.path.exists(path):
-                    _new_store(template, path)
-                revision = _revision(template)
-                ok = revision is not None and _revision(path) == revision and not layout_differences(path)
-                if ok:
-                    _default_experiment(path)
+                if not os.path.exists(path):  # the template's copy with MLflow's default experiment
+                    publish_copy(template, path, _default_experiment)
+                head = revision(template)
+                ok = head is not None and revision(path) == head and not layout_differences(path)
         _USABLE[uri] = ok
     return _USABLE[uri]
-
-
-def _revision(path: str) -> str | None:
-    with contextlib.suppress(sqlite3.Error):
-        rows = _read(path, "the store's revision", "select version_num from alembic_version")
-        return rows[0][0] if rows else None
-    return None
-
-
-def _new_store(template: str, path: str) -> None:
-    """A copy of the cached empty database, published whole (``os.replace``)."""
-    tmp = f"{path}.template-{os.getpid()}"
-    try:
-        shutil.copyfile(template, tmp)
-        os.replace(tmp, path)
-    finally:
-        with contextlib.suppress(OSError):
-            os.remove(tmp)
 
 
 def _default_experiment(path: str) -> None:
@@ -313,16 +292,10 @@ class SqliteTracker(Tracker):
                            [(k, str(v), run_id) for k, v in all_tags.items()])  # fmt: skip
         return run_id
 
-    def end_run(self, run_id: str, ok: bool = True, quiet: bool = False, status: str | None = None) -> None:
-        status = status or ("FINISHED" if ok else "FAILED")
-        try:
-            with _writing(self.path, "set_terminated") as db:
-                _active_run(db, run_id)
-                db.execute("update runs set status = ?, end_time = ? where run_uuid = ?", (status, _now(), run_id))
-        except Exception as exc:
-            if not quiet:
-                raise
-            log.warning("MLflow run %s could not be marked %s: %s", run_id, status, exc)
+    def _terminate(self, run_id: str, status: str) -> None:
+        with _writing(self.path, "set_terminated") as db:
+            _active_run(db, run_id)
+            db.execute("update runs set status = ?, end_time = ? where run_uuid = ?", (status, _now(), run_id))
 
     def log_params(self, run_id: str, params: dict[str, Any]) -> None:
         items = param_items(params)
@@ -389,7 +362,7 @@ class SqliteTracker(Tracker):
             return []
         runs = running_runs(self.path, self.experiment_id, root)
         for run_id in runs:
-            self.end_run(run_id, status="KILLED")
+            self._terminate(run_id, "KILLED")
         return runs
 
     def log_datasets(

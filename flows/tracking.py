@@ -314,11 +314,14 @@ class Tracker:
         failure to do so instead of raising (in a ``finally`` whose error must stay the one reported)."""
         status = status or ("FINISHED" if ok else "FAILED")
         try:
-            self.client.set_terminated(run_id, status)
+            self._terminate(run_id, status)
         except Exception as exc:
             if not quiet:
                 raise
             log.warning("MLflow run %s could not be marked %s: %s", run_id, status, exc)
+
+    def _terminate(self, run_id: str, status: str) -> None:
+        self.client.set_terminated(run_id, status)
 
     def log_params(self, run_id: str, params: dict[str, Any]) -> None:
         from mlflow.entities import Param
@@ -356,7 +359,7 @@ class Tracker:
             return []
         runs = self.runs_with_tag("bertflow.root", root, "attributes.status = 'RUNNING'")
         for run in runs:
-            self.client.set_terminated(run.info.run_id, "KILLED")
+            self._terminate(run.info.run_id, "KILLED")
         return [r.info.run_id for r in runs]
 
     def log_datasets(

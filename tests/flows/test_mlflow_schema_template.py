@@ -88,7 +88,7 @@ def test_a_template_not_at_mlflows_head_is_made_again(cache, tmp_path, caplog):
     tracking.prepare_store(f"sqlite:///{store}")
     assert "is not at this MLflow's head revision: made again" in caplog.text
     head = mlflow_store._head_revision()
-    assert mlflow_store._revision(str(store)) == mlflow_store._revision(template) == head != "abcdef123456"
+    assert mlflow_store.revision(str(store)) == mlflow_store.revision(template) == head != "abcdef123456"
 
 
 def test_a_cache_that_cannot_be_written_falls_back_to_migrating(tmp_path, monkeypatch):

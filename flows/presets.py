@@ -269,8 +269,9 @@ def _paper(name: str, layers: int, hidden: int, heads: int, parallel: str = "ddp
         preset=name,
         data=DataConfig(required=True),
         corpus=CorpusConfig(num_shards=256),
-        # the trainer's memory bounded whatever the corpus: a stable sample of about Wikitext-103's size
-        vocab=VocabConfig(vocab_size=30522, sample_sentences=4_000_000),
+        # the trainer's memory bounded whatever the corpus: a stable sample of about Wikitext-103's
+        # size, and at most 500,000 distinct words held (the rarest dropped past it)
+        vocab=VocabConfig(vocab_size=30522, sample_sentences=4_000_000, max_words=500_000),
         examples=ExamplesConfig(max_seq_lengths=(128, 512), dupe_factor=10, num_shards=1024),
         model=BertConfig(
             vocab_size=None,  # the trained vocabulary's size
@@ -311,7 +312,12 @@ def _language(base: RunConfig, lang: str, name: str, vocab_size: int, tasks: tup
     cjk_alphabet = 1000 if vocab_size < 10_000 else 8000  # kanji and hanzi: thousands of characters
     if lang == "ja":
         vocab = dataclasses.replace(
-            base.vocab, vocab_size=vocab_size, lowercase=False, word_tokenizer="mecab", max_alphabet=cjk_alphabet
+            base.vocab,
+            vocab_size=vocab_size,
+            lowercase=False,
+            word_tokenizer="mecab",
+            max_alphabet=cjk_alphabet,
+            max_words=0,  # MeCab's words are counted by the trainer (vocab.max_words: BERT's words only)
         )
         segmenter = "none"
     else:

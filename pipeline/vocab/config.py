@@ -34,6 +34,13 @@ class VocabConfig:
     distinct word it reads, so its memory grows with the corpus; this bounds it whatever the
     corpus's size (SentencePiece's input_sentence_size plays the same part). The base and large
     presets set 4,000,000 (docs/scale.md)."""
+    max_words: int = 0
+    """Most distinct words held while the sentences' words are counted for the trainer (0: no
+    cap; word_tokenizer=none). Past it, the words seen once so far are dropped, then if need be
+    those seen at most twice, and so on (word2vec's ReduceVocab, gensim's max_vocab_size): the
+    trainer, ~0.4 KB a distinct word, then holds a bounded number whatever the sample meets; a
+    dropped word seen again counts afresh. The base and large presets set 500,000, about twice
+    Wikitext-103's words seen 3 times or more in its ~100M (docs/scale.md)."""
     word_tokenizer: str = "none"
     """What splits text into words before the subword step, here and in every later
     tokenisation: "none" (BERT's basic tokenizer: whitespace, punctuation, one token per CJK
@@ -56,6 +63,12 @@ class VocabConfig:
         )
         check(self.max_sentences >= 0, "vocab.max_sentences", "must be >= 0 (0: all)")
         check(self.sample_sentences >= 0, "vocab.sample_sentences", "must be >= 0 (0: no cap)")
+        check(self.max_words >= 0, "vocab.max_words", "must be >= 0 (0: no cap)")
+        check(
+            self.max_words == 0 or self.word_tokenizer == "none",
+            "vocab.max_words",
+            f"needs vocab.word_tokenizer=none (the trainer counts {self.word_tokenizer}'s words itself)",
+        )
         check(self.num_unused >= 0, "vocab.num_unused", "must be >= 0")
         check(
             self.vocab_size > self.num_unused + 5 + 100,

@@ -431,12 +431,14 @@ def test_plain_text_words_differ_without_the_spacing_or_the_control_check():
 @pytest.mark.parametrize("lowercase", [True, False])
 def test_vocabulary_trained_through_plain_text_is_the_bert_trainers(lowercase):
     """The whole training, against the trainer reading the raw sentences through BERT's own
-    normalizer and pre-tokenizer (as the stage did before): the same list, entry for entry."""
+    normalizer and pre-tokenizer (as the stage did before): the same list, entry for entry.
+    U+061D is punctuation to Python's tables and not to Rust's: "ko\u061dwv" is one word to the
+    trainer, with ##\u061d and ##w pieces that Python's split alone does not foresee."""
     from tokenizers import models, trainers
 
     from pipeline.vocab import wordpiece
 
-    sentences = _mixed(5, 4000) + SENTENCES
+    sentences = _mixed(5, 4000) + SENTENCES + ["ko\u061dwv ka"] * 3
     config = VocabConfig(vocab_size=900, lowercase=lowercase)
     got = train_vocab(sentences, config)
 
@@ -451,10 +453,95 @@ def test_vocabulary_trained_through_plain_text_is_the_bert_trainers(lowercase):
         tok.train_from_iterator(iter(sentences), trainer)
         return [t for t, _ in sorted(tok.get_vocab(with_added_tokens=False).items(), key=lambda kv: kv[1])]
 
-    original = wordpiece._train_pieces
-    try:
-        wordpiece._train_pieces = bert_pieces
+    originals = wordpiece._train_pieces, wordpiece._learn_from_words
+    try:  # the stage's trainer reads counted words; this one, the sentences themselves
+        wordpiece._train_pieces, wordpiece._learn_from_words = bert_pieces, wordpiece._learn_from_text
         want = train_vocab(sentences, config)
     finally:
-        wordpiece._train_pieces = original
+        wordpiece._train_pieces, wordpiece._learn_from_words = originals
     assert got == want and len(got) == 900
+
+
+@pytest.mark.parametrize("lowercase", [True, False])
+def test_count_words_counts_berts_words_and_characters(lowercase):
+    """One pass gives BERT's words with their counts (what the trainer reads instead of the
+    text) and the characters count_alphabet gives."""
+    from pipeline.vocab.wordpiece import count_words
+
+    sentences = _mixed(7, 3000)
+    counted = count_words(iter(sentences), lowercase, batch_size=97)
+    words = _bert_words(sentences, lowercase)
+    assert counted.words == words and counted.floor == 0
+    chars, inner, number = count_alphabet(sentences, lowercase, batch_size=97)
+    assert (counted.chars, counted.sentences) == (chars, number)
+    # count_alphabet's inner characters, and those inside BERT's words (the Unicode tables of
+    # Python and Rust disagree on a few punctuation characters)
+    assert counted.inner == inner | set("".join(w[1:] for w in words))
+
+
+def _zipf_sentences(count: int, seed: int = 0) -> list[str]:
+    """Sentences over a long-tailed vocabulary: a few frequent words, tens of thousands seen once."""
+    rng = random.Random(seed)
+    common = ["".join(rng.choice(SYLLABLES) for _ in range(rng.randint(1, 3))) for _ in range(400)]
+    out = []
+    for i in range(count):
+        words = [common[min(int(rng.paretovariate(1.2)) - 1, 399)] for _ in range(rng.randint(5, 12))]
+        words.insert(rng.randint(0, len(words)), f"{rng.choice(SYLLABLES)}q{i}x")  # a new word each sentence
+        out.append(" ".join(words) + ".")
+    return out
+
+
+def test_max_words_bounds_the_words_held_and_keeps_the_frequent_ones_exact():
+    from pipeline.vocab.wordpiece import count_words
+
+    sentences = _zipf_sentences(20_000)
+    exact = count_words(sentences, True)
+    capped = count_words(sentences, True, max_words=2_000, batch_size=500)
+    assert len(exact.words) > 20_000 and exact.floor == 0
+    assert len(capped.words) <= 2_000 and capped.floor >= 1 and capped.prunes >= 5
+    for word, count in capped.words.items():
+        assert count <= exact.words[word]
+    for word, count in exact.words.most_common(50):  # seen 29 times or more of 20,000 sentences
+        assert capped.words[word] == count
+    assert (capped.chars, capped.inner) == (exact.chars, exact.inner)  # the alphabet sees every word
+
+
+def test_max_words_vocabulary_same_under_the_cap_and_close_over_it():
+    from pipeline.vocab.wordpiece import count_words, train_vocab_with_stats
+
+    sentences = _zipf_sentences(20_000, seed=1)
+    config = VocabConfig(vocab_size=700)
+    full, full_stats = train_vocab_with_stats(sentences, config)
+    same, same_stats = train_vocab_with_stats(sentences, VocabConfig(vocab_size=700, max_words=10**6))
+    capped, capped_stats = train_vocab_with_stats(sentences, VocabConfig(vocab_size=700, max_words=3_000))
+    assert same == full and same_stats == full_stats and full_stats["words_dropped_at_most_seen"] == 0
+    assert full_stats["trainer_words"] > 20_000 and capped_stats["trainer_words"] <= 3_000
+    assert capped_stats["words_dropped_at_most_seen"] >= 1 and capped != full
+    # What the dropped words (here a new one in every sentence) taught is lost; the frequent
+    # words' pieces are not: the 60 most common tokenize alike with both vocabularies.
+    common = [w for w, _ in count_words(sentences, True).words.most_common(60)]
+    with_full, with_capped = build_text_tokenizer(full, True), build_text_tokenizer(capped, True)
+    assert [with_full.encode(w).tokens for w in common] == [with_capped.encode(w).tokens for w in common]
+
+
+def test_bert_words_read_once_from_the_sentences():
+    """The words counted in one pass: a re-iterable source is read once (the text path: twice)."""
+
+    class Counting:
+        def __init__(self, items):
+            self.items, self.reads = items, 0
+
+        def __iter__(self):
+            self.reads += 1
+            return iter(self.items)
+
+    source = Counting(SENTENCES)
+    assert train_vocab(source, CONFIG) == train_vocab(SENTENCES, CONFIG) and source.reads == 1
+    assert train_vocab(iter(SENTENCES), CONFIG) == train_vocab(SENTENCES, CONFIG)
+
+
+def test_max_words_is_validated():
+    with pytest.raises(ConfigError, match="vocab.max_words"):
+        VocabConfig(max_words=-1)
+    with pytest.raises(ConfigError, match="vocab.max_words.*word_tokenizer=none"):
+        VocabConfig(max_words=1000, word_tokenizer="mecab")

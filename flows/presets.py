@@ -270,8 +270,8 @@ def _paper(name: str, layers: int, hidden: int, heads: int, parallel: str = "ddp
         data=DataConfig(required=True),
         corpus=CorpusConfig(num_shards=256),
         # the trainer's memory bounded whatever the corpus: a stable sample of about Wikitext-103's
-        # size, and at most 500,000 distinct words held (the rarest dropped past it)
-        vocab=VocabConfig(vocab_size=30522, sample_sentences=4_000_000, max_words=500_000),
+        # size, and at most 200,000 distinct words held (the rarest dropped past it)
+        vocab=VocabConfig(vocab_size=30522, sample_sentences=4_000_000, max_words=200_000),
         examples=ExamplesConfig(max_seq_lengths=(128, 512), dupe_factor=10, num_shards=1024),
         model=BertConfig(
             vocab_size=None,  # the trained vocabulary's size

@@ -95,8 +95,9 @@ def main() -> None:
     work = Path(args.work or tempfile.mkdtemp(prefix="bench-vocab-sample-"))
     rows = {}
     if args.max_words:
-        runs = ((f"sample of {args.cap:,}, all words", "all", args.cap, 0),
-                (f"sample of {args.cap:,}, at most {args.max_words:,} words", "capped", args.cap, args.max_words))  # fmt: skip
+        sample = f"sample of {args.cap:,}"
+        runs = ((f"{sample}, all words", "all", args.cap, 0),
+                (f"{sample}, at most {args.max_words:,} words", "capped", args.cap, args.max_words))  # fmt: skip
     else:
         runs = (("all sentences", "all", 0, 0), (f"sample of {args.cap:,}", "sample", args.cap, 0))
     for name, folder, cap, max_words in runs:
@@ -116,8 +117,9 @@ def main() -> None:
     for name, r in rows.items():
         per_word, unk = fertility(r["dir"], texts)
         c = r["counts"]
+        words, floor = c.get("trainer_words", 0), c.get("words_dropped_at_most_seen", 0)
         print(
-            f"| {name} | {c['sentences_used']:,} | {c.get('trainer_words', 0):,} | {c.get('words_dropped_at_most_seen', 0)} "
+            f"| {name} | {c['sentences_used']:,} | {words:,} | {floor} "
             f"| {r['cpu_s']:.1f} | {r['rss_mib']:,.0f} | {per_word:.4f} | {unk:.5f} |"
         )
     print(f"\nentries in both: {shared:,} of {len(full):,} ({shared / len(full):.2%})")

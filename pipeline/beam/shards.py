@@ -44,6 +44,11 @@ CONVERT_ROWS = 512
 """Python row dicts held before they are converted to one Arrow record batch."""
 RUN_ROW_GROUP = 1024
 """Row-group size of run files: the unit the merge reads, so what it holds per run."""
+RUN_ROW_GROUP_BYTES = 1 << 20
+"""Most Arrow bytes in a row group of a run file (fewer rows than RUN_ROW_GROUP when rows are
+large): a merge holds one row group of every run it reads, decompressed whole, so with whole
+books as rows (~100 KB each) a 1,024-row group held ~100 MB per run, and a merge's memory grew
+with its number of runs up to MAX_FAN_IN, i.e. with the corpus (docs/scale.md)."""
 SHARD_ROW_GROUP = 4096
 """Row-group size of the final shards."""
 MERGE_BUDGET_BYTES = 64 << 20
@@ -152,8 +157,9 @@ class RunWriter:
         self.batches, self.held = [], 0
         table = table.take(pc.sort_indices(table, sort_keys=[(KEY, "ascending")]))
         url = self.url_for(len(self.written))
+        rows = bounded_row_group(self.row_group_rows, table.nbytes // max(1, table.num_rows))
         with _open_write(url) as f:
-            pq.write_table(table, f, row_group_size=self.row_group_rows, **WRITE_OPTIONS)
+            pq.write_table(table, f, row_group_size=rows, **WRITE_OPTIONS)
         self.written.append((url, table.num_rows))
         del table
         pa.default_memory_pool().release_unused()
@@ -261,11 +267,19 @@ class _ShardSink:
         return self.rows_per_shard
 
 
+def bounded_row_group(most: int, row_bytes: int) -> int:
+    """Rows in a row group of a run file: at most ``most``, and at most
+    :data:`RUN_ROW_GROUP_BYTES` of rows of ``row_bytes`` (at least one)."""
+    return max(1, min(most, RUN_ROW_GROUP_BYTES // max(1, row_bytes)))
+
+
 def merge_batch_rows(num_runs: int, row_bytes: int, budget_bytes: int = MERGE_BUDGET_BYTES) -> int:
-    """Rows the merge reads per run at a time: the budget shared by all runs, within limits.
+    """Rows the merge reads per run at a time: the budget shared by all runs, within limits
+    (at least one row: a floor of 16 rows let 16 runs of 100 KB rows hold 26 MB past a 16 MB
+    budget).
 
     Depends only on the number of runs and the row size, never on the worker count."""
-    return int(max(16, min(RUN_ROW_GROUP, budget_bytes // max(1, num_runs * row_bytes))))
+    return int(max(1, min(RUN_ROW_GROUP, budget_bytes // max(1, num_runs * row_bytes))))
 
 
 def merge_runs(
@@ -392,7 +406,7 @@ def _reduce_runs(
                 lambda _j, _k, name=name: name,
                 row_bytes=row_bytes,
                 budget_bytes=budget_bytes,
-                row_group_rows=level_row_group_rows,
+                row_group_rows=bounded_row_group(level_row_group_rows, row_bytes),
             )
             merged.append((f"{work_url.rstrip('/')}/{name}", rows[0]))
             if (

@@ -300,6 +300,14 @@ class _MergeFolder(beam.DoFn):
         folder, runs = element
         runs = sorted(runs)
         schema = REJECT_SCHEMA if folder == REJECTS_FOLDER else DOCUMENT_SCHEMA
+        log.info(
+            "corpus: %s: merging %d runs of %d rows into %d shards (at most %d runs at once)",
+            folder,
+            len(runs),
+            sum(n for _, n in runs),
+            self.num_shards,
+            MAX_FAN_IN,
+        )
         rows = merge_runs_in_levels(
             runs,
             join_url(self.work_url, "merge", folder),

@@ -139,3 +139,45 @@ def test_transient_files_round_trip_uncompressed_locally_and_zstd_on_other_store
     cut.write_bytes(data[: len(data) // 2])
     with pytest.raises((pyarrow.lib.ArrowInvalid, OSError)):
         shards.read_transient(str(cut))
+
+
+BIG = pa.schema([pa.field("k", pa.uint64()), pa.field("text", pa.string())])
+
+
+def _merge_peak(tmp_path, runs: int) -> tuple[int, list[int]]:
+    """Peak Arrow bytes of merging ``runs`` runs of 100 KB rows (whole books), and the most rows
+    in a row group of any run file read or written."""
+    rng = random.Random(runs)
+    folder = tmp_path / f"runs{runs}"
+    folder.mkdir()
+    urls = []
+    for p in range(runs):
+        w = RunWriter(BIG, lambda r, p=p: str(folder / f"p{p}-r{r:03d}.parquet"), budget_bytes=1 << 30)
+        for _ in range(60):
+            key = rng.getrandbits(64)
+            w.add({"k": key, "text": rng.randbytes(50_000).hex(), KEY: key})
+        urls += w.close()
+    pool, default = pa.proxy_memory_pool(pa.system_memory_pool()), pa.default_memory_pool()
+    pa.set_memory_pool(pool)
+    try:
+        shards.merge_runs_in_levels(
+            sorted(urls), str(tmp_path / f"work{runs}"), str(tmp_path / f"out{runs}"), BIG, 2, shard_name,
+            row_bytes=100_000, max_fan_in=8, budget_bytes=4 << 20, level_row_group_rows=128, row_group_rows=8,
+        )  # fmt: skip
+    finally:
+        pa.set_memory_pool(default)
+    files = [*folder.iterdir(), *((tmp_path / f"work{runs}").glob("*.parquet"))]
+    metas = [pq.ParquetFile(f).metadata for f in files]
+    groups = [m.row_group(i).num_rows for m in metas for i in range(m.num_row_groups)]
+    return pool.max_memory(), groups
+
+
+def test_a_merge_of_large_rows_holds_about_the_same_whatever_its_number_of_runs(tmp_path):
+    """A merge holds one row group of each run it reads (decompressed whole): run files'
+    row groups are bounded in bytes (RUN_ROW_GROUP_BYTES), not only in rows, so merging 8 runs
+    of 100 KB rows holds about what merging 2 does (16.1 and 17.2 MB; with 1,024-row groups and
+    at least 16 rows a round, 81.0 and 27.2 MB)."""
+    small, small_groups = _merge_peak(tmp_path, 2)
+    large, large_groups = _merge_peak(tmp_path, 8)
+    assert max(small_groups + large_groups) <= shards.RUN_ROW_GROUP_BYTES // 100_000
+    assert large < 1.6 * small, (small, large)

@@ -59,15 +59,11 @@ from pipeline.vocab.tokenizer import (
     UNK,
     bert_normalizer,
     plain_ascii,
-    plain_pre_tokenizer,
     special_tokens,
 )
 
 MAX_ALPHABET = 1000
 """Most single characters kept in the vocabulary (Hugging Face's BertWordPieceTokenizer default)."""
-FEED_SENTENCES = 256
-"""Sentences per text handed to the trainer, which buffers 256 texts (measured: 2048 a text held
-~35 MB more at the 4M-sentence sample, for 1-2 CPU-s more of 43)."""
 
 
 def _is_punctuation(c: str) -> bool:
@@ -328,19 +324,14 @@ def _train_pieces(
     continuations: list[str],
 ) -> list[str]:
     """The trainer's tokens by id (continuations, alphabet, then merges in the order learned),
-    the trainer reading the sentences' text."""
+    the trainer reading the sentences' text through the vocabulary's normalizer and
+    pre-tokenizer (:func:`_text_steps`; BERT's words go through :func:`_learn_from_words`)."""
     tok = Tokenizer(models.WordPiece(unk_token=UNK))
-    if config.word_tokenizer == "none":  # BERT's words, from text that splits without Unicode tables
-        plain = _PlainText(config.lowercase)
-        tok.pre_tokenizer = plain_pre_tokenizer()
-        texts = (plain.words(batch) for batch in _batches(sentences, FEED_SENTENCES))
-    else:
-        normalizer, pre_tokenizer, _ = _text_steps(config)
-        if normalizer is not None:
-            tok.normalizer = normalizer
-        tok.pre_tokenizer = pre_tokenizer
-        texts = iter(sentences)
-    tok.train_from_iterator(texts, _trainer(config, budget, alphabet, continuations))
+    normalizer, pre_tokenizer, _ = _text_steps(config)
+    if normalizer is not None:
+        tok.normalizer = normalizer
+    tok.pre_tokenizer = pre_tokenizer
+    tok.train_from_iterator(iter(sentences), _trainer(config, budget, alphabet, continuations))
     return _pieces(tok)
 
 

@@ -159,11 +159,17 @@ def _flow_run_id() -> str:
 
 @contextmanager
 def _prefect_logs():
-    """Send the ``bertflow`` loggers' records to the Prefect API while a flow runs."""
+    """Send the ``bertflow`` loggers' records to the Prefect API while a flow runs, from this
+    process only. Beam's local workers are forked from it (``pipeline.beam.local_workers``) and
+    inherit the handler, but run no flow: Prefect's handler printed "UserWarning: Logger
+    'bertflow.corpus' attempted to send logs to the API without a flow run id" (two lines) for
+    each of their records in the stage's log. Their records reach that log through Beam as before."""
     from prefect.logging.handlers import APILogHandler
 
     logger = logging.getLogger("bertflow")
     handler = APILogHandler()
+    pid = os.getpid()
+    handler.addFilter(lambda record: os.getpid() == pid)
     logger.addHandler(handler)
     if logger.level == logging.NOTSET or logger.level > logging.INFO:
         logger.setLevel(logging.INFO)

@@ -41,7 +41,14 @@ KEY = "sort_key"
 RUN_BUDGET_BYTES = 8 << 20
 """Arrow bytes a RunWriter holds before it sorts and writes a run."""
 CONVERT_ROWS = 512
-"""Python row dicts held before they are converted to one Arrow record batch."""
+"""Most Python row dicts a RunWriter holds before it converts them to one Arrow record batch."""
+CONVERT_BYTES = 1 << 20
+"""About the most Arrow bytes of rows it holds as Python objects, by the size of the rows it has
+converted so far: 512 book documents (20-100 KB each) at a time kept ~10-50 MB of Python objects
+in a corpus worker applying the drops (a replay of 80 fragments: peak RSS 328 -> 311 MiB with
+it). Small rows (keys, examples) are still converted 512 at a time."""
+FIRST_CONVERT_ROWS = 16
+"""Rows a RunWriter converts first, alone, to learn their size."""
 RUN_ROW_GROUP = 1024
 """Row-group size of run files: the unit the merge reads, so what it holds per run."""
 RUN_ROW_GROUP_BYTES = 1 << 20
@@ -85,6 +92,10 @@ def write_table(url: str, table: pa.Table) -> None:
         pq.write_table(table, f, **WRITE_OPTIONS)
 
 
+TRANSIENT_ROWS = 64
+"""Rows of a record batch in a work file (:func:`write_transient`): what a reader holds at a time."""
+
+
 def write_transient(url: str, table: pa.Table) -> None:
     """One work file of a job, written and read back by the same job (never an output):
     an Arrow IPC stream, uncompressed on a local filesystem, zstd on any other (an object store,
@@ -99,14 +110,32 @@ def write_transient(url: str, table: pa.Table) -> None:
     local = is_local_fs(fsspec.core.url_to_fs(url)[0])
     options = pa.ipc.IpcWriteOptions(compression=None if local else "zstd")
     with _open_write(url) as f, pa.ipc.new_stream(f, table.schema, options=options) as writer:
-        writer.write_table(table)
+        writer.write_table(table, max_chunksize=TRANSIENT_ROWS)
 
 
 def read_transient(url: str) -> list[dict[str, Any]]:
     """Every row of a file :func:`write_transient` wrote, as dicts."""
+    return list(iter_transient(url))
+
+
+def iter_transient(url: str, rows: int = TRANSIENT_ROWS) -> Iterator[dict[str, Any]]:
+    """The rows of a file :func:`write_transient` wrote, as dicts, ``rows`` at a time, one record
+    batch read at a time: a corpus fragment (1,000 documents) written as one batch and read whole
+    held up to ~35 MB of bytes for book documents (``tracemalloc``), then all its rows as Python
+    lists of sentences, in every worker of the job's last phase."""
     fs, path = fsspec.core.url_to_fs(url)
     with fs.open(path, "rb") as f:
-        return pa.ipc.open_stream(f).read_all().to_pylist()
+        for batch in pa.ipc.open_stream(f):
+            for start in range(0, batch.num_rows, rows):
+                yield from batch.slice(start, rows).to_pylist()
+
+
+def release_unused_memory() -> None:
+    """Hand the pages Arrow's pool has freed back to the system. jemalloc returns freed pages
+    only as later allocations in the same arena pass its decay time: a worker that ends a merge
+    kept ~40-80 MB of them (measured) into whatever it did next. Called where a unit of work ends
+    (a run written, a merge, a bundle), never per row: each call re-faults what it gives back."""
+    pa.default_memory_pool().release_unused()
 
 
 def read_rows(url: str) -> list[dict[str, Any]]:
@@ -131,19 +160,21 @@ class RunWriter:
         self.budget = budget_bytes
         self.row_group_rows = row_group_rows
         self.rows: list[dict[str, Any]] = []
+        self.convert_rows = FIRST_CONVERT_ROWS
         self.batches: list[pa.RecordBatch] = []
         self.held = 0
         self.written: list[tuple[str, int]] = []
 
     def add(self, row: dict[str, Any]) -> None:
         self.rows.append(row)
-        if len(self.rows) >= CONVERT_ROWS:
+        if len(self.rows) >= self.convert_rows:
             self._convert()
 
     def _convert(self) -> None:
         if not self.rows:
             return
         batch = pa.RecordBatch.from_pylist(self.rows, schema=self.schema)
+        self.convert_rows = max(1, min(CONVERT_ROWS, CONVERT_BYTES * batch.num_rows // max(1, batch.nbytes)))
         self.rows = []
         self.batches.append(batch)
         self.held += batch.nbytes
@@ -162,7 +193,7 @@ class RunWriter:
             pq.write_table(table, f, row_group_size=rows, **WRITE_OPTIONS)
         self.written.append((url, table.num_rows))
         del table
-        pa.default_memory_pool().release_unused()
+        release_unused_memory()
 
     def close(self) -> list[tuple[str, int]]:
         self._convert()
@@ -304,7 +335,9 @@ def merge_runs(
     sink = _ShardSink(output_url, schema, num_shards, total, name_for, row_group_rows)
     for table in _merged_tables(runs, merge_batch_rows(len(runs), row_bytes, budget_bytes)):
         sink.emit(table)
-    return sink.close()
+    rows = sink.close()
+    release_unused_memory()
+    return rows
 
 
 def _merged_tables(runs: list[tuple[str, int]], batch_rows: int) -> Iterator[pa.Table]:

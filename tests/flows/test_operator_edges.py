@@ -86,3 +86,35 @@ def test_the_deployment_path_fails_a_remote_root_in_one_line_not_a_traceback(tmp
     assert out.returncode == 0, log
     assert "STATE FAILED stage-corpus: configuration error: --root gs://CHANGE-ME/bertflow/large is remote" in log
     assert "Traceback" not in log, log
+
+
+def test_a_forked_beam_worker_sends_no_log_to_prefect_and_prints_no_warning():
+    """Beam's local workers are forked from the process whose flow sends the ``bertflow``
+    loggers to Prefect's API; they run no flow, and each of their lines came with Prefect's
+    "attempted to send logs to the API without a flow run id" warning. The handler only acts in
+    the process that added it: here the parent (no flow run either) still warns, the child not."""
+    import logging
+    import warnings
+
+    from flows.prefect_tasks import _prefect_logs
+
+    def warned() -> int:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            logging.getLogger("bertflow.corpus").info("corpus: 1000 documents processed by this worker")
+        return sum("without a flow run id" in str(w.message) for w in caught)
+
+    with _prefect_logs():
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the worker
+            try:
+                os.write(write, str(warned()).encode())
+            finally:
+                os._exit(0)
+        os.waitpid(pid, 0)
+        os.close(write)
+        child = os.read(read, 16)
+        parent = warned()
+    assert parent == 1
+    assert child == b"0"

@@ -17,7 +17,7 @@ from apache_beam.metrics import Metrics
 from apache_beam.transforms.window import GlobalWindow
 from apache_beam.utils.windowed_value import WindowedValue
 
-from pipeline.beam.shards import RunWriter, release_unused_memory, use_lean_memory_pool
+from pipeline.beam.shards import RunWriter, use_lean_memory_pool
 from pipeline.schema.storage import join_url
 
 RUNS = "runs"
@@ -83,4 +83,3 @@ class Writing(Counted):
             for run in writer.close():
                 yield beam.pvalue.TaggedOutput(RUNS, windowed((folder, run)))
         self._writers = {}
-        release_unused_memory()

@@ -118,23 +118,22 @@ def read_transient(url: str) -> list[dict[str, Any]]:
     return list(iter_transient(url))
 
 
-def iter_transient(url: str, rows: int = TRANSIENT_ROWS) -> Iterator[dict[str, Any]]:
-    """The rows of a file :func:`write_transient` wrote, as dicts, ``rows`` at a time, one record
-    batch read at a time: a corpus fragment (1,000 documents) written as one batch and read whole
-    held up to ~35 MB of bytes for book documents (``tracemalloc``), then all its rows as Python
-    lists of sentences, in every worker of the job's last phase."""
+def iter_transient(url: str) -> Iterator[dict[str, Any]]:
+    """The rows of a file :func:`write_transient` wrote, as dicts, one record batch
+    (:data:`TRANSIENT_ROWS` rows) read at a time: a corpus fragment (1,000 documents) written as
+    one batch and read whole held up to ~35 MB of bytes for book documents (``tracemalloc``),
+    then all its rows as Python lists of sentences, in every worker of the job's last phase."""
     fs, path = fsspec.core.url_to_fs(url)
     with fs.open(path, "rb") as f:
         for batch in pa.ipc.open_stream(f):
-            for start in range(0, batch.num_rows, rows):
-                yield from batch.slice(start, rows).to_pylist()
+            yield from batch.to_pylist()
 
 
 def release_unused_memory() -> None:
     """Hand the pages Arrow's pool has freed back to the system. jemalloc returns freed pages
     only as later allocations in the same arena pass its decay time: a worker that ends a merge
     kept ~40-80 MB of them (measured) into whatever it did next. Called where a unit of work ends
-    (a run written, a merge, a bundle), never per row: each call re-faults what it gives back."""
+    (a run written, a merge, a decision pass), never per row: each call re-faults what it gives back."""
     pa.default_memory_pool().release_unused()
 
 
